@@ -1,0 +1,5 @@
+import sys
+
+from ddte.cli import main
+
+sys.exit(main())

@@ -1,0 +1,256 @@
+"""OTLP solvers: map the k tokens drawn at one node to one output token distributed exactly as p.
+
+Each solver gives two views of the same rule (algorithms.md §1.4, §2, §3.4):
+``sample(p, q, draws, rng)`` runs it once, and ``branching(p, q, draws)`` returns the exact probability
+that it outputs each drafted token, with its own randomness summed out. Top-down tree verification
+(:mod:`decode.verifiers.ot`) calls one of them at every node it reaches.
+
+Vectors ``p`` and ``q`` have shape ``(V,)``; scalar arithmetic runs in Python floats (double precision)
+and vector arithmetic in the dtype given (float64 in the exact tests).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from decode.rng import RandomSource
+
+
+def residual(p: torch.Tensor, q: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """Unnormalised ``(scale * p - q)_+``, shape ``(V,)``."""
+    return (p * scale - q).clamp_min_(0.0) if scale != 1.0 else (p - q).clamp_min_(0.0)
+
+
+def normalized(v: torch.Tensor) -> torch.Tensor:
+    """``v / sum(v)``; an all-zero vector stays zero (it is then never sampled from)."""
+    total = float(v.sum())
+    return v / total if total > 0.0 else v
+
+
+def accept_prob(p_x: float, q_x: float) -> float:
+    """``min(1, p/q)`` with 0/0 read as 1 (a token q never draws is never tested)."""
+    return 1.0 if p_x >= q_x else p_x / q_x
+
+
+class OTLPSolver:
+    """Base class: one rule for turning k i.i.d. draws into one p-distributed token."""
+
+    name: str = ""
+
+    def sample(self, p: torch.Tensor, q: torch.Tensor, draws: list[int], rng: RandomSource) -> int:
+        raise NotImplementedError
+
+    def branching(self, p: torch.Tensor, q: torch.Tensor, draws: list[int]) -> dict[int, float]:
+        """P(output = t) for each distinct drafted token t."""
+        raise NotImplementedError
+
+
+class NSSSolver(OTLPSolver):
+    """Naive speculative sampling: draw from p, ignore q (valid for any tree)."""
+
+    name = "nss"
+
+    def sample(self, p, q, draws, rng):
+        return rng.categorical(p)
+
+    def branching(self, p, q, draws):
+        values = p[torch.tensor(sorted(set(draws)))].tolist() if draws else []
+        return dict(zip(sorted(set(draws)), values, strict=True))
+
+
+class NaiveSolver(OTLPSolver):
+    """Standard speculative sampling on the first draw; the residual sample may land on another draw."""
+
+    name = "naive"
+
+    def sample(self, p, q, draws, rng):
+        if not draws:
+            return rng.categorical(p)
+        first = draws[0]
+        if rng.bernoulli(accept_prob(float(p[first]), float(q[first]))):
+            return first
+        return rng.categorical(residual(p, q))
+
+    def branching(self, p, q, draws):
+        first = draws[0]
+        a = accept_prob(float(p[first]), float(q[first]))
+        r = normalized(residual(p, q))
+        distinct = sorted(set(draws))
+        out = dict(zip(distinct, ((1.0 - a) * x for x in r[torch.tensor(distinct)].tolist()), strict=True))
+        out[first] += a
+        return out
+
+
+class SpecInferSolver(OTLPSolver):
+    """Recursive rejection sampling with replacement: one residual update per rejected draw, duplicates kept.
+
+    The draws are tested in draw order rather than in a uniformly random order: for i.i.d. draws the two
+    are equal in distribution, and a fixed order makes the branching probabilities O(k) instead of a
+    2^k dynamic programme over subsets.
+    """
+
+    name = "specinfer"
+
+    def _residual_chain(self, p, q, draws):
+        """Yields (token, acceptance probability, current p) for each draw, then the final p."""
+        p_cur = p
+        for x in draws:
+            a = accept_prob(float(p_cur[x]), float(q[x]))
+            yield x, a, p_cur
+            if a >= 1.0:
+                return
+            p_cur = normalized(residual(p_cur, q))
+        yield None, 0.0, p_cur
+
+    def sample(self, p, q, draws, rng):
+        for x, a, p_cur in self._residual_chain(p, q, draws):
+            if x is None:
+                return rng.categorical(p_cur)
+            if rng.bernoulli(a):
+                return x
+        raise AssertionError("unreachable: a draw with acceptance 1 ends the chain")
+
+    def branching(self, p, q, draws):
+        out = dict.fromkeys(draws, 0.0)
+        alive = 1.0
+        for x, a, p_cur in self._residual_chain(p, q, draws):
+            if x is None:
+                # A rejected token has zero residual mass from then on, but the correction may still land
+                # on a drafted token that was never tested; count it exactly rather than assume zero.
+                tail = p_cur[torch.tensor(list(out))].tolist()
+                for t, mass in zip(out, tail, strict=True):
+                    out[t] += alive * mass
+                break
+            out[x] += alive * a
+            alive *= 1.0 - a
+        return out
+
+
+def spectr_rho(p: torch.Tensor, q: torch.Tensor, k: int) -> float:
+    """K-SEQ's ρ*: the root of ``1 - (1 - β(ρ))^k - ρ β(ρ)`` on [1, k], returned on its feasible side.
+
+    ``β(ρ) = Σ min(p/ρ, q)`` is piecewise ``A/ρ + B`` between the sorted ratios p/q, so the root is found
+    exactly: locate its segment among the breakpoints (vectorised), then bisect the scalar formula there and
+    return the upper end, where the residual ``p - γ min(p/ρ, q)`` is non-negative (algorithms.md §2.6).
+    """
+    if k <= 1:
+        return 1.0
+    ratio = torch.where(q > 0, p / q.clamp_min(1e-300), torch.full_like(p, math.inf))
+    below = ratio <= 1.0
+    a0 = float(p[below].sum())  # p-mass of tokens with ratio <= ρ (ρ = 1)
+    b0 = float(q[~below].sum())  # q-mass of tokens with ratio > ρ
+    inner = (ratio > 1.0) & (ratio < k)
+    r_sorted, order = torch.sort(ratio[inner])
+    p_cum = a0 + torch.cumsum(p[inner][order], 0)
+    q_cum = b0 - torch.cumsum(q[inner][order], 0)
+
+    def f(rho: float, a: float, b: float) -> float:
+        beta = a / rho + b
+        return 1.0 - (1.0 - beta) ** k - rho * beta
+
+    lo, a, b = 1.0, a0, b0
+    hi = float(k)
+    if r_sorted.numel():
+        # f is decreasing in ρ; at breakpoint r_j the segment to its right has (A, B) = (p_cum[j], q_cum[j]).
+        beta_at = p_cum / r_sorted + q_cum
+        f_at = 1.0 - (1.0 - beta_at) ** k - r_sorted * beta_at
+        nonpos = torch.nonzero(f_at <= 0.0)
+        j = int(nonpos[0]) if nonpos.numel() else r_sorted.numel()
+        if j < r_sorted.numel():
+            hi = float(r_sorted[j])
+        if j > 0:
+            lo = float(r_sorted[j - 1])
+            a, b = float(p_cum[j - 1]), float(q_cum[j - 1])
+    if f(lo, a, b) <= 0.0:
+        return lo
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if f(mid, a, b) <= 0.0:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+class SpecTrSolver(OTLPSolver):
+    """SpecTr's K-SEQ: accept draw i w.p. min(1, p/(ρ* q)) in order, else sample the K-SEQ residual."""
+
+    name = "spectr"
+
+    def rho(self, p, q, k: int) -> float:
+        return spectr_rho(p, q, k)
+
+    def _plan(self, p, q, draws):
+        """Acceptance probability of each draw, and the residual sampled after all are rejected."""
+        rho = self.rho(p, q, len(draws))
+        capped = torch.minimum(p / rho, q)
+        beta = float(capped.sum())
+        p_acc = 1.0 - (1.0 - beta) ** len(draws)
+        gamma = p_acc / beta if beta > 0.0 else 0.0
+        accepts = [accept_prob(float(p[x]) / rho, float(q[x])) for x in draws]
+        return accepts, (p - capped * gamma).clamp_min_(0.0)
+
+    def sample(self, p, q, draws, rng):
+        if not draws:
+            return rng.categorical(p)
+        accepts, res = self._plan(p, q, draws)
+        for x, a in zip(draws, accepts, strict=True):
+            if rng.bernoulli(a):
+                return x
+        return rng.categorical(res)
+
+    def branching(self, p, q, draws):
+        accepts, res = self._plan(p, q, draws)
+        out = dict.fromkeys(draws, 0.0)
+        alive = 1.0
+        for x, a in zip(draws, accepts, strict=True):
+            out[x] += alive * a
+            alive *= 1.0 - a
+        r = normalized(res)[torch.tensor(list(out))].tolist()
+        for t, mass in zip(out, r, strict=True):
+            out[t] += alive * mass
+        return out
+
+
+class RSDSolver(OTLPSolver):
+    """Recursive rejection sampling without replacement (RSD): q drops each rejected draw."""
+
+    name = "rsd"
+
+    def _chain(self, p, q, draws):
+        p_cur, q_cur = p, q
+        for x in draws:
+            a = accept_prob(float(p_cur[x]), float(q_cur[x]))
+            yield x, a, p_cur
+            if a >= 1.0:
+                return
+            p_cur = normalized(residual(p_cur, q_cur))
+            q_cur = q_cur.clone()
+            q_cur[x] = 0.0
+            q_cur = normalized(q_cur)
+        yield None, 0.0, p_cur
+
+    def sample(self, p, q, draws, rng):
+        for x, a, p_cur in self._chain(p, q, draws):
+            if x is None:
+                return rng.categorical(p_cur)
+            if rng.bernoulli(a):
+                return x
+        raise AssertionError("unreachable")
+
+    def branching(self, p, q, draws):
+        out = dict.fromkeys(draws, 0.0)
+        alive = 1.0
+        for x, a, p_cur in self._chain(p, q, draws):
+            if x is None:
+                tail = p_cur[torch.tensor(list(out))].tolist()
+                for t, mass in zip(out, tail, strict=True):
+                    out[t] += alive * mass
+                break
+            out[x] += alive * a
+            alive *= 1.0 - a
+        return out

@@ -1,0 +1,116 @@
+"""Traversal verification (Weng et al., NeurIPS 2025; rule as in algorithms.md §2.9).
+
+Bottom-up and sequence-level: test the first leaf in DFS order with its clipped path weight w; accept the
+whole root-to-leaf sequence, or delete the leaf and fold the rejection into its parent (BV's residual for
+p, and the sibling-removal update that zeroes the rejected token in q). A single path reduces to BV.
+
+The test sequence is deterministic given the tree; only the accept/reject coins are random. So the exact
+expectation walks the same sequence with every coin rejected and weights each test by the probability of
+getting there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from decode.tree import ROOT, DraftTree, Regime
+from decode.verifiers.base import Verifier, make_result, register
+from decode.verifiers.otlp import normalized, residual
+
+
+class TraversalState:
+    """Mutable state of one traversal over a tree: remaining children, updated rows, overridden weights."""
+
+    def __init__(self, tree: DraftTree, p: torch.Tensor, q: torch.Tensor) -> None:
+        self.tree = tree
+        self.p, self.q = p, q
+        self.p_rows: dict[int, torch.Tensor] = {}  # rows changed by a rejection
+        self.q_rows: dict[int, torch.Tensor] = {}
+        self.remaining = [list(c) for c in tree.children]
+        parents = torch.tensor(tree.parents[1:])
+        tokens = torch.tensor(tree.tokens[1:])
+        p_tok, q_tok = p[parents, tokens].tolist(), q[parents, tokens].tolist()
+        # ratio[v] = p_parent(t_v) / q_parent(t_v) under the parent's current rows.
+        self.ratio = [1.0] + [a / b if b > 0.0 else 0.0 for a, b in zip(p_tok, q_tok, strict=True)]
+        self.override: dict[int, float] = {ROOT: 1.0}  # nodes whose weight was reset by a rejection below
+
+    def p_row(self, node: int) -> torch.Tensor:
+        return self.p_rows.get(node, self.p[node])
+
+    def q_row(self, node: int) -> torch.Tensor:
+        return self.q_rows.get(node, self.q[node])
+
+    def first_leaf(self) -> int:
+        node = ROOT
+        while self.remaining[node]:
+            node = self.remaining[node][0]
+        return node
+
+    def weight(self, node: int) -> float:
+        """w(node) = min(1, w(parent) · ratio), restarting from the nearest overridden ancestor."""
+        chain = []
+        while node not in self.override:
+            chain.append(node)
+            node = self.tree.parents[node]
+        w = self.override[node]
+        for v in reversed(chain):
+            w = min(1.0, w * self.ratio[v])
+        return w
+
+    def reject(self, leaf: int) -> None:
+        parent = self.tree.parents[leaf]
+        w_old = self.weight(parent)
+        p_v, q_v = self.p_row(parent), self.q_row(parent)
+        res = residual(p_v, q_v, w_old)
+        slack = float(res.sum())
+        # BV's acceptance of the parent prefix; clamped because rounding can push it a hair above 1.
+        self.override[parent] = min(1.0, slack / (slack + 1.0 - w_old)) if slack > 0.0 else 0.0
+        self.p_rows[parent] = normalized(res)
+        self.q_rows[parent] = self._remove_token(q_v, self.tree.tokens[leaf])
+        self.remaining[parent].remove(leaf)
+        # The parent's rows changed, so its remaining children's ratios change; deeper ones do not.
+        p_new, q_new = self.p_rows[parent], self.q_rows[parent]
+        for child in self.remaining[parent]:
+            t = self.tree.tokens[child]
+            q_t = float(q_new[t])
+            self.ratio[child] = float(p_new[t]) / q_t if q_t > 0.0 else 0.0
+
+    def _remove_token(self, q_v: torch.Tensor, token: int) -> torch.Tensor:
+        """The draft at the parent after a rejection: the rejected sibling's token removed, renormalised."""
+        q_new = q_v.clone()
+        q_new[token] = 0.0
+        return normalized(q_new)
+
+
+@register
+class TraversalVerifier(Verifier):
+    """Traversal verification on i.i.d. (distinct children used) and without-replacement trees."""
+
+    name = "traversal"
+    regime_help = "i.i.d. trees (incl. delayed) and without-replacement trees"
+    state_cls = TraversalState
+
+    def supports(self, tree):
+        return tree.regime in (Regime.IID, Regime.WITHOUT_REPLACEMENT)
+
+    def _verify(self, tree, p, q, rng):
+        state = self.state_cls(tree, p, q)
+        while True:
+            leaf = state.first_leaf()
+            if leaf == ROOT or rng.bernoulli(state.weight(leaf)):
+                return make_result(tree, leaf, rng.categorical(state.p_row(leaf)))
+            state.reject(leaf)
+
+    def _expected(self, tree, p, q):
+        state = self.state_cls(tree, p, q)
+        total, alive = 0.0, 1.0
+        while True:
+            leaf = state.first_leaf()
+            if leaf == ROOT:
+                return total + alive
+            w = state.weight(leaf)
+            total += alive * w * (tree.depths[leaf] + 1)
+            alive *= 1.0 - w
+            if alive == 0.0:
+                return total
+            state.reject(leaf)
