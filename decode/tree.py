@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from functools import cached_property
 
 import torch
@@ -24,7 +24,7 @@ import torch
 ROOT = 0
 
 
-class Regime(str, Enum):
+class Regime(StrEnum):
     """How the draws at each node were produced; decides which verifiers are lossless on the tree."""
 
     IID = "iid"  # draws at a node are i.i.d. from q: single path, K i.i.d. root paths, (K, L1, L2)-delayed trees

@@ -15,7 +15,7 @@ import torch
 from decode.rng import RandomSource
 from decode.tree import ROOT, DraftTree, Regime
 from decode.verifiers.base import Verifier, make_result, register
-from decode.verifiers.otlp import residual
+from decode.verifiers.otlp import as_index, residual, sample_residual
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def block_plan(tokens: list[int], p_rows: torch.Tensor, q_rows: torch.Tensor) ->
     if length == 0:
         return BlockPlan(p_rows, q_rows, [1.0], [])
     steps = torch.arange(length)
-    toks = torch.tensor(tokens)
+    toks = as_index(tokens)
     p_tok = p_rows[steps, toks].tolist()
     q_tok = q_rows[steps, toks].tolist()
     weights = [1.0]
@@ -72,7 +72,8 @@ def block_sample(plan: BlockPlan, rng: RandomSource) -> tuple[int, int]:
             break
     if tau == len(plan.accept):
         return tau, rng.categorical(plan.p_rows[tau])
-    return tau, rng.categorical(residual(plan.p_rows[tau], plan.q_rows[tau], plan.weights[tau]))
+    res = residual(plan.p_rows[tau], plan.q_rows[tau], plan.weights[tau])
+    return tau, sample_residual(rng, res, plan.p_rows[tau])
 
 
 def block_expected(plan: BlockPlan) -> float:
@@ -105,7 +106,7 @@ class BlockVerifier(Verifier):
 
     def _plan(self, tree, p, q):
         nodes, tokens = single_path_nodes(tree)
-        index = torch.tensor(nodes)
+        index = as_index(nodes)
         return nodes, block_plan(tokens, p[index], q[index])
 
     def _verify(self, tree, p, q, rng):

@@ -14,6 +14,7 @@ import torch
 from decode.tree import ROOT
 from decode.verifiers.base import Verifier, make_result, register
 from decode.verifiers.block import block_expected, block_plan, block_sample
+from decode.verifiers.otlp import as_index
 
 
 def clipped_ratio(p_u: torch.Tensor, q_u: torch.Tensor) -> torch.Tensor:
@@ -21,9 +22,12 @@ def clipped_ratio(p_u: torch.Tensor, q_u: torch.Tensor) -> torch.Tensor:
     return torch.where(q_u > 0, (p_u / q_u.clamp_min(1e-300)).clamp_max(1.0), torch.ones_like(p_u))
 
 
-def power_difference(hi: torch.Tensor, lo: torch.Tensor, k: int) -> torch.Tensor:
-    """``(hi^k - lo^k) / (hi - lo) = Σ_j hi^j lo^(k-1-j)``, free of the cancellation in hi^k - lo^k."""
-    total = torch.zeros_like(hi)
+def power_difference(hi, lo, k: int):
+    """``(hi^k - lo^k) / (hi - lo) = Σ_j hi^j lo^(k-1-j)``, free of the cancellation in hi^k - lo^k.
+
+    Works on tensors (elementwise) and on Python floats alike.
+    """
+    total = hi * 0.0
     for j in range(k):
         total += hi**j * lo ** (k - 1 - j)
     return total
@@ -59,10 +63,10 @@ class GreedyBlockVerifier(Verifier):
             ratio = clipped_ratio(p_u, q_u)
             kids = list(tree.children[node])
             kid_tokens = [tree.tokens[v] for v in kids]
-            child = self.select_child(kids, kid_tokens, ratio[torch.tensor(kid_tokens)].tolist())
+            child = self.select_child(kids, kid_tokens, ratio[as_index(kid_tokens)].tolist())
             below = self.below_mass(ratio, q_u) * mass_here + mass_below
             above = below + q_u * mass_here
-            denom = mass_here * float(power_difference(torch.tensor(mass_below + mass_here), torch.tensor(mass_below), k))
+            denom = mass_here * power_difference(mass_below + mass_here, mass_below, k)
             q_rows.append(q_u * mass_here * power_difference(above, below, k) / denom)
             token = tree.tokens[child]
             mass_below = float(below[token])
@@ -71,7 +75,7 @@ class GreedyBlockVerifier(Verifier):
             tokens.append(token)
             node = child
         q_rows.append(q[node])  # the leaf's draft row is never read by BV
-        index = torch.tensor(nodes)
+        index = as_index(nodes)
         return nodes, block_plan(tokens, p[index], torch.stack(q_rows))
 
     def _verify(self, tree, p, q, rng):

@@ -18,6 +18,11 @@ import torch
 from decode.rng import RandomSource
 
 
+def as_index(values) -> torch.Tensor:
+    """A long index tensor (also for an empty list, which torch would otherwise make float)."""
+    return torch.tensor(list(values), dtype=torch.long)
+
+
 def residual(p: torch.Tensor, q: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """Unnormalised ``(scale * p - q)_+``, shape ``(V,)``."""
     return (p * scale - q).clamp_min_(0.0) if scale != 1.0 else (p - q).clamp_min_(0.0)
@@ -27,6 +32,18 @@ def normalized(v: torch.Tensor) -> torch.Tensor:
     """``v / sum(v)``; an all-zero vector stays zero (it is then never sampled from)."""
     total = float(v.sum())
     return v / total if total > 0.0 else v
+
+
+def sample_residual(rng: RandomSource, weights: torch.Tensor, fallback: torch.Tensor) -> int:
+    """Sample ``weights``, or ``fallback`` if they have no mass.
+
+    An empty residual is reachable only through rounding, on a branch whose probability is zero in exact
+    arithmetic (a weight of 1 - 1e-16 that should be 1); any token is then as right as another, and p at the
+    node is the natural one. This keeps a measure-zero event from crashing a decode.
+    """
+    if float(weights.sum()) > 0.0:
+        return rng.categorical(weights)
+    return rng.categorical(fallback)
 
 
 def accept_prob(p_x: float, q_x: float) -> float:
@@ -56,7 +73,7 @@ class NSSSolver(OTLPSolver):
         return rng.categorical(p)
 
     def branching(self, p, q, draws):
-        values = p[torch.tensor(sorted(set(draws)))].tolist() if draws else []
+        values = p[as_index(sorted(set(draws)))].tolist() if draws else []
         return dict(zip(sorted(set(draws)), values, strict=True))
 
 
@@ -71,14 +88,14 @@ class NaiveSolver(OTLPSolver):
         first = draws[0]
         if rng.bernoulli(accept_prob(float(p[first]), float(q[first]))):
             return first
-        return rng.categorical(residual(p, q))
+        return sample_residual(rng, residual(p, q), p)
 
     def branching(self, p, q, draws):
         first = draws[0]
         a = accept_prob(float(p[first]), float(q[first]))
         r = normalized(residual(p, q))
         distinct = sorted(set(draws))
-        out = dict(zip(distinct, ((1.0 - a) * x for x in r[torch.tensor(distinct)].tolist()), strict=True))
+        out = dict(zip(distinct, ((1.0 - a) * x for x in r[as_index(distinct)].tolist()), strict=True))
         out[first] += a
         return out
 
@@ -107,7 +124,7 @@ class SpecInferSolver(OTLPSolver):
     def sample(self, p, q, draws, rng):
         for x, a, p_cur in self._residual_chain(p, q, draws):
             if x is None:
-                return rng.categorical(p_cur)
+                return sample_residual(rng, p_cur, p)
             if rng.bernoulli(a):
                 return x
         raise AssertionError("unreachable: a draw with acceptance 1 ends the chain")
@@ -119,7 +136,7 @@ class SpecInferSolver(OTLPSolver):
             if x is None:
                 # A rejected token has zero residual mass from then on, but the correction may still land
                 # on a drafted token that was never tested; count it exactly rather than assume zero.
-                tail = p_cur[torch.tensor(list(out))].tolist()
+                tail = p_cur[as_index(list(out))].tolist()
                 for t, mass in zip(out, tail, strict=True):
                     out[t] += alive * mass
                 break
@@ -201,7 +218,7 @@ class SpecTrSolver(OTLPSolver):
         for x, a in zip(draws, accepts, strict=True):
             if rng.bernoulli(a):
                 return x
-        return rng.categorical(res)
+        return sample_residual(rng, res, p)
 
     def branching(self, p, q, draws):
         accepts, res = self._plan(p, q, draws)
@@ -210,7 +227,7 @@ class SpecTrSolver(OTLPSolver):
         for x, a in zip(draws, accepts, strict=True):
             out[x] += alive * a
             alive *= 1.0 - a
-        r = normalized(res)[torch.tensor(list(out))].tolist()
+        r = normalized(res)[as_index(list(out))].tolist()
         for t, mass in zip(out, r, strict=True):
             out[t] += alive * mass
         return out
@@ -237,7 +254,7 @@ class RSDSolver(OTLPSolver):
     def sample(self, p, q, draws, rng):
         for x, a, p_cur in self._chain(p, q, draws):
             if x is None:
-                return rng.categorical(p_cur)
+                return sample_residual(rng, p_cur, p)
             if rng.bernoulli(a):
                 return x
         raise AssertionError("unreachable")
@@ -247,7 +264,7 @@ class RSDSolver(OTLPSolver):
         alive = 1.0
         for x, a, p_cur in self._chain(p, q, draws):
             if x is None:
-                tail = p_cur[torch.tensor(list(out))].tolist()
+                tail = p_cur[as_index(list(out))].tolist()
                 for t, mass in zip(out, tail, strict=True):
                     out[t] += alive * mass
                 break

@@ -15,7 +15,7 @@ import torch
 
 from decode.tree import ROOT, DraftTree, Regime
 from decode.verifiers.base import Verifier, make_result, register
-from decode.verifiers.otlp import normalized, residual
+from decode.verifiers.otlp import as_index, normalized, residual, sample_residual
 
 
 class TraversalState:
@@ -27,8 +27,8 @@ class TraversalState:
         self.p_rows: dict[int, torch.Tensor] = {}  # rows changed by a rejection
         self.q_rows: dict[int, torch.Tensor] = {}
         self.remaining = [list(c) for c in tree.children]
-        parents = torch.tensor(tree.parents[1:])
-        tokens = torch.tensor(tree.tokens[1:])
+        parents = as_index(tree.parents[1:])
+        tokens = as_index(tree.tokens[1:])
         p_tok, q_tok = p[parents, tokens].tolist(), q[parents, tokens].tolist()
         # ratio[v] = p_parent(t_v) / q_parent(t_v) under the parent's current rows.
         self.ratio = [1.0] + [a / b if b > 0.0 else 0.0 for a, b in zip(p_tok, q_tok, strict=True)]
@@ -98,7 +98,7 @@ class TraversalVerifier(Verifier):
         while True:
             leaf = state.first_leaf()
             if leaf == ROOT or rng.bernoulli(state.weight(leaf)):
-                return make_result(tree, leaf, rng.categorical(state.p_row(leaf)))
+                return make_result(tree, leaf, sample_residual(rng, state.p_row(leaf), p[leaf]))
             state.reject(leaf)
 
     def _expected(self, tree, p, q):

@@ -210,3 +210,19 @@ def exact_block_efficiency(pair: ToyPair, draft: Callable, verifier: Verifier) -
 
 def is_close(a: float, b: float, tol: float = 1e-9) -> bool:
     return math.isclose(a, b, rel_tol=0.0, abs_tol=tol)
+
+
+@dataclass
+class RealisticPair(ToyPair):
+    """Prefix-dependent pair over a realistic vocabulary: peaked, long-tailed logits for the target, and the
+    same logits plus noise for the draft, so p and q overlap partly (per-token acceptance ~0.5-0.8)."""
+
+    noise: float = 1.0
+    scale: float = 5.0
+
+    def _random_dist(self, prefix: tuple[int, ...], which: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(hash((self.seed,) + prefix) % (2**62))
+        logits = torch.randn(self.vocab, generator=g, dtype=torch.float64) * self.scale
+        if which == 1:
+            logits = logits + torch.randn(self.vocab, generator=g, dtype=torch.float64) * self.noise
+        return torch.softmax(logits, dim=0)
