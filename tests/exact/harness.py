@@ -12,11 +12,12 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from decode.tree import DraftTree, Regime, delayed_tree, nested_tree
+from decode.synthetic import SyntheticPair, draft_delayed, draft_without_replacement
+from decode.tree import DraftTree
 from decode.verifiers.base import Verifier
 
 
@@ -76,45 +77,32 @@ def outcome_law(runs: list[tuple[float, Hashable]]) -> dict[Hashable, float]:
 
 
 @dataclass
-class ToyPair:
-    """Prefix-dependent random target p and draft q over ``vocab`` tokens (float64).
+class ToyPair(SyntheticPair):
+    """Prefix-dependent random target p and draft q over a 2-3 token vocabulary (float64).
 
     With ``context_free`` the same (p0, q0) is used after every prefix (for the closed-form oracles).
     ``zero_prob`` sets each entry to zero with that probability (at least one entry stays positive), to
     exercise tokens that one model never produces.
     """
 
-    vocab: int
-    seed: int = 0
     p0: Sequence[float] | None = None
     q0: Sequence[float] | None = None
     zero_prob: float = 0.0
-    _cache: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def context_free(cls, p0: Sequence[float], q0: Sequence[float]) -> ToyPair:
         return cls(vocab=len(p0), p0=p0, q0=q0)
 
-    def _random_dist(self, prefix: tuple[int, ...], which: int) -> torch.Tensor:
-        key = hash((self.seed, which) + prefix) % (2**62)
-        g = torch.Generator().manual_seed(key)
+    def _make(self, prefix: tuple[int, ...], which: str) -> torch.Tensor:
+        if self.p0 is not None:
+            return torch.tensor(self.p0 if which == "p" else self.q0, dtype=torch.float64)
+        g = torch.Generator().manual_seed(hash((self.seed, which) + prefix) % (2**62))
         v = torch.rand(self.vocab, generator=g, dtype=torch.float64) ** 2 + 0.02
         if self.zero_prob > 0.0:
             keep = torch.rand(self.vocab, generator=g, dtype=torch.float64) >= self.zero_prob
             keep[int(torch.argmax(v))] = True
             v = v * keep
         return v / v.sum()
-
-    def dist(self, prefix: tuple[int, ...], which: str) -> torch.Tensor:
-        """``which`` is 'p' (target) or 'q' (draft); the next-token distribution after ``prefix``."""
-        key = (which, prefix)
-        if key not in self._cache:
-            if self.p0 is not None:
-                base = self.p0 if which == "p" else self.q0
-                self._cache[key] = torch.tensor(base, dtype=torch.float64)
-            else:
-                self._cache[key] = self._random_dist(prefix, 0 if which == "p" else 1)
-        return self._cache[key]
 
     def prefix_prob(self, tokens: Sequence[int], start: int = 0) -> float:
         """Target probability of ``tokens[start:]`` given ``tokens[:start]``: Π_{j >= start} p(s_j | s_<j)."""
@@ -123,46 +111,13 @@ class ToyPair:
             prob *= float(self.dist(tuple(tokens[:j]), "p")[tokens[j]])
         return prob
 
-    def tree_rows(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(n, V)`` p and q at every node of the tree."""
-        prefixes = [tuple(tree.tokens[v] for v in tree.path_to(u)) for u in range(tree.num_nodes)]
-        p = torch.stack([self.dist(pre, "p") for pre in prefixes])
-        q = torch.stack([self.dist(pre, "q") for pre in prefixes])
-        return p, q
+
+def sample_delayed(pair: SyntheticPair, k: int, l1: int, l2: int, rng) -> DraftTree:
+    return draft_delayed(pair.next_q, k, l1, l2, rng)
 
 
-# --- drafting on the toy pair, through the same RandomSource -----------------------------------------------
-def sample_delayed(pair: ToyPair, k: int, l1: int, l2: int, rng) -> DraftTree:
-    """A (K, L1, L2)-delayed tree: a q-trunk of L1, then K i.i.d. q-branches of L2 from its tip."""
-    trunk: list[int] = []
-    for _ in range(l1):
-        trunk.append(rng.categorical(pair.dist(tuple(trunk), "q")))
-    branches = []
-    for _ in range(k):
-        branch: list[int] = []
-        for _ in range(l2):
-            branch.append(rng.categorical(pair.dist(tuple(trunk + branch), "q")))
-        branches.append(branch)
-    return delayed_tree(trunk, branches)
-
-
-def sample_without_replacement(pair: ToyPair, branching: Sequence[int], rng) -> DraftTree:
-    """Per-node without-replacement tree: ``branching[d]`` distinct q-draws at every node of depth d."""
-    children: dict[tuple[int, ...], list[int]] = {}
-    frontier: list[tuple[int, ...]] = [()]
-    for width in branching:
-        nxt = []
-        for prefix in frontier:
-            weights = pair.dist(prefix, "q").clone()
-            drawn = []
-            for _ in range(min(width, int((weights > 0).sum()))):
-                t = rng.categorical(weights)
-                weights[t] = 0.0
-                drawn.append(t)
-            children[prefix] = drawn
-            nxt.extend(prefix + (t,) for t in drawn)
-        frontier = nxt
-    return nested_tree(children, Regime.WITHOUT_REPLACEMENT)
+def sample_without_replacement(pair: SyntheticPair, branching: Sequence[int], rng) -> DraftTree:
+    return draft_without_replacement(pair.next_q, branching, rng)
 
 
 # --- the stream criterion -------------------------------------------------------------------------------------
@@ -212,17 +167,4 @@ def is_close(a: float, b: float, tol: float = 1e-9) -> bool:
     return math.isclose(a, b, rel_tol=0.0, abs_tol=tol)
 
 
-@dataclass
-class RealisticPair(ToyPair):
-    """Prefix-dependent pair over a realistic vocabulary: peaked, long-tailed logits for the target, and the
-    same logits plus noise for the draft, so p and q overlap partly (per-token acceptance ~0.5-0.8)."""
-
-    noise: float = 1.0
-    scale: float = 5.0
-
-    def _random_dist(self, prefix: tuple[int, ...], which: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(hash((self.seed,) + prefix) % (2**62))
-        logits = torch.randn(self.vocab, generator=g, dtype=torch.float64) * self.scale
-        if which == 1:
-            logits = logits + torch.randn(self.vocab, generator=g, dtype=torch.float64) * self.noise
-        return torch.softmax(logits, dim=0)
+RealisticPair = SyntheticPair  # peaked, long-tailed logits for realistic vocabularies
