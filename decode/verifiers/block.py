@@ -4,11 +4,14 @@ Given the path x_1..x_L and full p, q at its nodes, the clipped running weights
 ``w_i = min(1, w_{i-1} p(x_i)/q(x_i))`` define per-prefix acceptance probabilities
 ``h_i = S_i / (S_i + 1 - w_i)`` (``h_L = w_L``), ``S_i = Σ_x (w_i p_i(x) - q_i(x))_+``; the accepted length is
 the largest i whose independent Bernoulli(h_i) succeeds. GBV reuses this with a skewed draft q̃.
+
+The weights need only the drafted tokens' probabilities. The full-vector sums S_i are computed lazily: a sampled
+round scans i = L, L-1, ... and stops at the first success, so it computes S_i only for the prefixes it tests.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 
@@ -17,72 +20,62 @@ from decode.tree import ROOT, DraftTree, Regime
 from decode.verifiers.base import Verifier, make_result, register
 from decode.verifiers.otlp import as_index, residual, sample_residual
 
+RowFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 
-@dataclass(frozen=True)
+
 class BlockPlan:
-    """Everything BV needs once the path is fixed.
+    """BV on one path with lazily computed acceptance probabilities.
 
-    Attributes:
-        p_rows: ``(L+1, V)`` target distributions at the path's nodes x_{<=0}..x_{<=L} (root first).
-        q_rows: ``(L+1, V)`` draft distributions at the same nodes (the last row is never read).
-        weights: w_0..w_L (w_0 = 1).
-        accept: h_1..h_L, the independent per-prefix acceptance probabilities.
+    Args:
+        p_tok: p_{i-1}(x_i) for i = 1..L (target probability of each drafted token at its parent).
+        q_tok: the draft's probability of the same tokens (q̃ for GBV).
+        rows: ``rows(i) -> (p_i, q_i)``, the full ``(V,)`` distributions after x_{<=i}, i = 0..L
+            (q_L is never read).
     """
 
-    p_rows: torch.Tensor
-    q_rows: torch.Tensor
-    weights: list[float]
-    accept: list[float]
+    def __init__(self, p_tok: list[float], q_tok: list[float], rows: RowFn) -> None:
+        self.length = len(p_tok)
+        self.rows = rows
+        self.weights = [1.0]
+        for p_x, q_x in zip(p_tok, q_tok, strict=True):
+            ratio = p_x / q_x if q_x > 0.0 else (0.0 if p_x == 0.0 else float("inf"))
+            self.weights.append(min(1.0, self.weights[-1] * ratio))
+        self._accept: dict[int, float] = {}
 
+    def accept(self, i: int) -> float:
+        """h_i, the acceptance probability of prefix x_{<=i} (1 <= i <= L)."""
+        if i not in self._accept:
+            w_i = self.weights[i]
+            if i == self.length:
+                h = w_i
+            else:
+                p_i, q_i = self.rows(i)
+                slack = float(residual(p_i, q_i, w_i).sum())
+                denom = slack + (1.0 - w_i)
+                # 0/0 only when w_i = 1 and p = q there: every longer prefix is then accepted, so h_i = 1.
+                h = slack / denom if denom > 0.0 else 1.0
+            self._accept[i] = h
+        return self._accept[i]
 
-def block_plan(tokens: list[int], p_rows: torch.Tensor, q_rows: torch.Tensor) -> BlockPlan:
-    """BV's weights and acceptance probabilities for the drafted path ``tokens`` (x_1..x_L).
+    def sample(self, rng: RandomSource) -> tuple[int, int]:
+        """Draw (τ, extra token): scan i = L..1 and stop at the first success; then bonus or BV's residual."""
+        tau = 0
+        for i in range(self.length, 0, -1):
+            if rng.bernoulli(self.accept(i)):
+                tau = i
+                break
+        p_tau, q_tau = self.rows(tau)
+        if tau == self.length:
+            return tau, rng.categorical(p_tau)
+        return tau, sample_residual(rng, residual(p_tau, q_tau, self.weights[tau]), p_tau)
 
-    ``p_rows``/``q_rows`` are ``(L+1, V)``: row i is the distribution after x_{<=i}. q may be a skewed draft (GBV).
-    """
-    length = len(tokens)
-    if length == 0:
-        return BlockPlan(p_rows, q_rows, [1.0], [])
-    steps = torch.arange(length)
-    toks = as_index(tokens)
-    p_tok = p_rows[steps, toks].tolist()
-    q_tok = q_rows[steps, toks].tolist()
-    weights = [1.0]
-    for p_x, q_x in zip(p_tok, q_tok, strict=True):
-        ratio = p_x / q_x if q_x > 0.0 else (0.0 if p_x == 0.0 else float("inf"))
-        weights.append(min(1.0, weights[-1] * ratio))
-    accept = []
-    if length > 1:
-        w = torch.tensor(weights[1:-1], dtype=p_rows.dtype).unsqueeze(1)
-        slack = (w * p_rows[1:-1] - q_rows[1:-1]).clamp_min_(0.0).sum(dim=1).tolist()
-        for s, w_i in zip(slack, weights[1:-1], strict=True):
-            denom = s + 1.0 - w_i
-            # 0/0 only when w_i = 1 and p = q there: every longer prefix is then accepted, so h_i = 1.
-            accept.append(s / denom if denom > 0.0 else 1.0)
-    accept.append(weights[-1])
-    return BlockPlan(p_rows, q_rows, weights, accept)
-
-
-def block_sample(plan: BlockPlan, rng: RandomSource) -> tuple[int, int]:
-    """Draw (τ, extra token): scan i = L..1 and stop at the first success; then bonus or BV's residual."""
-    tau = 0
-    for i in range(len(plan.accept), 0, -1):
-        if rng.bernoulli(plan.accept[i - 1]):
-            tau = i
-            break
-    if tau == len(plan.accept):
-        return tau, rng.categorical(plan.p_rows[tau])
-    res = residual(plan.p_rows[tau], plan.q_rows[tau], plan.weights[tau])
-    return tau, sample_residual(rng, res, plan.p_rows[tau])
-
-
-def block_expected(plan: BlockPlan) -> float:
-    """E[τ+1] = 1 + Σ_i P(τ ≥ i) = 1 + Σ_i (1 - Π_{j ≥ i} (1 - h_j))."""
-    total, none_from = 1.0, 1.0
-    for h in reversed(plan.accept):
-        none_from *= 1.0 - h
-        total += 1.0 - none_from
-    return total
+    def expected(self) -> float:
+        """E[τ+1] = 1 + Σ_i P(τ ≥ i) = 1 + Σ_i (1 - Π_{j ≥ i} (1 - h_j))."""
+        total, none_from = 1.0, 1.0
+        for i in range(self.length, 0, -1):
+            none_from *= 1.0 - self.accept(i)
+            total += 1.0 - none_from
+        return total
 
 
 def single_path_nodes(tree: DraftTree) -> tuple[list[int], list[int]]:
@@ -106,13 +99,14 @@ class BlockVerifier(Verifier):
 
     def _plan(self, tree, p, q):
         nodes, tokens = single_path_nodes(tree)
-        index = as_index(nodes)
-        return nodes, block_plan(tokens, p[index], q[index])
+        parents, toks = as_index(nodes[:-1]), as_index(tokens)
+        plan = BlockPlan(p[parents, toks].tolist(), q[parents, toks].tolist(), lambda i: (p[nodes[i]], q[nodes[i]]))
+        return nodes, plan
 
     def _verify(self, tree, p, q, rng):
         nodes, plan = self._plan(tree, p, q)
-        tau, extra = block_sample(plan, rng)
+        tau, extra = plan.sample(rng)
         return make_result(tree, nodes[tau], extra)
 
     def _expected(self, tree, p, q):
-        return block_expected(self._plan(tree, p, q)[1])
+        return self._plan(tree, p, q)[1].expected()

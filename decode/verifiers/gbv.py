@@ -1,25 +1,37 @@
 """Greedy multi-path block verification (GBV, Thomas & Pal; rule as in algorithms.md §2.10).
 
-K i.i.d. root paths. Tokens at a node u are totally ordered by ``(min(1, p_u(t)/q_u(t)), t)``: clipped
-ratio, ties broken by token id. Paths are ordered lexicographically by these keys. GBV takes the largest
-drafted path (a greedy descent), which is distributed as the maximum of K i.i.d. q-paths. BV then runs on it
-with that maximum's law q̃ in place of q. The path choice and q̃ must use the same total order. Breaking ties
-one way in the descent and another in q̃ is biased (a negative control in the tests).
+K i.i.d. root paths. Tokens at a node u are totally ordered by a key, and paths lexicographically by their
+keys. GBV takes the largest drafted path (a greedy descent), which is distributed as the maximum of K i.i.d.
+q-paths. BV then runs on it with that maximum's law q̃ in place of q.
+
+Losslessness needs only that the path choice and q̃ use the *same* strict total order. Breaking ties one way in
+the descent and another in q̃ is biased (a negative control in the tests). Greediness wants the order to
+follow the acceptance ratio. Our key is therefore ``(level, token id)``, where ``level`` is
+``min(1, p/q)`` quantised to 256 levels. Quantising lets one radix pass (a stable argsort of uint8)
+order the whole vocabulary instead of a float sort. It changes the preference only between drafted
+children whose ratios lie within 1/255 of each other.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from decode.tree import ROOT
 from decode.verifiers.base import Verifier, make_result, register
-from decode.verifiers.block import block_expected, block_plan, block_sample
+from decode.verifiers.block import BlockPlan
 from decode.verifiers.otlp import as_index
 
+LEVELS = 256
 
-def clipped_ratio(p_u: torch.Tensor, q_u: torch.Tensor) -> torch.Tensor:
-    """``min(1, p/q)`` per token, shape ``(V,)``; tokens with q = 0 (never drafted) get 1."""
-    return torch.where(q_u > 0, (p_u / q_u.clamp_min(1e-300)).clamp_max(1.0), torch.ones_like(p_u))
+
+def ratio_levels(p_u: torch.Tensor, q_u: torch.Tensor) -> torch.Tensor:
+    """``min(1, p/q)`` quantised to 0..255 (uint8), shape ``(V,)``; tokens with q = 0 get the top level.
+
+    A token q never drafts carries no q-mass, so where it ranks does not change q̃ of any other token.
+    """
+    ratio = torch.where(q_u > 0, p_u / q_u.clamp_min(1e-300), torch.ones_like(p_u)).clamp_max_(1.0)
+    return (ratio * (LEVELS - 1)).to(torch.uint8)
 
 
 def power_difference(hi, lo, k: int):
@@ -33,6 +45,56 @@ def power_difference(hi, lo, k: int):
     return total
 
 
+class PathNode:
+    """The order at one node of the chosen path and the skewed draft q̃ it induces.
+
+    ``mass_below`` (A) is the q-mass of full paths ranked below every path through this node, ``mass_here`` (X)
+    the q-mass of the paths through it (algorithms.md §2.10).
+    """
+
+    def __init__(self, p_u: torch.Tensor, q_u: torch.Tensor, mass_below: float, mass_here: float, k: int) -> None:
+        self.p, self.q = p_u, q_u
+        self.levels = ratio_levels(p_u, q_u)
+        self.mass_below, self.mass_here, self.k = mass_below, mass_here, k
+        self.denom = mass_here * power_difference(mass_below + mass_here, mass_below, k)
+        self._q_tilde: torch.Tensor | None = None
+
+    def key(self, token: int) -> tuple[int, int]:
+        return int(self.levels[token]), token
+
+    def below(self, token: int) -> float:
+        """q-mass of tokens ranked strictly below ``token`` here (one masked sum, no sort)."""
+        level = int(self.levels[token])
+        lower = (self.levels < level) | ((self.levels == level) & (_ids(self.q.numel()) < token))
+        return float(torch.where(lower, self.q, 0.0).sum())
+
+    def q_tilde_at(self, token: int) -> float:
+        """q̃(token) = [(A + B + Z)^K - (A + B)^K] / [(A + X)^K - A^K] with B = X·below, Z = X·q(token)."""
+        lo = self.mass_below + self.mass_here * self.below(token)
+        z = self.mass_here * float(self.q[token])
+        return z * power_difference(lo + z, lo, self.k) / self.denom
+
+    def q_tilde(self) -> torch.Tensor:
+        """The full ``(V,)`` skewed draft at this node (one radix pass over the vocabulary)."""
+        if self._q_tilde is None:
+            order = torch.from_numpy(np.argsort(self.levels.numpy(), kind="stable"))  # by (level, id)
+            q_sorted = self.q[order]
+            below = torch.empty_like(self.q).scatter_(0, order, torch.cumsum(q_sorted, 0) - q_sorted)
+            lo = self.mass_below + self.mass_here * below
+            z = self.mass_here * self.q
+            self._q_tilde = z * power_difference(lo + z, lo, self.k) / self.denom
+        return self._q_tilde
+
+
+_ID_CACHE: dict[int, torch.Tensor] = {}
+
+
+def _ids(vocab: int) -> torch.Tensor:
+    if vocab not in _ID_CACHE:
+        _ID_CACHE[vocab] = torch.arange(vocab)
+    return _ID_CACHE[vocab]
+
+
 class GreedyBlockVerifier(Verifier):
     """GBV: greedy path selection under one total order, then BV with the skewed draft q̃."""
 
@@ -42,49 +104,44 @@ class GreedyBlockVerifier(Verifier):
     def supports(self, tree):
         return tree.is_root_paths
 
-    def select_child(self, children: list[int], tokens: list[int], keys: list[float]) -> int:
-        """The child with the largest (key, token); ``keys[i]`` is the clipped ratio of ``tokens[i]``."""
+    def select_child(self, children: list[int], tokens: list[int], keys: list[int]) -> int:
+        """The child with the largest (key, token); ``keys[i]`` is the ratio level of ``tokens[i]``."""
         best = max(range(len(children)), key=lambda i: (keys[i], tokens[i]))
         return children[best]
 
-    def below_mass(self, ratio: torch.Tensor, q_u: torch.Tensor) -> torch.Tensor:
-        """For every token t, the q-mass of tokens ranked strictly below t: ``Σ_{(r', t') < (r, t)} q(t')``."""
-        order = torch.sort(ratio, stable=True).indices  # stable: equal ratios stay in token-id order
-        cum = torch.cumsum(q_u[order], 0) - q_u[order]
-        return torch.empty_like(q_u).scatter_(0, order, cum)
-
     def _plan(self, tree, p, q):
         k = tree.shape[0] if tree.shape is not None and tree.shape[2] > 0 else 1
-        nodes, tokens, q_rows = [ROOT], [], []
-        mass_below, mass_here = 0.0, 1.0  # A and X of algorithms.md §2.10
+        nodes, path = [ROOT], []
+        mass_below, mass_here = 0.0, 1.0
         node = ROOT
         while tree.children[node]:
-            p_u, q_u = p[node], q[node]
-            ratio = clipped_ratio(p_u, q_u)
+            step = PathNode(p[node], q[node], mass_below, mass_here, k)
             kids = list(tree.children[node])
             kid_tokens = [tree.tokens[v] for v in kids]
-            child = self.select_child(kids, kid_tokens, ratio[as_index(kid_tokens)].tolist())
-            below = self.below_mass(ratio, q_u) * mass_here + mass_below
-            above = below + q_u * mass_here
-            denom = mass_here * power_difference(mass_below + mass_here, mass_below, k)
-            q_rows.append(q_u * mass_here * power_difference(above, below, k) / denom)
+            child = self.select_child(kids, kid_tokens, step.levels[as_index(kid_tokens)].tolist())
             token = tree.tokens[child]
-            mass_below = float(below[token])
-            mass_here = mass_here * float(q_u[token])
+            # Descend: paths through the child rank above those through lower-ranked siblings.
+            mass_below = mass_below + mass_here * step.below(token)
+            mass_here = mass_here * float(q[node, token])
+            path.append(step)
             nodes.append(child)
-            tokens.append(token)
             node = child
-        q_rows.append(q[node])  # the leaf's draft row is never read by BV
-        index = as_index(nodes)
-        return nodes, block_plan(tokens, p[index], torch.stack(q_rows))
+        tokens = [tree.tokens[v] for v in nodes[1:]]
+        p_tok = [float(p[u, t]) for u, t in zip(nodes[:-1], tokens, strict=True)]
+        q_tok = [step.q_tilde_at(t) for step, t in zip(path, tokens, strict=True)]
+
+        def rows(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return p[nodes[i]], (path[i].q_tilde() if i < len(path) else q[nodes[i]])
+
+        return nodes, BlockPlan(p_tok, q_tok, rows)
 
     def _verify(self, tree, p, q, rng):
         nodes, plan = self._plan(tree, p, q)
-        tau, extra = block_sample(plan, rng)
+        tau, extra = plan.sample(rng)
         return make_result(tree, nodes[tau], extra)
 
     def _expected(self, tree, p, q):
-        return block_expected(self._plan(tree, p, q)[1])
+        return self._plan(tree, p, q)[1].expected()
 
 
 register(GreedyBlockVerifier)

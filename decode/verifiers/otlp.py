@@ -145,52 +145,85 @@ class SpecInferSolver(OTLPSolver):
         return out
 
 
-def spectr_rho(p: torch.Tensor, q: torch.Tensor, k: int) -> float:
-    """K-SEQ's ρ*: the root of ``1 - (1 - β(ρ))^k - ρ β(ρ)`` on [1, k], returned on its feasible side.
+def _kseq_gap(rho: float, a: float, b: float, k: int) -> float:
+    """``1 - (1 - β)^k - ρβ`` with ``β = a/ρ + b``: K-SEQ's feasibility gap (<= 0 means feasible)."""
+    beta = a / rho + b
+    return 1.0 - (1.0 - beta) ** k - rho * beta
 
-    ``β(ρ) = Σ min(p/ρ, q)`` is piecewise ``A/ρ + B`` between the sorted ratios p/q, so the root is found
-    exactly: locate its segment among the breakpoints (vectorised), then bisect the scalar formula there and
-    return the upper end, where the residual ``p - γ min(p/ρ, q)`` is non-negative (algorithms.md §2.6).
+
+def _masses_at(ratio: torch.Tensor, p: torch.Tensor, q: torch.Tensor, rho: float) -> tuple[float, float]:
+    """(Σ_{p/q <= ρ} p, Σ_{p/q > ρ} q): β(ρ) = a/ρ + b."""
+    below = ratio <= rho
+    return float(torch.where(below, p, 0.0).sum()), float(torch.where(below, 0.0, q).sum())
+
+
+def _solve_in_cell(ratio, p, q, k: int, lo: float, hi: float, a: float, b: float) -> float | None:
+    """The root of the gap on [lo, hi], exactly, returned on its feasible side; None if it is not in [lo, hi].
+
+    ``(a, b)`` are the masses at ``lo`` (:func:`_masses_at`). Between consecutive ratios p/q the gap has the
+    closed form of :func:`_kseq_gap` with fixed (a, b): find the segment holding the root among the sorted
+    ratios inside the cell, then bisect the scalar form there.
     """
-    if k <= 1:
-        return 1.0
-    ratio = torch.where(q > 0, p / q.clamp_min(1e-300), torch.full_like(p, math.inf))
-    below = ratio <= 1.0
-    a0 = float(p[below].sum())  # p-mass of tokens with ratio <= ρ (ρ = 1)
-    b0 = float(q[~below].sum())  # q-mass of tokens with ratio > ρ
-    inner = (ratio > 1.0) & (ratio < k)
-    r_sorted, order = torch.sort(ratio[inner])
-    p_cum = a0 + torch.cumsum(p[inner][order], 0)
-    q_cum = b0 - torch.cumsum(q[inner][order], 0)
-
-    def f(rho: float, a: float, b: float) -> float:
-        beta = a / rho + b
-        return 1.0 - (1.0 - beta) ** k - rho * beta
-
-    lo, a, b = 1.0, a0, b0
-    hi = float(k)
+    if _kseq_gap(lo, a, b, k) <= 0.0:
+        return lo if lo == 1.0 else None  # a root at or below lo > 1 means the bracket is off
+    inside = (ratio > lo) & (ratio < hi)
+    r_sorted, order = torch.sort(ratio[inside])
     if r_sorted.numel():
-        # f is decreasing in ρ; at breakpoint r_j the segment to its right has (A, B) = (p_cum[j], q_cum[j]).
+        p_cum = a + torch.cumsum(p[inside][order], 0)
+        q_cum = b - torch.cumsum(q[inside][order], 0)
+        # At breakpoint r_j the segment to its right has (a, b) = (p_cum[j], q_cum[j]); the gap is continuous.
         beta_at = p_cum / r_sorted + q_cum
-        f_at = 1.0 - (1.0 - beta_at) ** k - r_sorted * beta_at
-        nonpos = torch.nonzero(f_at <= 0.0)
+        gap_at = 1.0 - (1.0 - beta_at) ** k - r_sorted * beta_at
+        nonpos = torch.nonzero(gap_at <= 0.0)
         j = int(nonpos[0]) if nonpos.numel() else r_sorted.numel()
         if j < r_sorted.numel():
             hi = float(r_sorted[j])
         if j > 0:
             lo = float(r_sorted[j - 1])
             a, b = float(p_cum[j - 1]), float(q_cum[j - 1])
-    if f(lo, a, b) <= 0.0:
-        return lo
+    if _kseq_gap(hi, a, b, k) > 0.0:
+        return None  # the root lies above the cell
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         if mid <= lo or mid >= hi:
             break
-        if f(mid, a, b) <= 0.0:
+        if _kseq_gap(mid, a, b, k) <= 0.0:
             hi = mid
         else:
             lo = mid
     return hi
+
+
+def spectr_rho(p: torch.Tensor, q: torch.Tensor, k: int, grid: int = 64) -> float:
+    """K-SEQ's ρ*: the root of ``1 - (1 - β(ρ))^k - ρ β(ρ)`` on [1, k], returned on its feasible side.
+
+    ``β(ρ) = Σ min(p/ρ, q)`` is piecewise ``a/ρ + b`` between the sorted ratios p/q, so the root can be found
+    exactly (algorithms.md §2.6). To avoid sorting the vocabulary, one bincount per model first narrows
+    [1, k] to one cell of a uniform grid. Only the ratios inside that cell are then sorted. The residual
+    ``p - γ min(p/ρ, q)`` is non-negative on the returned side.
+    """
+    if k <= 1:
+        return 1.0
+    ratio = torch.div(p, q).nan_to_num_(nan=math.inf)  # q = 0: +inf (never below ρ, no q-mass)
+    lo, hi = 1.0, float(k)
+    if ratio.numel() > 4 * grid:
+        step = (k - 1) / grid
+        # Token with ratio r lands in cell j when r is in (g_{j-1}, g_j], g_j = 1 + j·step (0: r <= 1).
+        cell = ratio.sub(1.0).div_(step).ceil_().clamp_(0, grid + 1).long()
+        a_grid = torch.cumsum(torch.bincount(cell, weights=p, minlength=grid + 2), 0)[: grid + 1]
+        b_grid = float(q.sum()) - torch.cumsum(torch.bincount(cell, weights=q, minlength=grid + 2), 0)[: grid + 1]
+        points = 1.0 + step * torch.arange(grid + 1, dtype=a_grid.dtype)
+        beta = a_grid / points + b_grid
+        gap = 1.0 - (1.0 - beta) ** k - points * beta
+        nonpos = torch.nonzero(gap <= 0.0)
+        j = int(nonpos[0]) if nonpos.numel() else grid
+        if j > 0:
+            lo, hi = float(points[j - 1]), float(points[j])
+    root = _solve_in_cell(ratio, p, q, k, lo, hi, *_masses_at(ratio, p, q, lo))
+    if root is None:
+        # The grid sums can misplace a ratio lying within rounding of a grid point: solve on all of [1, k].
+        root = _solve_in_cell(ratio, p, q, k, 1.0, float(k), *_masses_at(ratio, p, q, 1.0))
+    return float(k) if root is None else root  # ρ = k is always feasible (Bernoulli's inequality)
 
 
 class SpecTrSolver(OTLPSolver):
@@ -201,35 +234,37 @@ class SpecTrSolver(OTLPSolver):
     def rho(self, p, q, k: int) -> float:
         return spectr_rho(p, q, k)
 
-    def _plan(self, p, q, draws):
-        """Acceptance probability of each draw, and the residual sampled after all are rejected."""
-        rho = self.rho(p, q, len(draws))
+    def _accepts(self, p, q, draws, rho: float) -> list[float]:
+        tokens = as_index(draws)
+        return [accept_prob(a / rho, b) for a, b in zip(p[tokens].tolist(), q[tokens].tolist(), strict=True)]
+
+    def _residual(self, p, q, k: int, rho: float) -> torch.Tensor:
+        """Unnormalised K-SEQ residual ``(p - γ min(p/ρ, q))_+``, needed only once every draw is rejected."""
         capped = torch.minimum(p / rho, q)
         beta = float(capped.sum())
-        p_acc = 1.0 - (1.0 - beta) ** len(draws)
-        gamma = p_acc / beta if beta > 0.0 else 0.0
-        accepts = [accept_prob(float(p[x]) / rho, float(q[x])) for x in draws]
-        return accepts, (p - capped * gamma).clamp_min_(0.0)
+        gamma = (1.0 - (1.0 - beta) ** k) / beta if beta > 0.0 else 0.0
+        return (p - capped * gamma).clamp_min_(0.0)
 
     def sample(self, p, q, draws, rng):
         if not draws:
             return rng.categorical(p)
-        accepts, res = self._plan(p, q, draws)
-        for x, a in zip(draws, accepts, strict=True):
+        rho = self.rho(p, q, len(draws))
+        for x, a in zip(draws, self._accepts(p, q, draws, rho), strict=True):
             if rng.bernoulli(a):
                 return x
-        return sample_residual(rng, res, p)
+        return sample_residual(rng, self._residual(p, q, len(draws), rho), p)
 
     def branching(self, p, q, draws):
-        accepts, res = self._plan(p, q, draws)
+        rho = self.rho(p, q, len(draws))
         out = dict.fromkeys(draws, 0.0)
         alive = 1.0
-        for x, a in zip(draws, accepts, strict=True):
+        for x, a in zip(draws, self._accepts(p, q, draws, rho), strict=True):
             out[x] += alive * a
             alive *= 1.0 - a
-        r = normalized(res)[as_index(list(out))].tolist()
-        for t, mass in zip(out, r, strict=True):
-            out[t] += alive * mass
+        if alive > 0.0:
+            r = normalized(self._residual(p, q, len(draws), rho))[as_index(list(out))].tolist()
+            for t, mass in zip(out, r, strict=True):
+                out[t] += alive * mass
         return out
 
 

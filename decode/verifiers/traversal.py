@@ -15,30 +15,31 @@ import torch
 
 from decode.tree import ROOT, DraftTree, Regime
 from decode.verifiers.base import Verifier, make_result, register
-from decode.verifiers.otlp import as_index, normalized, residual, sample_residual
+from decode.verifiers.otlp import as_index, sample_residual
 
 
 class TraversalState:
-    """Mutable state of one traversal over a tree: remaining children, updated rows, overridden weights."""
+    """Mutable state of one traversal: remaining children, updated rows and overridden weights.
+
+    Updated rows are kept unnormalised with their masses (row / mass is the distribution). A rejection then
+    costs one fused residual, one sum and one clone over the vocabulary, and no normalisation pass.
+    """
 
     def __init__(self, tree: DraftTree, p: torch.Tensor, q: torch.Tensor) -> None:
         self.tree = tree
         self.p, self.q = p, q
-        self.p_rows: dict[int, torch.Tensor] = {}  # rows changed by a rejection
-        self.q_rows: dict[int, torch.Tensor] = {}
+        self.p_rows: dict[int, tuple[torch.Tensor, float]] = {}  # node -> (unnormalised row, mass)
+        self.q_rows: dict[int, tuple[torch.Tensor, float]] = {}
         self.remaining = [list(c) for c in tree.children]
-        parents = as_index(tree.parents[1:])
-        tokens = as_index(tree.tokens[1:])
+        parents, tokens = as_index(tree.parents[1:]), as_index(tree.tokens[1:])
         p_tok, q_tok = p[parents, tokens].tolist(), q[parents, tokens].tolist()
         # ratio[v] = p_parent(t_v) / q_parent(t_v) under the parent's current rows.
         self.ratio = [1.0] + [a / b if b > 0.0 else 0.0 for a, b in zip(p_tok, q_tok, strict=True)]
         self.override: dict[int, float] = {ROOT: 1.0}  # nodes whose weight was reset by a rejection below
 
     def p_row(self, node: int) -> torch.Tensor:
-        return self.p_rows.get(node, self.p[node])
-
-    def q_row(self, node: int) -> torch.Tensor:
-        return self.q_rows.get(node, self.q[node])
+        """Target row at ``node`` (unnormalised after an update); for sampling."""
+        return self.p_rows[node][0] if node in self.p_rows else self.p[node]
 
     def first_leaf(self) -> int:
         node = ROOT
@@ -59,27 +60,37 @@ class TraversalState:
 
     def reject(self, leaf: int) -> None:
         parent = self.tree.parents[leaf]
-        w_old = self.weight(parent)
-        p_v, q_v = self.p_row(parent), self.q_row(parent)
-        res = residual(p_v, q_v, w_old)
-        slack = float(res.sum())
-        # BV's acceptance of the parent prefix; clamped because rounding can push it a hair above 1.
-        self.override[parent] = min(1.0, slack / (slack + 1.0 - w_old)) if slack > 0.0 else 0.0
-        self.p_rows[parent] = normalized(res)
-        self.q_rows[parent] = self._remove_token(q_v, self.tree.tokens[leaf])
         self.remaining[parent].remove(leaf)
+        w_old = self.weight(parent)
+        if w_old == 0.0:
+            # The parent can no longer be accepted, nor can anything below it: its rows no longer matter.
+            self.override[parent] = 0.0
+            return
+        p_un, p_mass = self.p_rows.get(parent, (self.p[parent], 1.0))
+        q_un, q_mass = self.q_rows.get(parent, (self.q[parent], 1.0))
+        # (w·p - q)_+ = (w / p_mass) · (p_un - c·q_un)_+ with c = p_mass / (w · q_mass).
+        res = torch.add(p_un, q_un, alpha=-p_mass / (w_old * q_mass)).clamp_min_(0.0)
+        res_mass = float(res.sum())
+        slack = res_mass * w_old / p_mass
+        # BV's acceptance of the parent prefix; clamped because rounding can push it a hair above 1.
+        self.override[parent] = min(1.0, slack / (slack + (1.0 - w_old))) if slack > 0.0 else 0.0
+        self.p_rows[parent] = (res, res_mass)
+        self.q_rows[parent] = self._remove_token(q_un, q_mass, self.tree.tokens[leaf])
         # The parent's rows changed, so its remaining children's ratios change; deeper ones do not.
-        p_new, q_new = self.p_rows[parent], self.q_rows[parent]
+        p_new, p_total = self.p_rows[parent]
+        q_new, q_total = self.q_rows[parent]
         for child in self.remaining[parent]:
             t = self.tree.tokens[child]
-            q_t = float(q_new[t])
-            self.ratio[child] = float(p_new[t]) / q_t if q_t > 0.0 else 0.0
+            q_t = float(q_new[t]) / q_total if q_total > 0.0 else 0.0
+            p_t = float(p_new[t]) / p_total if p_total > 0.0 else 0.0
+            self.ratio[child] = p_t / q_t if q_t > 0.0 else 0.0
 
-    def _remove_token(self, q_v: torch.Tensor, token: int) -> torch.Tensor:
-        """The draft at the parent after a rejection: the rejected sibling's token removed, renormalised."""
-        q_new = q_v.clone()
+    def _remove_token(self, q_un: torch.Tensor, q_mass: float, token: int) -> tuple[torch.Tensor, float]:
+        """The draft at the parent after a rejection: the rejected sibling's token removed (renormalised)."""
+        removed = float(q_un[token])
+        q_new = q_un.clone()
         q_new[token] = 0.0
-        return normalized(q_new)
+        return q_new, q_mass - removed
 
 
 @register

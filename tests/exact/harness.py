@@ -96,7 +96,7 @@ class ToyPair(SyntheticPair):
     def _make(self, prefix: tuple[int, ...], which: str) -> torch.Tensor:
         if self.p0 is not None:
             return torch.tensor(self.p0 if which == "p" else self.q0, dtype=torch.float64)
-        g = torch.Generator().manual_seed(hash((self.seed, which) + prefix) % (2**62))
+        g = torch.Generator().manual_seed(hash((self.seed, 0 if which == "p" else 1) + prefix) % (2**62))
         v = torch.rand(self.vocab, generator=g, dtype=torch.float64) ** 2 + 0.02
         if self.zero_prob > 0.0:
             keep = torch.rand(self.vocab, generator=g, dtype=torch.float64) >= self.zero_prob

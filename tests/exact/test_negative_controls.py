@@ -48,8 +48,8 @@ class LowRhoSpecTr(SpecTrVerifier):
 class NoQUpdateState(TraversalState):
     """Wrong: keeps the rejected sibling's token in the parent's draft."""
 
-    def _remove_token(self, q_v, token):
-        return q_v
+    def _remove_token(self, q_un, q_mass, token):
+        return q_un, q_mass
 
 
 class TraversalWithoutQUpdate(TraversalVerifier):
