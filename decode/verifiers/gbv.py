@@ -14,6 +14,8 @@ children whose ratios lie within 1/255 of each other.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 import torch
 
@@ -37,11 +39,12 @@ def ratio_levels(p_u: torch.Tensor, q_u: torch.Tensor) -> torch.Tensor:
 def power_difference(hi, lo, k: int):
     """``(hi^k - lo^k) / (hi - lo) = Σ_j hi^j lo^(k-1-j)``, free of the cancellation in hi^k - lo^k.
 
-    Works on tensors (elementwise) and on Python floats alike.
+    By the recurrence S_1 = 1, S_{m+1} = hi·S_m + lo^m; works on tensors (elementwise) and Python floats alike.
     """
-    total = hi * 0.0
-    for j in range(k):
-        total += hi**j * lo ** (k - 1 - j)
+    total, lo_power = 1.0, 1.0
+    for _ in range(k - 1):
+        lo_power = lo_power * lo
+        total = total * hi + lo_power
     return total
 
 
@@ -54,28 +57,35 @@ class PathNode:
 
     def __init__(self, p_u: torch.Tensor, q_u: torch.Tensor, mass_below: float, mass_here: float, k: int) -> None:
         self.p, self.q = p_u, q_u
-        self.levels = ratio_levels(p_u, q_u)
         self.mass_below, self.mass_here, self.k = mass_below, mass_here, k
         self.denom = mass_here * power_difference(mass_below + mass_here, mass_below, k)
         self._q_tilde: torch.Tensor | None = None
+        self._below: dict[int, float] = {}
 
-    def key(self, token: int) -> tuple[int, int]:
-        return int(self.levels[token]), token
+    @cached_property
+    def levels(self) -> torch.Tensor:
+        return ratio_levels(self.p, self.q)
 
     def below(self, token: int) -> float:
         """q-mass of tokens ranked strictly below ``token`` here (one masked sum, no sort)."""
-        level = int(self.levels[token])
-        lower = (self.levels < level) | ((self.levels == level) & (_ids(self.q.numel()) < token))
-        return float(torch.where(lower, self.q, 0.0).sum())
+        if token not in self._below:
+            level = int(self.levels[token])
+            lower = (self.levels < level) | ((self.levels == level) & (_ids(self.q.numel()) < token))
+            self._below[token] = float(torch.where(lower, self.q, 0.0).sum())
+        return self._below[token]
 
     def q_tilde_at(self, token: int) -> float:
         """q̃(token) = [(A + B + Z)^K - (A + B)^K] / [(A + X)^K - A^K] with B = X·below, Z = X·q(token)."""
+        if self.k == 1:
+            return float(self.q[token])
         lo = self.mass_below + self.mass_here * self.below(token)
         z = self.mass_here * float(self.q[token])
         return z * power_difference(lo + z, lo, self.k) / self.denom
 
     def q_tilde(self) -> torch.Tensor:
         """The full ``(V,)`` skewed draft at this node (one radix pass over the vocabulary)."""
+        if self.k == 1:
+            return self.q  # the maximum of one path is that path
         if self._q_tilde is None:
             order = torch.from_numpy(np.argsort(self.levels.numpy(), kind="stable"))  # by (level, id)
             q_sorted = self.q[order]
@@ -109,6 +119,10 @@ class GreedyBlockVerifier(Verifier):
         best = max(range(len(children)), key=lambda i: (keys[i], tokens[i]))
         return children[best]
 
+    @staticmethod
+    def _levels(step: PathNode, tokens: list[int]) -> list[int]:
+        return step.levels[as_index(tokens)].tolist()
+
     def _plan(self, tree, p, q):
         k = tree.shape[0] if tree.shape is not None and tree.shape[2] > 0 else 1
         nodes, path = [ROOT], []
@@ -118,10 +132,10 @@ class GreedyBlockVerifier(Verifier):
             step = PathNode(p[node], q[node], mass_below, mass_here, k)
             kids = list(tree.children[node])
             kid_tokens = [tree.tokens[v] for v in kids]
-            child = self.select_child(kids, kid_tokens, step.levels[as_index(kid_tokens)].tolist())
+            child = kids[0] if len(kids) == 1 else self.select_child(kids, kid_tokens, self._levels(step, kid_tokens))
             token = tree.tokens[child]
-            # Descend: paths through the child rank above those through lower-ranked siblings.
-            mass_below = mass_below + mass_here * step.below(token)
+            if k > 1:  # descend: paths through the child rank above those through lower-ranked siblings
+                mass_below = mass_below + mass_here * step.below(token)
             mass_here = mass_here * float(q[node, token])
             path.append(step)
             nodes.append(child)
