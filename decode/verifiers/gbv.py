@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from decode.tree import ROOT
-from decode.verifiers.base import Verifier, make_result, register
-from decode.verifiers.block import BlockPlan
+from decode.verifiers.base import register
+from decode.verifiers.block import BlockPlan, BlockVerifier
 from decode.verifiers.otlp import as_index
 
 LEVELS = 256
@@ -105,7 +105,7 @@ def _ids(vocab: int) -> torch.Tensor:
     return _ID_CACHE[vocab]
 
 
-class GreedyBlockVerifier(Verifier):
+class GreedyBlockVerifier(BlockVerifier):
     """GBV: greedy path selection under one total order, then BV with the skewed draft q̃."""
 
     name = "gbv"
@@ -148,14 +148,6 @@ class GreedyBlockVerifier(Verifier):
             return p[nodes[i]], (path[i].q_tilde() if i < len(path) else q[nodes[i]])
 
         return nodes, BlockPlan(p_tok, q_tok, rows)
-
-    def _verify(self, tree, p, q, rng):
-        nodes, plan = self._plan(tree, p, q)
-        tau, extra = plan.sample(rng)
-        return make_result(tree, nodes[tau], extra)
-
-    def _expected(self, tree, p, q):
-        return self._plan(tree, p, q)[1].expected()
 
 
 register(GreedyBlockVerifier)

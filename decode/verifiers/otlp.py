@@ -110,39 +110,55 @@ class SpecInferSolver(OTLPSolver):
 
     name = "specinfer"
 
+    def _next_draft(self, q_cur: torch.Tensor, rejected: int) -> torch.Tensor:
+        """The draft the next draw is tested against: unchanged, since draws are i.i.d. (with replacement)."""
+        return q_cur
+
     def _residual_chain(self, p, q, draws):
-        """Yields (token, acceptance probability, current p) for each draw, then the final p."""
-        p_cur = p
+        """Yields (token, acceptance probability) for each draw tested, then (None, final p) once all are rejected."""
+        p_cur, q_cur = p, q
         for x in draws:
-            a = accept_prob(float(p_cur[x]), float(q[x]))
-            yield x, a, p_cur
+            a = accept_prob(float(p_cur[x]), float(q_cur[x]))
+            yield x, a
             if a >= 1.0:
                 return
-            p_cur = normalized(residual(p_cur, q))
-        yield None, 0.0, p_cur
+            p_cur = normalized(residual(p_cur, q_cur))
+            q_cur = self._next_draft(q_cur, x)
+        yield None, p_cur
 
     def sample(self, p, q, draws, rng):
-        for x, a, p_cur in self._residual_chain(p, q, draws):
-            if x is None:
-                return sample_residual(rng, p_cur, p)
-            if rng.bernoulli(a):
+        for x, value in self._residual_chain(p, q, draws):
+            if x is None:  # every draw rejected: value is the final residual p
+                return sample_residual(rng, value, p)
+            if rng.bernoulli(value):
                 return x
         raise AssertionError("unreachable: a draw with acceptance 1 ends the chain")
 
     def branching(self, p, q, draws):
         out = dict.fromkeys(draws, 0.0)
         alive = 1.0
-        for x, a, p_cur in self._residual_chain(p, q, draws):
+        for x, value in self._residual_chain(p, q, draws):
             if x is None:
                 # A rejected token has zero residual mass from then on, but the correction may still land
                 # on a drafted token that was never tested; count it exactly rather than assume zero.
-                tail = p_cur[as_index(list(out))].tolist()
+                tail = value[as_index(list(out))].tolist()
                 for t, mass in zip(out, tail, strict=True):
                     out[t] += alive * mass
                 break
-            out[x] += alive * a
-            alive *= 1.0 - a
+            out[x] += alive * value
+            alive *= 1.0 - value
         return out
+
+
+class RSDSolver(SpecInferSolver):
+    """Recursive rejection sampling without replacement (RSD): q drops each rejected draw."""
+
+    name = "rsd"
+
+    def _next_draft(self, q_cur, rejected):
+        q_next = q_cur.clone()
+        q_next[rejected] = 0.0
+        return normalized(q_next)
 
 
 def _kseq_gap(rho: float, a: float, b: float, k: int) -> float:
@@ -265,44 +281,4 @@ class SpecTrSolver(OTLPSolver):
             r = normalized(self._residual(p, q, len(draws), rho))[as_index(list(out))].tolist()
             for t, mass in zip(out, r, strict=True):
                 out[t] += alive * mass
-        return out
-
-
-class RSDSolver(OTLPSolver):
-    """Recursive rejection sampling without replacement (RSD): q drops each rejected draw."""
-
-    name = "rsd"
-
-    def _chain(self, p, q, draws):
-        p_cur, q_cur = p, q
-        for x in draws:
-            a = accept_prob(float(p_cur[x]), float(q_cur[x]))
-            yield x, a, p_cur
-            if a >= 1.0:
-                return
-            p_cur = normalized(residual(p_cur, q_cur))
-            q_cur = q_cur.clone()
-            q_cur[x] = 0.0
-            q_cur = normalized(q_cur)
-        yield None, 0.0, p_cur
-
-    def sample(self, p, q, draws, rng):
-        for x, a, p_cur in self._chain(p, q, draws):
-            if x is None:
-                return sample_residual(rng, p_cur, p)
-            if rng.bernoulli(a):
-                return x
-        raise AssertionError("unreachable")
-
-    def branching(self, p, q, draws):
-        out = dict.fromkeys(draws, 0.0)
-        alive = 1.0
-        for x, a, p_cur in self._chain(p, q, draws):
-            if x is None:
-                tail = p_cur[as_index(list(out))].tolist()
-                for t, mass in zip(out, tail, strict=True):
-                    out[t] += alive * mass
-                break
-            out[x] += alive * a
-            alive *= 1.0 - a
         return out
