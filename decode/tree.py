@@ -161,7 +161,7 @@ class DraftTree:
 
 
 # --- builders -------------------------------------------------------------------------------------------
-class _TreeBuilder:
+class TreeBuilder:
     """Incrementally builds a tree by drawing tokens at nodes (merging equal prefixes)."""
 
     def __init__(self) -> None:
@@ -196,7 +196,7 @@ def delayed_tree(trunk: Sequence[int], branches: Sequence[Sequence[int]]) -> Dra
     lengths = {len(b) for b in branches}
     if len(branches) == 0 or len(lengths) != 1:
         raise InvalidTreeError("a delayed tree needs K >= 1 branches of one common length")
-    builder = _TreeBuilder()
+    builder = TreeBuilder()
     tip = ROOT
     for token in trunk:
         tip = builder.draw(tip, token)
@@ -222,7 +222,7 @@ def nested_tree(children: dict[tuple[int, ...], Sequence[int]], regime: Regime) 
 
     Used for without-replacement and deterministic trees; every prefix key must itself be drafted.
     """
-    builder = _TreeBuilder()
+    builder = TreeBuilder()
     node_of: dict[tuple[int, ...], int] = {(): ROOT}
     for prefix in sorted(children, key=len):
         if prefix not in node_of:

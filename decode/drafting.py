@@ -1,0 +1,160 @@
+"""Drafting (K, L1, L2)-delayed trees with a cached draft model.
+
+The trunk is drafted token by token; then the K branches grow breadth-first, one draft call per level over the
+level's distinct new nodes (branches that drew the same token share a node, so the call never repeats a
+prefix). Only nodes that will have children are run through the draft: leaves need no q.
+
+The q stored for a node is exactly the distribution its children were drawn from. For RSD the branching
+node draws its K children without replacement, and each branch then continues as a single path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from decode.models import CachedLM
+from decode.rng import RandomSource
+from decode.sampling import SamplingConfig, distributions
+from decode.tree import ROOT, DraftTree, Regime, TreeBuilder
+
+
+@dataclass(frozen=True)
+class Action:
+    """A delayed-tree shape: a trunk of ``l1`` tokens, then ``k`` branches of ``l2`` tokens.
+
+    ``(k, l, 0)`` and ``(1, l1, l2)`` are single paths; ``(k, 0, 0)`` drafts nothing.
+    """
+
+    k: int
+    l1: int
+    l2: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.k, int) and isinstance(self.l1, int) and isinstance(self.l2, int)):
+            raise ValueError(f"an action is three integers K,L1,L2; got {self.k},{self.l1},{self.l2}")
+        if self.k < 1 or self.l1 < 0 or self.l2 < 0:
+            raise ValueError(f"an action needs K >= 1 and L1, L2 >= 0; got ({self.k}, {self.l1}, {self.l2})")
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        """From 'K,L1,L2'."""
+        parts = text.replace(" ", "").split(",")
+        try:
+            k, l1, l2 = (int(x) for x in parts)
+        except ValueError as err:
+            raise ValueError(f"an action is 'K,L1,L2' (three integers), got '{text}'") from err
+        return cls(k, l1, l2)
+
+    @property
+    def depth(self) -> int:
+        """Longest drafted path: L1 + L2 (L1 when K branches are empty)."""
+        return self.l1 + self.l2
+
+    @property
+    def size(self) -> int:
+        """Drafted tokens, duplicates counted: L1 + K·L2."""
+        return self.l1 + self.k * self.l2
+
+    def clipped(self, max_depth: int) -> Action:
+        """The same shape with its depth cut to ``max_depth`` (trunk first), e.g. near the context limit."""
+        l1 = min(self.l1, max_depth)
+        return Action(self.k, l1, min(self.l2, max_depth - l1))
+
+    def __str__(self) -> str:
+        return f"({self.k},{self.l1},{self.l2})"
+
+
+@dataclass
+class DraftedTree:
+    """A drafted tree and what the loop needs from the draft pass.
+
+    Attributes:
+        tree: the tree (root = the context's last token).
+        q: ``(n, V)`` draft distributions at every node (zero rows at leaves, which draw nothing).
+        slots: draft-cache slot of each node, or -1 for nodes the draft never ran (leaves).
+        draft_calls: draft forward calls made.
+        hidden: final draft hidden state ``(H,)`` of each node the draft ran (root excluded), when asked for.
+    """
+
+    tree: DraftTree
+    q: torch.Tensor
+    slots: list[int]
+    draft_calls: int
+    hidden: dict[int, torch.Tensor] | None = None
+
+
+def draft_delayed_tree(
+    draft: CachedLM,
+    q_root: torch.Tensor,
+    action: Action,
+    sampling: SamplingConfig,
+    rng: RandomSource,
+    without_replacement: bool = False,
+    output_hidden: bool = False,
+) -> DraftedTree:
+    """Draft one delayed tree from the draft model's committed tip.
+
+    Args:
+        draft: the draft model; its committed tip is the root token (already run).
+        q_root: ``(V,)`` draft distribution after the root (already sampled through ``sampling``).
+        action: the shape.
+        sampling: the transform applied to the draft's logits (the same one the target's p goes through).
+        rng: source of the draws.
+        without_replacement: draw the K children of the branching node without replacement (RSD's regime).
+        output_hidden: keep the draft's final hidden state of every node it runs (for root features).
+    """
+    builder = TreeBuilder()
+    q_rows: dict[int, torch.Tensor] = {ROOT: q_root}
+    slots = {ROOT: draft.length - 1}
+    hidden: dict[int, torch.Tensor] = {}
+    calls = 0
+
+    def run(nodes: list[int]) -> None:
+        """One draft call over ``nodes`` (children of already-run nodes); stores their q and slots."""
+        nonlocal calls
+        tokens = [builder.tokens[v] for v in nodes]
+        parents = [slots[builder.parents[v]] for v in nodes]
+        base = draft.length
+        out = draft.extend_tree(tokens, parents, output_hidden=output_hidden)
+        logits, states = out if output_hidden else (out, None)
+        calls += 1
+        for i, (v, row) in enumerate(zip(nodes, distributions(logits, sampling), strict=True)):
+            q_rows[v], slots[v] = row, base + i
+            if states is not None:
+                hidden[v] = states[i]
+
+    tip = ROOT
+    for j in range(action.l1):
+        tip = builder.draw(tip, rng.categorical(q_rows[tip]))
+        if j < action.l1 - 1 or action.l2 > 0:
+            run([tip])
+    k = action.k if action.l2 > 0 else 0
+    heads = [tip] * k
+    for level in range(action.l2):
+        if level == 0 and without_replacement:
+            heads = _distinct_children(builder, tip, q_rows[tip], k, rng)
+        else:
+            heads = [builder.draw(node, rng.categorical(q_rows[node])) for node in heads]
+        if level < action.l2 - 1:
+            run(list(dict.fromkeys(v for v in heads if v not in q_rows)))
+    regime = Regime.WITHOUT_REPLACEMENT if without_replacement else Regime.IID
+    tree = builder.build(regime, None if without_replacement else (action.k, action.l1, action.l2))
+    q = torch.zeros(tree.num_nodes, q_root.numel(), dtype=q_root.dtype, device=q_root.device)
+    for v, row in q_rows.items():
+        q[v] = row
+    slot_list = [slots.get(v, -1) for v in range(tree.num_nodes)]
+    return DraftedTree(tree, q, slot_list, calls, hidden if output_hidden else None)
+
+
+def _distinct_children(builder: TreeBuilder, node: int, q: torch.Tensor, k: int, rng: RandomSource) -> list[int]:
+    """Draw up to k distinct children of ``node`` sequentially without replacement from q."""
+    weights = q.clone()
+    children = []
+    for _ in range(min(k, int((weights > 0).sum()))):
+        token = rng.categorical(weights)
+        weights[token] = 0.0
+        children.append(builder.draw(node, token))
+    return children
+

@@ -1,0 +1,68 @@
+"""Loading a draft/target pair for decoding: the shipped default, or any two HF causal LMs that share a vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from decode.models import CachedLM, load_causal_lm
+
+MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+DEFAULT_TARGET = MODELS_DIR / "target"
+DEFAULT_DRAFT = MODELS_DIR / "draft"
+DEFAULT_TOKENIZER = MODELS_DIR / "tokenizer"
+
+
+@dataclass
+class LoadedPair:
+    target: CachedLM
+    draft: CachedLM
+    tokenizer: object | None  # a transformers tokenizer, when one was found
+    eos_token_id: int | None
+
+
+def resolve_device(name: str) -> torch.device:
+    """'cpu', 'cuda' or 'auto' (cuda when available)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for, but torch sees no CUDA device")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device '{name}' (cpu, cuda or auto)")
+    return torch.device(name)
+
+
+def load_pair(
+    target: str | Path = DEFAULT_TARGET,
+    draft: str | Path = DEFAULT_DRAFT,
+    tokenizer: str | Path | None = None,
+    device: str = "cpu",
+) -> LoadedPair:
+    """Load both models (safetensors only, no remote code) and a tokenizer if one is available.
+
+    The tokenizer is looked up at ``tokenizer``, else in the target's folder, else beside it in ``tokenizer/``.
+    A missing tokenizer is not an error: token ids still work.
+    """
+    dev = resolve_device(device)
+    target_lm = CachedLM(load_causal_lm(target, device=dev), device=dev)
+    draft_lm = CachedLM(load_causal_lm(draft, device=dev), device=dev)
+    tok = _find_tokenizer(Path(target), tokenizer)
+    eos = getattr(tok, "eos_token_id", None) if tok is not None else None
+    if eos is None:
+        eos = getattr(target_lm.config, "eos_token_id", None)
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+    return LoadedPair(target_lm, draft_lm, tok, eos)
+
+
+def _find_tokenizer(target: Path, explicit: str | Path | None):
+    from transformers import AutoTokenizer
+
+    candidates = [Path(explicit)] if explicit else [target, target.parent / "tokenizer"]
+    for path in candidates:
+        if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
+            return AutoTokenizer.from_pretrained(str(path))
+    if explicit:
+        raise ValueError(f"no tokenizer found at {explicit}")
+    return None
