@@ -16,6 +16,7 @@ from collections.abc import Sequence
 # (or when --help is built), so `ddte --help` stays fast and light.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("decode.cli", "generate text with lossless speculative decoding over delayed trees"),
+    "bench": ("decode.bench", "benchmark decoding methods side by side on held-out prompts"),
     "bench-verifiers": ("decode.bench_verifiers", "time every verifier and its exact expectation on CPU"),
     "build-prompts": ("ddte.pair.prompts", "build JSONL prompt sets from held-out stdlib modules"),
     "train-pair": ("ddte.pair.recipe", "train the shipped draft/target pair and its tokenizer from a YAML recipe"),

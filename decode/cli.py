@@ -19,17 +19,20 @@ import sys
 from ddte.cli import UserError
 from decode.drafting import Action
 from decode.engine import Generation, SpeculativeDecoder, check_action
-from decode.pair import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair
-from decode.policies import AdaptiveLengthPolicy, Policy, StaticPolicy
+from decode.pair import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair, read_pair_config
+from decode.policies import AdaptiveLengthPolicy, EntropyStopPolicy, Policy, StaticPolicy
 from decode.rng import TorchRandom
 from decode.sampling import SamplingConfig
 from decode.stats import GenerationStats
 from decode.verifiers import get_verifier, verifier_names
 
-POLICIES = ("static", "adaptive")
+POLICIES = ("static", "adaptive", "entropy")
 
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pair", default=None, help="pair YAML with keys target, draft, tokenizer (overrides --target/--draft)"
+    )
     parser.add_argument("--target", default=str(DEFAULT_TARGET), help="target model directory (default: shipped)")
     parser.add_argument("--draft", default=str(DEFAULT_DRAFT), help="draft model directory (default: shipped)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the target)")
@@ -40,8 +43,12 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verifier", default="traversal", help=f"one of: {', '.join(verifier_names())}")
     parser.add_argument("--action", default="2,2,4", help="static tree shape K,L1,L2 (default 2,2,4)")
     parser.add_argument(
-        "--policy", default="static", choices=POLICIES, help="static uses --action; adaptive is HF's +2/-1 schedule"
+        "--policy", default="static", choices=POLICIES,
+        help="static uses --action; adaptive is HF's +2/-1 schedule; "
+        "entropy stops a single path where the draft is unsure",
     )
+    parser.add_argument("--entropy-threshold", type=float, default=2.0, help="entropy policy: stop above (nats)")
+    parser.add_argument("--max-draft", type=int, default=8, help="adaptive/entropy policies: longest draft")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold in (0, 1] (default 1)")
 
@@ -74,15 +81,39 @@ def build_decoder(args: argparse.Namespace):
     except ValueError as err:
         raise UserError(str(err)) from err
     try:
-        pair = load_pair(args.target, args.draft, args.tokenizer, args.device)
+        pair = load_pair_from_args(args)
         decoder = SpeculativeDecoder(pair.target, pair.draft, verifier, sampling, pair.eos_token_id)
     except ValueError as err:
         raise UserError(str(err)) from err
 
     def make_policy() -> Policy:
-        return StaticPolicy(action) if args.policy == "static" else AdaptiveLengthPolicy()
+        return make_named_policy(args.policy, action, args.max_draft, args.entropy_threshold)
+
+    try:
+        make_policy()
+    except ValueError as err:
+        raise UserError(str(err)) from err
 
     return pair, decoder, make_policy
+
+
+def load_pair_from_args(args: argparse.Namespace):
+    """The pair named by --pair, or by --target/--draft/--tokenizer."""
+    if args.pair:
+        paths = read_pair_config(args.pair)
+        return load_pair(paths["target"], paths["draft"], args.tokenizer or paths.get("tokenizer"), args.device)
+    return load_pair(args.target, args.draft, args.tokenizer, args.device)
+
+
+def make_named_policy(name: str, action: Action, max_draft: int = 8, entropy_threshold: float = 2.0) -> Policy:
+    """A fresh policy by name: static (the action), adaptive or entropy."""
+    if name == "static":
+        return StaticPolicy(action)
+    if name == "adaptive":
+        return AdaptiveLengthPolicy(initial=min(4, max_draft), maximum=max_draft)
+    if name == "entropy":
+        return EntropyStopPolicy(max_length=max_draft, threshold=entropy_threshold)
+    raise ValueError(f"unknown policy '{name}' ({', '.join(POLICIES)})")
 
 
 def prompt_ids(args: argparse.Namespace, tokenizer) -> list[int]:

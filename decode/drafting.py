@@ -24,18 +24,24 @@ from decode.tree import ROOT, DraftTree, Regime, TreeBuilder
 class Action:
     """A delayed-tree shape: a trunk of ``l1`` tokens, then ``k`` branches of ``l2`` tokens.
 
-    ``(k, l, 0)`` and ``(1, l1, l2)`` are single paths; ``(k, 0, 0)`` drafts nothing.
+    ``(k, l, 0)`` and ``(1, l1, l2)`` are single paths; ``(k, 0, 0)`` drafts nothing. With ``stop_entropy`` set
+    (single paths only), drafting stops early at the first node whose draft entropy exceeds it (an AdaEDL-style
+    rule): the length is then a stopping time of the draft's own distributions, which keeps every verifier
+    lossless (tests/exact/test_stopping.py).
     """
 
     k: int
     l1: int
     l2: int
+    stop_entropy: float | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.k, int) and isinstance(self.l1, int) and isinstance(self.l2, int)):
             raise ValueError(f"an action is three integers K,L1,L2; got {self.k},{self.l1},{self.l2}")
         if self.k < 1 or self.l1 < 0 or self.l2 < 0:
             raise ValueError(f"an action needs K >= 1 and L1, L2 >= 0; got ({self.k}, {self.l1}, {self.l2})")
+        if self.stop_entropy is not None and self.k > 1 and self.l2 > 0:
+            raise ValueError("an entropy stop rule applies to single paths only (K = 1 or L2 = 0)")
 
     @classmethod
     def parse(cls, text: str) -> Action:
@@ -60,7 +66,7 @@ class Action:
     def clipped(self, max_depth: int) -> Action:
         """The same shape with its depth cut to ``max_depth`` (trunk first), e.g. near the context limit."""
         l1 = min(self.l1, max_depth)
-        return Action(self.k, l1, min(self.l2, max_depth - l1))
+        return Action(self.k, l1, min(self.l2, max_depth - l1), self.stop_entropy)
 
     def __str__(self) -> str:
         return f"({self.k},{self.l1},{self.l2})"
@@ -125,11 +131,17 @@ def draft_delayed_tree(
             if states is not None:
                 hidden[v] = states[i]
 
-    tip = ROOT
+    tip, stopped = ROOT, False
     for j in range(action.l1):
+        if action.stop_entropy is not None and entropy(q_rows[tip]) > action.stop_entropy:
+            stopped = True
+            break
         tip = builder.draw(tip, rng.categorical(q_rows[tip]))
         if j < action.l1 - 1 or action.l2 > 0:
             run([tip])
+    if stopped:
+        tree = builder.build(Regime.IID, (1, builder.depth(tip), 0))
+        return _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden)
     k = action.k if action.l2 > 0 else 0
     heads = [tip] * k
     for level in range(action.l2):
@@ -141,11 +153,21 @@ def draft_delayed_tree(
             run(list(dict.fromkeys(v for v in heads if v not in q_rows)))
     regime = Regime.WITHOUT_REPLACEMENT if without_replacement else Regime.IID
     tree = builder.build(regime, None if without_replacement else (action.k, action.l1, action.l2))
+    return _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden)
+
+
+def _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden) -> DraftedTree:
     q = torch.zeros(tree.num_nodes, q_root.numel(), dtype=q_root.dtype, device=q_root.device)
     for v, row in q_rows.items():
         q[v] = row
     slot_list = [slots.get(v, -1) for v in range(tree.num_nodes)]
     return DraftedTree(tree, q, slot_list, calls, hidden if output_hidden else None)
+
+
+def entropy(probs: torch.Tensor) -> float:
+    """Shannon entropy in nats of a ``(V,)`` distribution (zero-probability tokens contribute nothing)."""
+    positive = probs[probs > 0]
+    return float(-(positive * positive.log()).sum())
 
 
 def _distinct_children(builder: TreeBuilder, node: int, q: torch.Tensor, k: int, rng: RandomSource) -> list[int]:

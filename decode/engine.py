@@ -139,7 +139,7 @@ class SpeculativeDecoder:
         if self.features:
             self._remember_previous(drafted, result, p, target_hidden, q_root)
         kept, hit_eos = self._cut(list(result.emitted), budget)
-        stats.record_step(str(action), action.depth, result.accepted, len(kept))
+        stats.record_step(str(action), drafted.tree.max_depth, result.accepted, len(kept))
         clock.lap("other")
         policy.observe(StepOutcome(action, result.accepted, len(result.emitted)))
         clock.lap("policy")

@@ -56,6 +56,22 @@ def load_pair(
     return LoadedPair(target_lm, draft_lm, tok, eos)
 
 
+def read_pair_config(path: str | Path) -> dict[str, str]:
+    """``target``/``draft``/``tokenizer`` paths from a pair YAML; relative paths resolve against the repository
+    root that holds the config (its ``configs/`` parent), else against the YAML's own folder."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"pair config {str(path)!r} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    unknown = set(data) - {"target", "draft", "tokenizer"}
+    if unknown or "target" not in data or "draft" not in data:
+        raise ValueError(f"pair config {str(path)!r} needs keys target and draft (and optionally tokenizer)")
+    base = next((p.parent for p in path.resolve().parents if p.name == "configs"), path.resolve().parent)
+    return {k: str(v if Path(v).is_absolute() else base / v) for k, v in data.items() if v is not None}
+
+
 def _find_tokenizer(target: Path, explicit: str | Path | None):
     from transformers import AutoTokenizer
 

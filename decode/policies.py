@@ -82,3 +82,21 @@ class AdaptiveLengthPolicy:
             self.length = min(self.maximum, self.length + 2)
         else:
             self.length = max(self.minimum, self.length - 1)
+
+
+class EntropyStopPolicy:
+    """AdaEDL-style: draft a single path of up to ``max_length`` tokens, stopping at the first node whose draft
+    entropy (nats) exceeds ``threshold``, where the draft is too unsure for its next token to be accepted."""
+
+    name = "entropy"
+
+    def __init__(self, max_length: int = 8, threshold: float = 2.0) -> None:
+        if max_length < 1 or threshold <= 0:
+            raise ValueError(f"need max_length >= 1 and threshold > 0, got {max_length}, {threshold}")
+        self.action = Action(1, max_length, 0, stop_entropy=threshold)
+
+    def choose(self, root: RootState) -> Action:
+        return self.action
+
+    def observe(self, outcome: StepOutcome) -> None:
+        pass

@@ -182,6 +182,12 @@ class TreeBuilder:
         self.draws[node].append(v)
         return v
 
+    def depth(self, node: int) -> int:
+        depth = 0
+        while node > 0:
+            node, depth = self.parents[node], depth + 1
+        return depth
+
     def build(self, regime: Regime, shape: tuple[int, int, int] | None) -> DraftTree:
         return DraftTree(tuple(self.tokens), tuple(self.parents), tuple(tuple(d) for d in self.draws), regime, shape)
 

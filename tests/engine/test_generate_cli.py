@@ -89,3 +89,17 @@ def test_missing_model_dir_and_missing_tokenizer(tmp_path, pair_dirs):
         capture_output=True, text=True,
     )
     assert result.returncode == 2 and "no tokenizer" in result.stderr
+
+
+def test_pair_config(pair_dirs, tmp_path):
+    root, _ = pair_dirs
+    config = tmp_path / "pair.yaml"
+    config.write_text(f"target: {root / 'target'}\ndraft: {root / 'draft'}\n")
+    out = tmp_path / "o.jsonl"
+    assert main(["generate", "--prompt-ids", "4,5", "--pair", str(config), "--max-new-tokens", "3",
+                 "--output", str(out)]) == 0
+    assert len(json.loads(out.read_text())["tokens"]) == 3
+    config.write_text("target: x\n")
+    result = subprocess.run([sys.executable, "-m", "ddte", "generate", "--prompt-ids", "4", "--pair", str(config)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "needs keys target and draft" in result.stderr

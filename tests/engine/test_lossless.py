@@ -86,6 +86,8 @@ def cases():
                 continue
             for config in CONFIGS:
                 yield name, action, config
+        # the entropy stop rule (a single path of random length); the threshold stops it in some contexts only
+        yield name, Action(1, 4, 0, stop_entropy=0.8), "T1"
 
 
 @pytest.mark.parametrize(("name", "action", "config"), list(cases()), ids=lambda x: str(x))
