@@ -69,7 +69,8 @@ class Action:
         return Action(self.k, l1, min(self.l2, max_depth - l1), self.stop_entropy)
 
     def __str__(self) -> str:
-        return f"({self.k},{self.l1},{self.l2})"
+        rule = f" stop@H>{self.stop_entropy:g}" if self.stop_entropy is not None else ""
+        return f"({self.k},{self.l1},{self.l2}){rule}"
 
 
 @dataclass
