@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from decode.features import entropy
 from decode.models import CachedLM
 from decode.rng import RandomSource
 from decode.sampling import SamplingConfig, distributions
@@ -134,7 +135,7 @@ def draft_delayed_tree(
 
     tip, stopped = ROOT, False
     for j in range(action.l1):
-        if action.stop_entropy is not None and entropy(q_rows[tip]) > action.stop_entropy:
+        if action.stop_entropy is not None and float(entropy(q_rows[tip])) > action.stop_entropy:
             stopped = True
             break
         tip = builder.draw(tip, rng.categorical(q_rows[tip]))
@@ -165,12 +166,6 @@ def _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden) -> Drafte
     return DraftedTree(tree, q, slot_list, calls, hidden if output_hidden else None)
 
 
-def entropy(probs: torch.Tensor) -> float:
-    """Shannon entropy in nats of a ``(V,)`` distribution (zero-probability tokens contribute nothing)."""
-    positive = probs[probs > 0]
-    return float(-(positive * positive.log()).sum())
-
-
 def _distinct_children(builder: TreeBuilder, node: int, q: torch.Tensor, k: int, rng: RandomSource) -> list[int]:
     """Draw up to k distinct children of ``node`` sequentially without replacement from q."""
     weights = q.clone()
@@ -180,4 +175,3 @@ def _distinct_children(builder: TreeBuilder, node: int, q: torch.Tensor, k: int,
         weights[token] = 0.0
         children.append(builder.draw(node, token))
     return children
-

@@ -8,10 +8,14 @@ import functools
 
 import pytest
 
-from decode.drafting import entropy
+from decode.features import entropy as _entropy
 from decode.tree import single_path
 from decode.verifiers import get_verifier, verifier_names
 from tests.exact.harness import ToyPair, emitted_law, stream_error
+
+
+def entropy(q) -> float:
+    return float(_entropy(q))
 
 
 def stopping_path(pair: ToyPair, max_len: int, threshold: float, rng):
