@@ -46,14 +46,6 @@ class RootFeatures:
     draft_hidden_root: torch.Tensor
     scalars: torch.Tensor  # (len(SCALAR_NAMES),) float32
 
-    def as_dict(self) -> dict[str, list[float]]:
-        return {
-            "target_hidden_prev": self.target_hidden_prev.tolist(),
-            "draft_hidden_prev": self.draft_hidden_prev.tolist(),
-            "draft_hidden_root": self.draft_hidden_root.tolist(),
-            "scalars": self.scalars.tolist(),
-        }
-
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     """Shannon entropy in nats over the last axis; zero-probability tokens contribute nothing."""
