@@ -7,13 +7,13 @@ a config or an override never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ddte.yamlconfig import apply_override, build_dataclass
 
 
 @dataclass
@@ -84,63 +84,6 @@ class PairConfig:
     draft: ModelRecipe = field(default_factory=ModelRecipe)
 
 
-def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    """Check and convert one YAML value to its annotated type (int/float/str/bool, optionally None)."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(annotation)
-        if value is None and type(None) in options:
-            return None
-        annotation = next(a for a in options if a is not type(None))
-    if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if annotation is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if annotation in (str, bool) and isinstance(value, annotation):
-        return value
-    raise ValueError(f"{key}: expected {getattr(annotation, '__name__', annotation)}, got {value!r}")
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
-    """Instantiate dataclass ``cls`` from a nested dict, rejecting unknown keys."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"unknown config key(s): {', '.join(prefix + k for k in unknown)}")
-    kwargs: dict[str, Any] = {}
-    for name, value in data.items():
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, value, f"{prefix}{name}.")
-        else:
-            kwargs[name] = _coerce(value, hint, prefix + name)
-    return cls(**kwargs)
-
-
-def apply_override(data: dict[str, Any], assignment: str) -> None:
-    """Apply one ``dotted.key=value`` override in place; the value is parsed as YAML (``1e-3``, ``null``, ``true``)."""
-    if "=" not in assignment:
-        raise ValueError(f"override {assignment!r} is not of the form key=value")
-    key, raw = assignment.split("=", 1)
-    parts = key.strip().split(".")
-    node = data
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ValueError(f"override {key!r}: {part!r} is not a section")
-    value = yaml.safe_load(raw)
-    # YAML reads "1e-3" as a string (no dot in the mantissa); a float is what any numeric key wants.
-    if isinstance(value, str):
-        try:
-            value = float(value) if any(c in value for c in "eE.") else value
-        except ValueError:
-            pass
-    node[parts[-1]] = value
-
-
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> PairConfig:
     """Read a YAML config (or the defaults when ``path`` is None), apply overrides, validate against the schema."""
     data: dict[str, Any] = {}
@@ -149,7 +92,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             data = yaml.safe_load(handle) or {}
     for assignment in overrides or []:
         apply_override(data, assignment)
-    config = _build(PairConfig, data, "")
+    config = build_dataclass(PairConfig, data)
     if config.storage_dtype not in ("float32", "float16", "bfloat16"):
         raise ValueError(f"storage_dtype must be float32, float16 or bfloat16, got {config.storage_dtype!r}")
     for name in ("target", "draft"):

@@ -1,0 +1,208 @@
+"""The collector's inner loop: one target trajectory → roots → features, union trees, exact labels → rows.
+
+Cache discipline. Both models run the trajectory as committed tokens. At a root r (the last context token)
+both caches hold positions 0..r. The draft grows the union trees as speculative slots above its tip, and the
+target runs every union node in one tree pass (chunked), with the root's p already known from the
+trajectory; both then drop their speculative slots and the trajectory continues for ``stride`` tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from data_gen.schema import HIDDEN_COLUMNS, acceptance_column, label_column
+from decode.drafting import Action
+from decode.features import root_features
+from decode.labels import UnionForest, grow_union_forest, label_forest
+from decode.latency import LatencyTable
+from decode.models import CachedLM
+from decode.sampling import SamplingConfig, distributions
+from decode.verifiers import Verifier
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (stable across runs, platforms and processes)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+@dataclass
+class TrajectoryJob:
+    """One target trajectory to collect: which prompt, which sampling configuration, which repeat."""
+
+    prompt_index: int
+    prompt_ids: list[int]
+    sampling_index: int
+    sampling: SamplingConfig
+    trajectory: int
+
+
+@dataclass
+class _Position:
+    """What a model gave at one trajectory position: logits ``(V,)`` and final hidden state ``(H,)``."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class Collector:
+    """Collects the rows of trajectories with one loaded pair (one instance per worker process)."""
+
+    def __init__(
+        self,
+        target: CachedLM,
+        draft: CachedLM,
+        verifiers: Sequence[Verifier],
+        actions: Sequence[Action],
+        latency: LatencyTable,
+        *,
+        k_max: int,
+        l_max: int,
+        trees_per_root: int,
+        new_tokens: int,
+        stride: int,
+        seed: int,
+        target_chunk: int = 1024,
+        eos_token_id: int | None = None,
+    ) -> None:
+        self.target, self.draft = target, draft
+        self.verifiers, self.actions, self.latency = list(verifiers), list(actions), latency
+        self.k_max, self.l_max, self.trees = k_max, l_max, trees_per_root
+        self.new_tokens, self.stride, self.seed = new_tokens, stride, seed
+        self.target_chunk, self.eos = target_chunk, eos_token_id
+        limit = min(_context_limit(target), _context_limit(draft))
+        self.context_limit = limit
+
+    def root_positions(self, prompt_length: int) -> list[int]:
+        return root_positions(prompt_length, self, self.context_limit)
+
+    def trajectory_rows(self, job: TrajectoryJob) -> list[dict]:
+        """Sample one target trajectory and return one row per root (fewer if it ends at EOS)."""
+        ids, sampling = list(job.prompt_ids), job.sampling
+        if len(ids) < 2:
+            raise ValueError("a prompt needs at least 2 tokens (a root and the token before it)")
+        generator = torch.Generator().manual_seed(
+            derive_seed(self.seed, job.prompt_index, job.sampling_index, job.trajectory)
+        )
+        t_logits, t_hidden = self.target.prefill(ids, output_hidden=True)
+        d_logits, d_hidden = self.draft.prefill(ids, output_hidden=True)
+        target_at = [_Position(t_logits[-2], t_hidden[-2]), _Position(t_logits[-1], t_hidden[-1])]
+        draft_at = [_Position(d_logits[-2], d_hidden[-2]), _Position(d_logits[-1], d_hidden[-1])]
+        rows = []
+        roots = self.root_positions(len(ids))
+        for number, position in enumerate(roots):
+            rows.append(self._root_row(job, position, target_at, draft_at))
+            if number == len(roots) - 1:
+                break
+            new, target_at, ended = self._advance(target_at, sampling, generator, roots[number + 1] - position)
+            if ended:
+                break
+            d_logits, d_hidden = self.draft.extend(new, commit=True, output_hidden=True)
+            draft_at = (draft_at + [_Position(lg, h) for lg, h in zip(d_logits, d_hidden, strict=True)])[-2:]
+        return rows
+
+    def _advance(self, target_at, sampling: SamplingConfig, generator: torch.Generator, steps: int):
+        """Sample ``steps`` target tokens; returns them, the last two positions' outputs, and whether EOS came."""
+        new = []
+        for _ in range(steps):
+            p = distributions(target_at[-1].logits, sampling).double().cpu()
+            token = int(torch.multinomial(p, 1, generator=generator))
+            new.append(token)
+            if token == self.eos:
+                return new, target_at, True
+            logits, hidden = self.target.extend([token], commit=True, output_hidden=True)
+            target_at = [target_at[-1], _Position(logits[-1], hidden[-1])]  # (previous, root)
+        return new, target_at, False
+
+    def _root_row(self, job: TrajectoryJob, position: int, target_at, draft_at) -> dict:
+        sampling = job.sampling
+        context_length = position + 1
+        p_prev = distributions(target_at[0].logits, sampling)
+        p_root = distributions(target_at[1].logits, sampling)
+        q_prev = distributions(draft_at[0].logits, sampling)
+        q_root = distributions(draft_at[1].logits, sampling)
+        features = root_features(
+            target_at[0].hidden, draft_at[0].hidden, draft_at[1].hidden, p_prev, q_prev, q_root,
+            context_length, sampling, self.latency.pass_times,
+        )
+        seed = derive_seed(self.seed, job.prompt_index, job.sampling_index, job.trajectory, position)
+        forest = grow_union_forest(
+            q_root, self._draft_expander(sampling), self.trees, self.k_max, self.l_max,
+            torch.Generator().manual_seed(seed),
+        )
+        self.draft.commit([])
+        p = self._target_rows(forest, p_root, sampling)
+        q = forest.q_matrix()
+        labels = label_forest(forest, p, q, self.verifiers, self.actions)
+        row = {
+            "prompt_id": str(job.prompt_index),
+            "sampling_index": job.sampling_index,
+            "temperature": float(sampling.temperature),
+            "top_p": float(sampling.top_p),
+            "trajectory": job.trajectory,
+            "root_position": context_length,
+            "seed": seed,
+            HIDDEN_COLUMNS[0]: features.target_hidden_prev.tolist(),
+            HIDDEN_COLUMNS[1]: features.draft_hidden_prev.tolist(),
+            HIDDEN_COLUMNS[2]: features.draft_hidden_root.tolist(),
+            "scalars": features.scalars.tolist(),
+            "step_ms": [self.latency.step_ms(context_length, a) for a in self.actions],
+            "l1_by_depth": labels.l1_by_depth.tolist(),
+        }
+        for name, values in labels.be.items():
+            row[label_column(name)] = values.tolist()
+        for name, values in labels.accept.items():
+            row[acceptance_column(name)] = values.tolist()
+        return row
+
+    def _draft_expander(self, sampling: SamplingConfig):
+        """The union forest's ``expand``: one draft tree pass over new nodes whose parents were run."""
+        slots = {0: self.draft.length - 1}
+
+        def expand(forest: UnionForest, nodes: list[int]) -> torch.Tensor:
+            base = self.draft.length
+            parents = [slots[forest.parents[v]] for v in nodes]
+            logits = self.draft.extend_tree([forest.tokens[v] for v in nodes], parents)
+            for i, v in enumerate(nodes):
+                slots[v] = base + i
+            return distributions(logits, sampling)
+
+        return expand
+
+    def _target_rows(self, forest: UnionForest, p_root: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        """``(n, V)`` target rows of the forest's nodes: the root's from the trajectory, the other internal nodes'
+        from tree passes; leaves get zero rows (no label reads them, see UnionForest.internal_nodes)."""
+        slots = {0: self.target.length - 1}
+        nodes = forest.internal_nodes()[1:]
+        p = torch.zeros(forest.num_nodes, p_root.numel())
+        p[0] = p_root.float().cpu()
+        for start in range(0, len(nodes), self.target_chunk):
+            chunk = nodes[start : start + self.target_chunk]
+            base = self.target.length
+            in_chunk = {v: i for i, v in enumerate(chunk)}
+            parents = [
+                -(in_chunk[u] + 1) if u in in_chunk else slots[u] for u in (forest.parents[v] for v in chunk)
+            ]
+            logits = self.target.extend_tree([forest.tokens[v] for v in chunk], parents)
+            for v in chunk:
+                slots[v] = base + in_chunk[v]
+            p[chunk] = distributions(logits, sampling).cpu()
+        self.target.commit([])
+        return p
+
+
+def root_positions(prompt_length: int, spec, context_limit: int) -> list[int]:
+    """Root positions of a trajectory: the prompt's last token, then every ``spec.stride`` generated tokens.
+
+    ``spec`` has ``new_tokens``, ``stride`` and ``l_max``. Only roots whose largest union tree (2·L_max deep)
+    still fits the context window are kept.
+    """
+    last = min(prompt_length - 1 + spec.new_tokens - 1, context_limit - 2 * spec.l_max - 2)
+    return list(range(prompt_length - 1, last + 1, spec.stride))
+
+
+def _context_limit(model: CachedLM) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 1 << 30))

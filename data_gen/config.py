@@ -1,0 +1,99 @@
+"""Typed configuration of ``ddte collect`` (``configs/collect/*.yaml``, every key overridable as ``key=value``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from data_gen.schema import DEFAULT_VERIFIERS
+from ddte.yamlconfig import load_yaml_config
+
+
+@dataclass
+class PromptConfig:
+    """Where prompts come from.
+
+    ``source``: ``builtin:train`` / ``builtin:heldout`` (the stdlib prompt builder's splits), a ``.jsonl`` or
+    ``.parquet`` file (or ``json:PATH`` / ``parquet:PATH``), or ``hf:NAME`` for a ``datasets`` data set
+    (``split`` and ``field`` apply; it must be available offline in the HF cache).
+    """
+
+    source: str = "builtin:train"
+    field: str = "prompt"
+    split: str = "train"
+    limit: int | None = 200
+    max_tokens: int = 192  # prompts are left-truncated to their last max_tokens tokens
+
+
+@dataclass
+class SamplingGrid:
+    """Sampling configurations: every (temperature, top_p) pair of the two lists."""
+
+    temperatures: list[float] = field(default_factory=lambda: [0.6, 1.0])
+    top_ps: list[float] = field(default_factory=lambda: [1.0])
+
+
+@dataclass
+class LatencyGrid:
+    """The warm-up micro-benchmark behind t_q(l, n), t_p(l, n) (decode.latency.measure_latency)."""
+
+    lengths: list[int] = field(default_factory=lambda: [32, 128, 256, 400])
+    sizes: list[int] = field(default_factory=lambda: [1, 4, 16, 33])
+    repeats: int = 5
+
+
+@dataclass
+class CollectConfig:
+    """The whole collection job."""
+
+    pair: str = "configs/pairs/shipped.yaml"
+    output: str = "data/collect/default"
+    prompts: PromptConfig = field(default_factory=PromptConfig)
+    sampling: SamplingGrid = field(default_factory=SamplingGrid)
+    trajectories: int = 1  # target trajectories per (prompt, sampling configuration)
+    new_tokens: int = 128  # length of each trajectory
+    stride: int = 16  # a root every stride tokens of the trajectory (the first at the prompt's end)
+    k_max: int = 4
+    l_max: int = 8
+    verifiers: list[str] = field(default_factory=lambda: list(DEFAULT_VERIFIERS))
+    trees_per_root: int = 4  # s: union trees per root
+    prompts_per_shard: int = 8
+    target_chunk: int = 1024  # tree tokens per target pass (larger unions are run in chunks)
+    device: str = "auto"
+    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    seed: int = 0
+    threads: int | None = 1  # torch threads per worker
+    workers: int = 1  # local worker processes (each takes a 1/workers share of this shard's prompts)
+    latency: LatencyGrid = field(default_factory=LatencyGrid)
+
+
+def load_collect_config(path: str | Path | None, overrides: list[str] | None = None) -> CollectConfig:
+    """Read, override and validate a collect config; raises ValueError with a clear message."""
+    config = load_yaml_config(CollectConfig, path, overrides)
+    checks = [
+        (config.k_max >= 1, "k_max must be >= 1"),
+        (config.l_max >= 1, "l_max must be >= 1"),
+        (config.trees_per_root >= 1, "trees_per_root must be >= 1"),
+        (config.trajectories >= 1, "trajectories must be >= 1"),
+        (config.new_tokens >= 1, "new_tokens must be >= 1"),
+        (config.stride >= 1, "stride must be >= 1"),
+        (config.prompts_per_shard >= 1, "prompts_per_shard must be >= 1"),
+        (config.workers >= 1, "workers must be >= 1"),
+        (config.target_chunk >= 1, "target_chunk must be >= 1"),
+        (bool(config.verifiers), "verifiers must name at least one verifier"),
+        (bool(config.sampling.temperatures) and bool(config.sampling.top_ps), "sampling lists must not be empty"),
+        (all(t > 0 for t in config.sampling.temperatures), "temperatures must be > 0 (greedy has no tree to label)"),
+        (all(0 < p <= 1 for p in config.sampling.top_ps), "top_ps must be in (0, 1]"),
+        (config.dtype in ("auto", "float32", "bfloat16", "float16"), "bad dtype (auto, float32, bfloat16, float16)"),
+        (config.device in ("auto", "cpu", "cuda"), "device must be cpu, cuda or auto"),
+        (config.prompts.max_tokens >= 2, "prompts.max_tokens must be >= 2"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+    return config
+
+
+def config_to_dict(config: CollectConfig) -> dict:
+    return dataclasses.asdict(config)

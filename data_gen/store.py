@@ -1,0 +1,113 @@
+"""The on-disk data set: shard names, atomic parquet writes through ``datasets``, and ``dataset.json``.
+
+A shard is the rows of one chunk of prompts from one worker. It is written to a temporary file in the output
+folder and renamed, so a shard on disk is always complete; ``--resume`` skips the chunks whose shard exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from data_gen.schema import HIDDEN_COLUMNS, METADATA_FILE, SCHEMA_VERSION, SHARD_GLOB
+
+# Keys of the resolved config that may change between the runs that build one data set (they change how the
+# work is spread or where it runs, not what a row holds).
+VOLATILE_KEYS = ("output", "workers", "threads", "device", "dtype", "prompts_per_shard", "target_chunk")
+
+
+def shard_path(out: Path, shard: int, num_shards: int, chunk: int) -> Path:
+    return out / f"shard-{shard:05d}-of-{num_shards:05d}-{chunk:05d}.parquet"
+
+
+def list_shards(out: Path) -> list[Path]:
+    return sorted(out.glob(SHARD_GLOB))
+
+
+def write_shard(rows: list[dict], path: Path, label_columns: list[str]) -> None:
+    """Write rows as one parquet file through ``datasets``, atomically (temporary name, then rename)."""
+    from datasets import Dataset, Features, List, Value
+
+    features = {
+        "prompt_id": Value("string"),
+        "sampling_index": Value("int32"),
+        "temperature": Value("float32"),
+        "top_p": Value("float32"),
+        "trajectory": Value("int32"),
+        "root_position": Value("int32"),
+        "seed": Value("int64"),
+    }
+    for name in (*HIDDEN_COLUMNS, "scalars", "step_ms", "l1_by_depth", *label_columns):
+        features[name] = List(Value("float32"))
+    table = Dataset.from_list(rows, features=Features(features))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=path.parent)
+    os.close(fd)
+    try:
+        table.to_parquet(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def remove_stale_temporaries(out: Path) -> None:
+    """Temporary files of an interrupted run (never complete shards)."""
+    for tmp in out.glob(".tmp-*"):
+        tmp.unlink(missing_ok=True)
+
+
+def write_metadata_once(out: Path, metadata: dict) -> dict:
+    """Create ``dataset.json`` unless it exists; return the metadata on disk (another worker's if it won)."""
+    path = out / METADATA_FILE
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=out)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(metadata, handle, indent=1)
+    try:
+        os.chmod(tmp, 0o644)
+        os.link(tmp, path)  # fails if the file exists: the first worker's metadata wins
+    except FileExistsError:
+        pass
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return read_metadata(out)
+
+
+def read_metadata(out: Path) -> dict:
+    path = out / METADATA_FILE
+    try:
+        metadata = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: cannot read the data set's metadata ({err})") from err
+    if metadata.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema version {metadata.get('schema_version')}, this ddte writes {SCHEMA_VERSION}")
+    return metadata
+
+
+def content_config(config: dict) -> dict:
+    """The part of a resolved config that determines the rows."""
+    return {k: v for k, v in config.items() if k not in VOLATILE_KEYS}
+
+
+def check_same_collection(existing: dict, config: dict) -> None:
+    """Refuse to add rows made under another config to a data set."""
+    old, new = content_config(existing.get("config", {})), content_config(config)
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if diff:
+        raise ValueError(
+            f"the output folder holds a collection made with a different config (differs in: {', '.join(diff)}); "
+            "use another --output, or the same config to resume"
+        )
+
+
+def fingerprint_files(paths: list[Path]) -> str:
+    """sha256 over the named files' bytes (missing files count as empty, by name)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()

@@ -1,0 +1,138 @@
+"""Union-tree labels: the fast top-down path equals each action tree's exact expectation, labels are unbiased,
+bounded, and equal for equivalent actions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from data_gen.schema import action_grid
+from decode.drafting import Action
+from decode.labels import _explicit_labels, grow_union_forest, label_forest
+from decode.synthetic import SyntheticPair
+from decode.verifiers import get_verifier
+from tests.exact.harness import ToyPair, enumerate_runs, sample_delayed
+
+ALL = ["nss", "naive", "specinfer", "spectr", "traversal", "gbv"]
+
+
+def _prefix(forest, v: int) -> tuple[int, ...]:
+    out = []
+    while v > 0:
+        out.append(forest.tokens[v])
+        v = forest.parents[v]
+    return tuple(reversed(out))
+
+
+def _forest(pair, samples: int, k_max: int, l_max: int, seed: int):
+    def expand(forest, nodes):
+        return torch.stack([pair.dist(_prefix(forest, v), "q") for v in nodes])
+
+    forest = grow_union_forest(pair.dist((), "q"), expand, samples, k_max, l_max, torch.Generator().manual_seed(seed))
+    p = torch.stack([pair.dist(_prefix(forest, v), "p") for v in range(forest.num_nodes)])
+    return forest, p, forest.q_matrix().to(p.dtype)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_top_down_labels_equal_explicit_trees(seed):
+    pair = SyntheticPair(vocab=10, seed=seed, scale=2.0)
+    forest, p, q = _forest(pair, samples=2, k_max=3, l_max=3, seed=seed)
+    actions = action_grid(3, 3)
+    labels = label_forest(forest, p, q, [get_verifier(n) for n in ALL[:4]], actions)
+    for name in ALL[:4]:
+        explicit = _explicit_labels(get_verifier(name), forest, p, q, actions)
+        np.testing.assert_allclose(labels.be[name], explicit, rtol=0, atol=1e-12)
+
+
+def test_bounds_and_equivalent_actions_agree_exactly():
+    pair = SyntheticPair(vocab=16, seed=5, scale=3.0)
+    forest, p, q = _forest(pair, samples=3, k_max=4, l_max=4, seed=7)
+    actions = action_grid(4, 4)
+    labels = label_forest(forest, p, q, [get_verifier(n) for n in ALL], actions)
+    index = {(a.k, a.l1, a.l2): i for i, a in enumerate(actions)}
+    for name, be in labels.be.items():
+        for a, value in zip(actions, be, strict=True):
+            if math.isnan(value):
+                assert name == "gbv" and a.k > 1 and a.l1 > 0 and a.l2 > 0
+                continue
+            assert 1.0 - 1e-12 <= value <= a.l1 + a.l2 + 1 + 1e-12, (name, a, value)
+        for k in range(1, 5):
+            assert be[index[(k, 0, 0)]] == 1.0
+            for a in range(5):
+                for b in range(5 - a):
+                    # (1, a, b), (k, a + b, 0) and (1, a + b, 0) are the same single path in every union sample
+                    assert be[index[(1, a, b)]] == be[index[(k, a + b, 0)]] == be[index[(1, a + b, 0)]]
+    assert set(labels.accept) == {"nss", "naive", "specinfer", "spectr"}
+    assert labels.l1_by_depth.shape == (8,)
+
+
+def test_leaf_rows_are_never_read():
+    pair = SyntheticPair(vocab=12, seed=3, scale=2.0)
+    forest, p, q = _forest(pair, samples=2, k_max=3, l_max=3, seed=3)
+    actions = action_grid(3, 3)
+    verifiers = [get_verifier(n) for n in ALL]
+    full = label_forest(forest, p, q, verifiers, actions)
+    inner = forest.internal_nodes()
+    leaves = torch.ones(forest.num_nodes, dtype=torch.bool)
+    leaves[inner] = False
+    p0, q0 = p.clone(), q.clone()
+    p0[leaves], q0[leaves] = 0.0, 0.0
+    cut = label_forest(forest, p0, q0, verifiers, actions)
+    for name in full.be:
+        np.testing.assert_array_equal(full.be[name], cut.be[name])
+
+
+@pytest.mark.parametrize("name", ["specinfer", "traversal", "spectr"])
+@pytest.mark.parametrize("action", [(2, 1, 1), (3, 0, 2), (1, 1, 1), (2, 2, 0)])
+def test_labels_are_unbiased(name, action):
+    """Mean label over many union trees vs the exact E[τ+1] (every tree of the action enumerated): within 4 SE."""
+    pair = ToyPair(vocab=3, seed=11)
+    verifier = get_verifier(name)
+    k, l1, l2 = action
+
+    def tree_value(rng):
+        tree = sample_delayed(pair, k, l1, l2, rng)
+        p, q = pair.tree_rows(tree)
+        return verifier.expected_block_efficiency(tree, p, q)
+
+    exact = sum(prob * value for prob, value in enumerate_runs(tree_value))
+    draws = []
+    for seed in range(300):
+        forest, p, q = _forest(pair, samples=1, k_max=3, l_max=2, seed=seed)
+        draws.append(float(label_forest(forest, p, q, [verifier], [Action(k, l1, l2)]).be[name][0]))
+    mean, se = float(np.mean(draws)), float(np.std(draws, ddof=1) / np.sqrt(len(draws)))
+    assert abs(mean - exact) <= 4 * se + 1e-12, (mean, exact, se)
+    assert se > 0 or l1 + l2 == 0
+
+
+def test_unbiasedness_check_catches_a_biased_sampler(monkeypatch):
+    """Negative control: fresh branches that copy the trunk's tokens are not i.i.d.; the 4-SE check must fail."""
+    import decode.labels as labels_module
+
+    pair = ToyPair(vocab=3, seed=11)
+    verifier = get_verifier("specinfer")
+
+    def tree_value(rng):
+        tree = sample_delayed(pair, 3, 0, 2, rng)
+        p, q = pair.tree_rows(tree)
+        return verifier.expected_block_efficiency(tree, p, q)
+
+    exact = sum(prob * value for prob, value in enumerate_runs(tree_value))
+    real_draw = labels_module._draw_children
+
+    def copying_draw(forest, heads, generator):
+        children = real_draw(forest, heads, generator)
+        # every head that is a trunk node reuses the trunk's next token instead of a fresh draw
+        trunk_next = {s.trunk[j]: s.trunk[j + 1] for s in forest.samples for j in range(len(s.trunk) - 1)}
+        return [trunk_next.get(h, c) for h, c in zip(heads, children, strict=True)]
+
+    monkeypatch.setattr(labels_module, "_draw_children", copying_draw)
+    draws = []
+    for seed in range(300):
+        forest, p, q = _forest(pair, samples=1, k_max=3, l_max=2, seed=seed)
+        draws.append(float(label_forest(forest, p, q, [verifier], [Action(3, 0, 2)]).be["specinfer"][0]))
+    mean, se = float(np.mean(draws)), float(np.std(draws, ddof=1) / np.sqrt(len(draws)))
+    assert abs(mean - exact) > 4 * se
