@@ -302,9 +302,14 @@ def _is_top_down(name: str) -> bool:
 
 
 def _measure_latency(config: CollectConfig, pair: _Pair):
-    from decode.latency import measure_latency
+    from decode.latency import LatencyTable, measure_latency
 
     grid = config.latency
+    if grid.file:
+        try:
+            return LatencyTable.from_json(Path(grid.file).read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError) as err:
+            raise UserError(f"latency.file {grid.file}: not a readable latency table ({err})") from err
     return measure_latency(pair.target, pair.draft, lengths=grid.lengths, sizes=grid.sizes, repeats=grid.repeats)
 
 

@@ -41,6 +41,7 @@ class LatencyGrid:
     lengths: list[int] = field(default_factory=lambda: [32, 128, 256, 400])
     sizes: list[int] = field(default_factory=lambda: [1, 4, 16, 33])
     repeats: int = 5
+    file: str | None = None  # a LatencyTable JSON (e.g. measured on the deployment machine) instead of measuring
 
 
 @dataclass

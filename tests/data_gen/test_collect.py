@@ -1,0 +1,211 @@
+"""`ddte collect` on a tiny random pair: rows and metadata, resume and sharding, features shared with the decoder,
+and clean failures on bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from data_gen.cli import collect
+from data_gen.config import load_collect_config
+from data_gen.schema import action_grid
+from ddte.cli import main
+from decode.latency import LatencyTable
+from decode.pair import DEFAULT_TOKENIZER
+from tests.engine.tiny import tiny_llama
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n",
+    "class Point:\n    def __init__(self, x):\n        self.x = x\n",
+    "import os\nprint(os.getcwd())\n",
+    "for i in range(3):\n    print(i)\n",
+    "x = [1, 2, 3]\n",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory) -> Path:
+    """A pair YAML pointing at two tiny random models with the shipped tokenizer's vocabulary."""
+    root = tmp_path_factory.mktemp("pair")
+    tiny_llama(1, vocab=4096, hidden=32, logit_scale=20.0).save_pretrained(root / "target")
+    tiny_llama(2, vocab=4096, hidden=16, logit_scale=20.0).save_pretrained(root / "draft")
+    config = {"target": str(root / "target"), "draft": str(root / "draft"), "tokenizer": str(DEFAULT_TOKENIZER)}
+    (root / "pair.yaml").write_text(yaml.safe_dump(config))
+    table = LatencyTable([8, 32], [1, 4], [[1.0, 2.0], [1.5, 2.5]], [[5.0, 6.0], [7.0, 9.0]])
+    (root / "latency.json").write_text(table.to_json())
+    with (root / "prompts.jsonl").open("w") as handle:
+        for text in PROMPTS:
+            handle.write(json.dumps({"prompt": text}) + "\n")
+    return root
+
+
+def _overrides(folder: Path, out: Path, **extra) -> list[str]:
+    base = {
+        "pair": str(folder / "pair.yaml"), "output": str(out), "prompts.source": str(folder / "prompts.jsonl"),
+        "prompts.max_tokens": 20, "new_tokens": 12, "stride": 6, "k_max": 2, "l_max": 2, "trees_per_root": 2,
+        "prompts_per_shard": 2, "workers": 1, "device": "cpu", "threads": 1,
+        "latency.file": str(folder / "latency.json"),
+        "sampling.temperatures": "[0.7, 1.0]", "verifiers": "[specinfer, traversal, gbv]",
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def _rows(out: Path) -> list[dict]:
+    """Every row, in a fixed order, with NaN written as None so that rows compare equal."""
+
+    def clean(value):
+        if isinstance(value, list):
+            return [None if isinstance(v, float) and math.isnan(v) else v for v in value]
+        return value
+
+    rows = [
+        {k: clean(v) for k, v in r.items()}
+        for shard in sorted(out.glob("shard-*.parquet"))
+        for r in pq.read_table(shard).to_pylist()
+    ]
+    return sorted(rows, key=lambda r: (int(r["prompt_id"]), r["sampling_index"], r["root_position"]))
+
+
+def test_collect_writes_rows_and_metadata(tiny_pair, tmp_path):
+    out = tmp_path / "data"
+    summary = collect(load_collect_config(None, _overrides(tiny_pair, out)), progress=False)
+    rows = _rows(out)
+    meta = json.loads((out / "dataset.json").read_text())
+    assert summary.roots == len(rows) > 0
+    assert meta["actions"] == [f"{a.k},{a.l1},{a.l2}" for a in action_grid(2, 2)]
+    assert meta["label_columns"] == ["be_specinfer", "be_traversal", "be_gbv"]
+    assert meta["hidden_sizes"] == {"target_hidden_prev": 32, "draft_hidden_prev": 16, "draft_hidden_root": 16}
+    assert len(meta["pair"]["fingerprint"]) == 64 and meta["latency"]["lengths"] == [8, 32]
+    assert {r["sampling_index"] for r in rows} == {0, 1}
+    for row in rows:
+        assert len(row["target_hidden_prev"]) == 32 and len(row["draft_hidden_root"]) == 16
+        assert len(row["scalars"]) == 11 and len(row["step_ms"]) == 18 and len(row["l1_by_depth"]) == 4
+        assert len(row["accept_specinfer"]) == 3 and "accept_traversal" not in row
+        for name in ("be_specinfer", "be_traversal"):
+            assert all(1.0 - 1e-6 <= v <= 5.0 + 1e-6 for v in row[name])
+        assert row["be_specinfer"][0] == pytest.approx(1.0)  # (1, 0, 0): nothing drafted
+        assert row["be_specinfer"] != row["be_traversal"] or row["be_specinfer"][1] == pytest.approx(2.0)
+
+
+def test_resume_after_interruption_gives_the_same_rows(tiny_pair, tmp_path, monkeypatch):
+    full = tmp_path / "full"
+    collect(load_collect_config(None, _overrides(tiny_pair, full)), progress=False)
+    part = tmp_path / "part"
+    import data_gen.cli as cli_module
+
+    real_write, calls = cli_module.write_shard, []
+
+    def dying_write(rows, path, labels):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # killed while the second shard is being written
+        real_write(rows, path, labels)
+
+    monkeypatch.setattr(cli_module, "write_shard", dying_write)
+    with pytest.raises(KeyboardInterrupt):
+        collect(load_collect_config(None, _overrides(tiny_pair, part)), progress=False)
+    assert len(list(part.glob("shard-*.parquet"))) == 1
+    monkeypatch.setattr(cli_module, "write_shard", real_write)
+    with pytest.raises(Exception, match="--resume"):
+        collect(load_collect_config(None, _overrides(tiny_pair, part)), progress=False)
+    summary = collect(load_collect_config(None, _overrides(tiny_pair, part)), resume=True, progress=False)
+    assert summary.shards_skipped == 1
+    assert _rows(part) == _rows(full)
+
+
+def test_shards_split_prompts_without_overlap(tiny_pair, tmp_path):
+    whole = tmp_path / "whole"
+    collect(load_collect_config(None, _overrides(tiny_pair, whole, verifiers="[specinfer]")), progress=False)
+    split = tmp_path / "split"
+    for i in range(2):
+        collect(load_collect_config(None, _overrides(tiny_pair, split, verifiers="[specinfer]")), i, 2, resume=i > 0,
+                progress=False)
+    assert _rows(split) == _rows(whole)
+
+
+def test_features_match_the_decoder(tiny_pair):
+    """The first root's features: the collector's (full prefill) vs the decoder's (incremental) state."""
+    from data_gen.collect import Collector, TrajectoryJob
+    from decode.engine import SpeculativeDecoder
+    from decode.models import CachedLM, load_causal_lm
+    from decode.policies import StaticPolicy
+    from decode.rng import TorchRandom
+    from decode.sampling import SamplingConfig
+    from decode.verifiers import get_verifier
+
+    def pair():
+        return (CachedLM(load_causal_lm(tiny_pair / n)) for n in ("target", "draft"))
+
+    latency = LatencyTable([8, 32], [1, 4], [[1.0, 2.0], [1.5, 2.5]], [[5.0, 6.0], [7.0, 9.0]])
+    sampling = SamplingConfig(0.8, 0.95)
+    ids = [5, 17, 300, 42, 9, 77, 1000]
+
+    class Keep(StaticPolicy):
+        wants_features = True
+
+        def choose(self, root):
+            self.features = getattr(self, "features", None) or root.features
+            return super().choose(root)
+
+    target, draft = pair()
+    policy = Keep(action=__import__("decode.drafting", fromlist=["Action"]).Action(2, 1, 1))
+    SpeculativeDecoder(target, draft, get_verifier("specinfer"), sampling, latency=latency).generate(
+        ids, 3, policy, TorchRandom(0)
+    )
+    target, draft = pair()
+    collector = Collector(target, draft, [get_verifier("specinfer")], action_grid(2, 1), latency, k_max=2, l_max=1,
+                          trees_per_root=1, new_tokens=1, stride=1, seed=0)
+    row = collector.trajectory_rows(TrajectoryJob(0, ids, 0, sampling, 0))[0]
+    want = policy.features
+    torch.testing.assert_close(torch.tensor(row["scalars"]), want.scalars, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(row["target_hidden_prev"]), want.target_hidden_prev, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(row["draft_hidden_prev"]), want.draft_hidden_prev, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(row["draft_hidden_root"]), want.draft_hidden_root, rtol=1e-5, atol=1e-5)
+
+
+def _cli(args: list[str], capsys) -> tuple[int, str]:
+    code = main(["collect", "--no-progress", *args])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"prompts.field": "text"}, "no field 'text'"),
+        ({"verifiers": "[specinfer, bogus]"}, "unknown verifier 'bogus'"),
+        ({"prompts.source": "/nonexistent/prompts.jsonl"}, "prompt file not found"),
+    ],
+)
+def test_bad_input_fails_cleanly(tiny_pair, tmp_path, capsys, change, message):
+    out = tmp_path / "out"
+    code, err = _cli(_overrides(tiny_pair, out, **change), capsys)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not list(out.glob("shard-*")) and not list(out.glob(".tmp-*"))
+
+
+def test_empty_prompt_set_and_vocab_mismatch_fail_cleanly(tiny_pair, tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    code, err = _cli(_overrides(tiny_pair, tmp_path / "a", **{"prompts.source": str(empty)}), capsys)
+    assert code == 2 and "no prompts" in err
+    tiny_llama(3, vocab=4000, hidden=16).save_pretrained(tmp_path / "odd")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"target": str(tiny_pair / "target"), "draft": str(tmp_path / "odd"),
+                                   "tokenizer": str(DEFAULT_TOKENIZER)}))
+    code, err = _cli(_overrides(tiny_pair, tmp_path / "b", **{"pair": str(bad)}), capsys)
+    assert code == 2 and "vocab" in err.lower()
+    assert not list((tmp_path / "b").glob("shard-*"))
+
+
+def test_unwritable_output_fails_cleanly(tiny_pair, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    code, err = _cli(_overrides(tiny_pair, blocker / "out"), capsys)
+    assert code == 2 and "cannot write to the output folder" in err
