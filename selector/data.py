@@ -1,0 +1,426 @@
+"""The selector's data: parquet shards of a collected data set (docs/dataset.md) as a LightningDataModule.
+
+One row per root. The module
+
+* checks the folder when it is built (metadata, schema version, feature names, verifier, columns), so a bad
+  config fails before any training starts, with a ``ValueError`` that says what is wrong;
+* splits by ``prompt_id`` (never by root: roots of one prompt share context and would leak across splits);
+* fits the scalar standardisation on the training split only (log1p first for heavy-tailed scalars);
+* picks the baseline action a_base of each sampling configuration = the best static action on the training split;
+* masks actions whose label is NaN for the chosen verifier (e.g. GBV on delayed trees) in every batch.
+
+A batch is a dict of tensors (B = batch size, A = actions, S = scalars):
+``target_hidden_prev`` (B, H_t), ``draft_hidden_prev`` (B, H_d), ``draft_hidden_root`` (B, H_d), ``scalars``
+(B, S) raw, ``be`` (B, A) with invalid entries set to 0, ``valid`` (B, A) bool, ``step_ms`` (B, A), ``base_index``
+(B,) long, ``sampling_index`` (B,) long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from data_gen.schema import HIDDEN_COLUMNS, METADATA_FILE, SCALAR_NAMES, SCHEMA_VERSION, SHARD_GLOB, label_column
+
+# KL divergences have a long right tail (probabilities clamped at 1e-9 under top-p give values of 10-20 nats):
+# log1p keeps a few extreme roots from dominating the standardised scale.
+DEFAULT_LOG1P_SCALARS = ("kl_p_q_prev", "kl_q_p_prev")
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What the metadata and the shard schema say about a data folder (checked, cheap to build)."""
+
+    folder: Path
+    metadata: dict[str, Any]
+    shards: tuple[Path, ...]
+    verifier: str
+
+    @property
+    def actions(self) -> list[str]:
+        return list(self.metadata["actions"])
+
+    @property
+    def hidden_sizes(self) -> dict[str, int]:
+        return {name: int(self.metadata["hidden_sizes"][name]) for name in HIDDEN_COLUMNS}
+
+    @property
+    def pair_fingerprint(self) -> str:
+        return str(self.metadata.get("pair", {}).get("fingerprint", ""))
+
+
+@dataclass
+class Normalisation:
+    """Scalar standardisation z = (f(x) − mean) / std, f = log1p(max(x, 0)) on the ``log1p`` names, else identity."""
+
+    names: list[str]
+    log1p: list[str]
+    mean: list[float]
+    std: list[float]
+
+    def log_mask(self) -> np.ndarray:
+        """(S,) bool: which scalars go through log1p."""
+        return np.array([n in self.log1p for n in self.names], dtype=bool)
+
+    def apply(self, scalars: np.ndarray) -> np.ndarray:
+        """Standardise raw scalars (N, S) -> (N, S) float32, the numpy twin of ``SelectorNet.standardise``."""
+        x = transform_scalars(scalars, self.log_mask())
+        return ((x - np.asarray(self.mean)) / np.asarray(self.std)).astype(np.float32)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scalar_names": self.names,
+            "log1p": self.log1p,
+            "mean": self.mean,
+            "std": self.std,
+            "formula": "z = (f(x) - mean) / std; f(x) = log1p(max(x, 0)) for names in log1p, else x. "
+            "Applied inside the model: feed RAW scalars.",
+        }
+
+
+@dataclass
+class RootArrays:
+    """Rows of the data set as numpy arrays (N roots, A actions, S scalars)."""
+
+    prompt_id: np.ndarray  # (N,) str
+    sampling_index: np.ndarray  # (N,) int64
+    hidden: dict[str, np.ndarray]  # name -> (N, H) float32
+    scalars: np.ndarray  # (N, S) float32, raw
+    step_ms: np.ndarray  # (N, A) float32
+    be: np.ndarray  # (N, A) float32, NaN where the verifier has no label
+    base_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (N,) a_base per row
+
+    def __len__(self) -> int:
+        return int(self.prompt_id.shape[0])
+
+    @property
+    def valid(self) -> np.ndarray:
+        """(N, A) bool: actions with a usable label (finite Ê, positive finite step time)."""
+        return np.isfinite(self.be) & np.isfinite(self.step_ms) & (self.step_ms > 0)
+
+    def take(self, rows: np.ndarray) -> RootArrays:
+        """The subset at integer ``rows``."""
+        return RootArrays(
+            prompt_id=self.prompt_id[rows],
+            sampling_index=self.sampling_index[rows],
+            hidden={k: v[rows] for k, v in self.hidden.items()},
+            scalars=self.scalars[rows],
+            step_ms=self.step_ms[rows],
+            be=self.be[rows],
+            base_index=self.base_index[rows] if self.base_index.size else self.base_index,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+
+
+def inspect_dataset(folder: str | Path, verifier: str) -> DatasetInfo:
+    """Check a data folder without reading its rows: metadata, schema version, feature names, verifier, columns.
+
+    Raises ValueError with a one-line message for every problem found.
+    """
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"data folder '{folder}' does not exist")
+    meta_path = folder / METADATA_FILE
+    if not meta_path.is_file():
+        raise ValueError(f"'{folder}' has no {METADATA_FILE}: not a data set written by `ddte collect`")
+    try:
+        metadata = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{meta_path} is not valid JSON: {err}") from err
+    version = metadata.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"{meta_path}: schema_version {version!r}, this selector reads version {SCHEMA_VERSION}")
+    if list(metadata.get("scalar_names", [])) != list(SCALAR_NAMES):
+        raise ValueError(f"{meta_path}: scalar_names differ from decode.features.SCALAR_NAMES {list(SCALAR_NAMES)}")
+    for key in ("actions", "hidden_sizes", "verifiers", "sampling"):
+        if key not in metadata:
+            raise ValueError(f"{meta_path}: missing key '{key}'")
+    verifiers = list(metadata["verifiers"])
+    if verifier not in verifiers:
+        raise ValueError(f"unknown verifier '{verifier}': this data set has labels for {', '.join(verifiers)}")
+    shards = tuple(sorted(folder.glob(SHARD_GLOB)))
+    if not shards:
+        raise ValueError(f"'{folder}' has no shards ({SHARD_GLOB})")
+    required = ["prompt_id", "sampling_index", *HIDDEN_COLUMNS, "scalars", "step_ms", label_column(verifier)]
+    for shard in shards:
+        names = set(pq.read_schema(shard).names)
+        missing = [c for c in required if c not in names]
+        if missing:
+            raise ValueError(f"shard {shard.name} lacks column(s) {', '.join(missing)}")
+    return DatasetInfo(folder=folder, metadata=metadata, shards=shards, verifier=verifier)
+
+
+def data_fingerprint(info: DatasetInfo) -> str:
+    """sha256 over dataset.json's bytes and every shard's name and size: changes when the data set does."""
+    digest = hashlib.sha256((info.folder / METADATA_FILE).read_bytes())
+    for shard in info.shards:
+        digest.update(f"{shard.name}:{shard.stat().st_size}\n".encode())
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """Silence `datasets`' progress bars while loading (they are noise for a few thousand rows)."""
+    import datasets
+
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
+
+
+def _list_column(table, name: str, width: int | None = None) -> np.ndarray:
+    """A fixed-length list<float> column of a pyarrow table as a (N, width) float32 array."""
+    import pyarrow.compute as pc
+
+    column = table.column(name).combine_chunks()
+    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+    n = len(column)
+    if n and (lengths.min() != lengths.max() or (width is not None and lengths[0] != width)):
+        expected = width if width is not None else int(lengths[0])
+        raise ValueError(f"column '{name}' has lists of length {lengths.min()}..{lengths.max()}, expected {expected}")
+    values = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+    return values.reshape(n, -1) if n else values.reshape(0, width or 0)
+
+
+def load_rows(info: DatasetInfo) -> RootArrays:
+    """Read every shard through ``datasets.load_dataset("parquet")`` into numpy arrays (no base_index yet)."""
+    import datasets
+
+    columns = ["prompt_id", "sampling_index", *HIDDEN_COLUMNS, "scalars", "step_ms", label_column(info.verifier)]
+    with quiet_datasets():
+        ds = datasets.load_dataset("parquet", data_files=[str(s) for s in info.shards], split="train")
+    table = ds.select_columns(columns).data.table
+    n_actions = len(info.actions)
+    return RootArrays(
+        prompt_id=np.asarray(table.column("prompt_id").to_pylist(), dtype=object),
+        sampling_index=table.column("sampling_index").to_numpy().astype(np.int64),
+        hidden={name: _list_column(table, name, info.hidden_sizes[name]) for name in HIDDEN_COLUMNS},
+        scalars=_list_column(table, "scalars", len(SCALAR_NAMES)),
+        step_ms=_list_column(table, "step_ms", n_actions),
+        be=_list_column(table, label_column(info.verifier), n_actions),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- fitting
+
+
+def split_prompts(
+    prompt_ids: np.ndarray, val_fraction: float, test_fraction: float, seed: int
+) -> dict[str, np.ndarray]:
+    """Row indices of train/val/test, split by prompt: every prompt's roots land in exactly one split.
+
+    Prompts are shuffled with ``seed``; val and test get ``round(fraction · n_prompts)`` prompts, at least one each.
+    """
+    if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
+        raise ValueError(f"val_fraction ({val_fraction}) and test_fraction ({test_fraction}) must be in (0, 1) "
+                         "with a sum below 1")
+    prompts = np.array(sorted(set(prompt_ids.tolist())), dtype=object)
+    n = len(prompts)
+    n_val = max(1, round(val_fraction * n))
+    n_test = max(1, round(test_fraction * n))
+    if n - n_val - n_test < 1:
+        raise ValueError(f"too few prompts to split: {n} prompt(s) for train, val and test (need at least 3, "
+                         f"and more for fractions {val_fraction}/{test_fraction})")
+    order = prompts[np.random.default_rng(seed).permutation(n)]
+    groups = {"val": order[:n_val], "test": order[n_val : n_val + n_test], "train": order[n_val + n_test :]}
+    return {name: np.flatnonzero(np.isin(prompt_ids, groups[name])) for name in SPLITS}
+
+
+def transform_scalars(scalars: np.ndarray, log_mask: np.ndarray) -> np.ndarray:
+    """f(x) of the standardisation: log1p(max(x, 0)) on the masked columns, (N, S) float64."""
+    x = scalars.astype(np.float64)
+    return np.where(log_mask[None, :], np.log1p(np.maximum(x, 0.0)), x)
+
+
+def fit_normalisation(train_scalars: np.ndarray, log1p: Sequence[str]) -> Normalisation:
+    """Mean and std of the (log1p-transformed) scalars over the TRAINING rows only (N_train, S).
+
+    A constant scalar (e.g. top-p when every config uses 1.0) gets std 1 so it standardises to 0 instead of NaN.
+    """
+    unknown = [n for n in log1p if n not in SCALAR_NAMES]
+    if unknown:
+        raise ValueError(f"log1p_scalars: unknown scalar name(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(SCALAR_NAMES)})")
+    norm = Normalisation(names=list(SCALAR_NAMES), log1p=list(log1p), mean=[], std=[])
+    x = transform_scalars(train_scalars, norm.log_mask())
+    mean, std = x.mean(axis=0), x.std(axis=0)
+    std = np.where(std > 1e-6, std, 1.0)
+    norm.mean, norm.std = [float(v) for v in mean], [float(v) for v in std]
+    return norm
+
+
+def best_static_actions(arrays: RootArrays) -> dict[int, int]:
+    """a_base per sampling configuration: the action with the highest stream throughput Σ be / Σ step_ms.
+
+    Only actions valid on every row of the configuration compete (a static shape must be usable at every step).
+    Ratio of sums, not mean of ratios: it is the tokens per ms of decoding all these roots with that shape.
+    """
+    valid = arrays.valid
+    out: dict[int, int] = {}
+    for config in np.unique(arrays.sampling_index):
+        rows = arrays.sampling_index == config
+        usable = valid[rows].all(axis=0)
+        if not usable.any():
+            raise ValueError(f"sampling config {config}: no action has a label on every root")
+        be = np.where(valid[rows], arrays.be[rows], 0.0).sum(axis=0)
+        step = np.where(valid[rows], arrays.step_ms[rows], 1.0).sum(axis=0)
+        out[int(config)] = int(np.argmax(np.where(usable, be / step, -np.inf)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- batches
+
+
+class RootDataset(Dataset):
+    """Map-style dataset whose ``__getitems__`` returns a whole batch (the DataLoader then skips per-row collation)."""
+
+    def __init__(self, arrays: RootArrays):
+        valid = arrays.valid
+        self.tensors = {
+            **{name: torch.from_numpy(arrays.hidden[name]) for name in HIDDEN_COLUMNS},
+            "scalars": torch.from_numpy(arrays.scalars),
+            "be": torch.from_numpy(np.where(valid, arrays.be, 0.0).astype(np.float32)),  # 0·π, never NaN·π
+            "valid": torch.from_numpy(valid),
+            "step_ms": torch.from_numpy(np.where(valid, arrays.step_ms, 1.0).astype(np.float32)),
+            "base_index": torch.from_numpy(arrays.base_index.astype(np.int64)),
+            "sampling_index": torch.from_numpy(arrays.sampling_index.astype(np.int64)),
+        }
+
+    def __len__(self) -> int:
+        return int(self.tensors["scalars"].shape[0])
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return {k: v[index] for k, v in self.tensors.items()}
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.__getitems__([index])
+
+
+def _keep_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """collate_fn for an already-batched dict (module level so worker processes can pickle it)."""
+    return batch
+
+
+class SelectorDataModule(pl.LightningDataModule):
+    """Root features and labels of one verifier, split by prompt, with train-only standardisation.
+
+    Args:
+        data_dir: folder written by ``ddte collect`` (dataset.json + shard-*.parquet).
+        verifier: whose labels to learn (column ``be_<verifier>``); one selector per verifier.
+        val_fraction, test_fraction: fractions of PROMPTS held out for validation and test.
+        split_seed: seed of the prompt shuffle.
+        batch_size: roots per batch.
+        log1p_scalars: scalar names standardised after log1p (heavy tails); part of the exported graph.
+        num_workers: DataLoader workers (0: the data is a few MB in memory, workers only add start-up time).
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        verifier: str = "specinfer",
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.15,
+        split_seed: int = 0,
+        batch_size: int = 64,
+        log1p_scalars: list[str] | None = None,
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.info = inspect_dataset(data_dir, verifier)
+        self.log1p_scalars = list(DEFAULT_LOG1P_SCALARS if log1p_scalars is None else log1p_scalars)
+        self.splits: dict[str, RootArrays] = {}
+        self.normalisation: Normalisation | None = None
+        self.static_actions: dict[int, int] = {}
+        self.fallback_static = 0
+        self.valid_actions: np.ndarray | None = None
+
+    # Shapes the model is built with; LightningCLI links them into the model's arguments.
+    @property
+    def hidden_sizes(self) -> dict[str, int]:
+        return self.info.hidden_sizes
+
+    @property
+    def num_actions(self) -> int:
+        return len(self.info.actions)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read, split, fit standardisation and baselines once (idempotent: fit, test and predict share it)."""
+        if self.splits:
+            return
+        rows = load_rows(self.info)
+        has_label = rows.valid.any(axis=1)
+        if not has_label.all():  # a root with no labelled action teaches nothing and cannot be scored
+            rows = rows.take(np.flatnonzero(has_label))
+        index = split_prompts(rows.prompt_id, self.hparams.val_fraction, self.hparams.test_fraction,
+                              self.hparams.split_seed)
+        train = rows.take(index["train"])
+        self.normalisation = fit_normalisation(train.scalars, self.log1p_scalars)
+        self.static_actions = best_static_actions(train)
+        self.fallback_static = best_static_actions(_as_one_config(train))[0]
+        self.valid_actions = train.valid.any(axis=0)
+        rows.base_index = np.array([self.static_actions.get(int(c), self.fallback_static) for c in rows.sampling_index],
+                                   dtype=np.int64)
+        self.splits = {name: rows.take(index[name]) for name in SPLITS}
+
+    def describe(self) -> dict[str, Any]:
+        """What the model and the exported file need to know about the data (JSON-ready)."""
+        meta = self.info.metadata
+        return {
+            "schema_version": meta["schema_version"],
+            "actions": self.info.actions,
+            "scalar_names": list(SCALAR_NAMES),
+            "hidden_sizes": self.info.hidden_sizes,
+            "verifier": self.info.verifier,
+            "pair_fingerprint": self.info.pair_fingerprint,
+            "data_fingerprint": data_fingerprint(self.info),
+            "data_dir": str(self.info.folder.resolve()),
+            "sampling": meta["sampling"],
+            "static_actions": {str(k): self.info.actions[v] for k, v in self.static_actions.items()},
+            "split_rows": {name: len(arr) for name, arr in self.splits.items()},
+            "split_prompts": {name: len(set(arr.prompt_id.tolist())) for name, arr in self.splits.items()},
+        }
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        self.setup()
+        return DataLoader(RootDataset(self.splits[split]), batch_size=self.hparams.batch_size, shuffle=shuffle,
+                          collate_fn=_keep_batch, num_workers=self.hparams.num_workers)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+
+def _as_one_config(arrays: RootArrays) -> RootArrays:
+    """The same rows with every sampling index set to 0 (for the config-agnostic fallback baseline)."""
+    merged = arrays.take(np.arange(len(arrays)))
+    merged.sampling_index = np.zeros(len(arrays), dtype=np.int64)
+    return merged

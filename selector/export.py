@@ -1,0 +1,315 @@
+"""Export a trained selector to one ONNX file with metadata and a parity check against onnxruntime.
+
+Inputs (float32, dynamic batch): target_hidden_prev [batch, H_t], draft_hidden_prev [batch, H_d],
+draft_hidden_root [batch, H_d], scalars [batch, 11] RAW (standardisation is inside the graph). Output: scores
+[batch, A], one per action in the order of the metadata's ``ddte.actions``: π(a | root) for the policy objective
+(``ddte.output`` = probability), predicted Ê[τ+1] for the be objective (expected_block_efficiency). Actions that
+never had a label for the verifier score ``ddte.invalid_score``. Decision rule (``ddte.decision``): ``argmax`` of
+the scores (policy) or ``throughput``: argmax of score / step_ms with the decoder's latency model (be).
+
+The file is written to a temporary name beside the output and renamed only after the parity check passed
+(max |torch − onnxruntime| ≤ 1e-5 on random and real rows), so a .onnx on disk is always whole and checked.
+If the checkpoint knows its MLflow run (or --run-id is given), the model is also logged there with
+mlflow.onnx.log_model.
+
+Examples:
+  ddte export --checkpoint runs/selector/specinfer-policy-<run>/best.ckpt --output selector.onnx
+  ddte export --checkpoint best.ckpt --output sel.onnx --tracking-uri sqlite:///mlflow.db --run-id <run>
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddte.cli import UserError
+
+INPUT_NAMES = ("target_hidden_prev", "draft_hidden_prev", "draft_hidden_root", "scalars")
+OUTPUT_NAME = "scores"
+TOLERANCE = 1e-5
+
+
+@dataclass
+class ExportResult:
+    """The written file, the parity check's worst difference, the metadata written, the MLflow model (if logged)."""
+
+    path: Path
+    max_abs_diff: float
+    metadata: dict[str, str]
+    parity_rows: dict[str, int]
+    mlflow_model_uri: str | None = None
+
+
+def load_selector(checkpoint: str | Path):
+    """A SelectorModule from a checkpoint written by ``ddte train``, in eval mode on CPU.
+
+    Raises FileNotFoundError if the file is missing, ValueError if it is not a selector checkpoint.
+    """
+    from selector.model import SelectorModule
+
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint '{path}' not found")
+    try:
+        module = SelectorModule.load_from_checkpoint(path, map_location="cpu")
+    except Exception as err:  # torch/pickle/Lightning raise many types for a foreign or truncated file
+        raise ValueError(f"'{path}' is not a selector checkpoint ({type(err).__name__})") from err
+    if not module.ddte_info.get("actions"):
+        raise ValueError(f"'{path}' has no ddte metadata (actions, verifier): was it written by `ddte train`?")
+    return module.eval()
+
+
+def onnx_metadata(module, run_id: str | None = None) -> dict[str, str]:
+    """The ``metadata_props`` of the exported file (all values are strings; lists and dicts are JSON)."""
+    info = module.ddte_info
+    return {
+        "ddte.schema_version": str(info["schema_version"]),
+        "ddte.actions": json.dumps(info["actions"]),
+        "ddte.scalar_names": json.dumps(info["scalar_names"]),
+        "ddte.hidden_sizes": json.dumps(info["hidden_sizes"]),
+        "ddte.verifier": str(info["verifier"]),
+        "ddte.objective": str(info["objective"]),
+        "ddte.decision": str(info["decision"]),
+        "ddte.pair_fingerprint": str(info.get("pair_fingerprint", "")),
+        "ddte.run_id": str(run_id or info.get("run_id") or ""),
+        "ddte.normalisation": json.dumps(info["normalisation"]),
+        "ddte.data_fingerprint": str(info.get("data_fingerprint", "")),
+        "ddte.output": "probability" if info["objective"] == "policy" else "expected_block_efficiency",
+        "ddte.invalid_score": repr(module.deployed().invalid_score),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+
+
+def random_inputs(module, n: int, seed: int = 0) -> dict[str, Any]:
+    """n random rows: N(0, 1) hidden states and raw scalars drawn around the training distribution."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    info = module.ddte_info
+    norm = info["normalisation"]
+    z = rng.normal(0.0, 1.5, (n, len(norm["mean"])))
+    x = z * np.asarray(norm["std"]) + np.asarray(norm["mean"])
+    log_mask = np.array([name in norm["log1p"] for name in norm["scalar_names"]])
+    x = np.where(log_mask, np.expm1(np.maximum(x, 0.0)), x)  # back to raw units, >= 0 where log1p applies
+    out = {name: rng.normal(0.0, 1.0, (n, int(info["hidden_sizes"][name]))).astype(np.float32)
+           for name in INPUT_NAMES[:3]}
+    out["scalars"] = x.astype(np.float32)
+    return out
+
+
+def real_inputs(module, data_dir: str | Path | None, n: int) -> dict[str, Any] | None:
+    """The first n rows of the data set (the checkpoint's own, unless ``data_dir`` is given); None if absent."""
+    import pyarrow.parquet as pq
+
+    from data_gen.schema import METADATA_FILE, SHARD_GLOB
+    from selector.data import _list_column
+
+    folder = Path(data_dir or module.ddte_info.get("data_dir") or "")
+    shards = sorted(folder.glob(SHARD_GLOB)) if (folder / METADATA_FILE).is_file() else []
+    if not shards:
+        if data_dir is not None:
+            raise ValueError(f"--data '{data_dir}' has no data set ({METADATA_FILE} + {SHARD_GLOB})")
+        return None
+    table = pq.read_table(shards[0], columns=list(INPUT_NAMES)).slice(0, n)
+    sizes = {**module.ddte_info["hidden_sizes"], "scalars": len(module.ddte_info["scalar_names"])}
+    return {name: _list_column(table, name, int(sizes[name])) for name in INPUT_NAMES}
+
+
+# ---------------------------------------------------------------------------------------------------- export
+
+
+def _export_graph(net, path: Path, example: dict[str, Any]) -> None:
+    """torch.onnx.export (dynamo) of the network to ONE file with a dynamic batch axis."""
+    import torch
+
+    batch = torch.export.Dim("batch")
+    # "torchvision is not installed. Skipping torchvision::nms" and friends: harmless, logged at WARNING.
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    args = tuple(torch.from_numpy(example[name][:2]) for name in INPUT_NAMES)  # batch 2: avoids 0/1 specialisation
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # exporter chatter (progress lines, deprecations); failures still raise
+        torch.onnx.export(
+            net, args, str(path), dynamo=True, external_data=False, verbose=False,
+            input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME],
+            dynamic_shapes={name: {0: batch} for name in INPUT_NAMES},
+        )
+    registration.setLevel(level)
+
+
+def _attach_metadata(path: Path, metadata: dict[str, str]) -> None:
+    """Write ``metadata`` into the file's metadata_props (replacing keys of the same name)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    kept = [p for p in model.metadata_props if p.key not in metadata]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    for key, value in metadata.items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.save(model, str(path))
+
+
+def check_parity(net, path: Path, inputs: dict[str, Any]) -> float:
+    """Max |torch − onnxruntime (CPU)| over the scores of ``inputs`` (dict of (N, ·) float32 arrays)."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    got = session.run([OUTPUT_NAME], {name: inputs[name] for name in INPUT_NAMES})[0]
+    with torch.no_grad():
+        want = net(*(torch.from_numpy(inputs[name]) for name in INPUT_NAMES)).numpy()
+    if got.shape != want.shape:
+        raise ValueError(f"ONNX output shape {got.shape} differs from torch {want.shape}")
+    return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
+
+
+def _writable_tmp(output: Path) -> Path:
+    """A fresh temporary file beside ``output`` (same file system, so the final rename is atomic)."""
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+    except OSError as err:
+        raise ValueError(f"cannot write '{output}': {err.strerror or err}") from err
+    os.close(fd)
+    return Path(tmp)
+
+
+def log_to_mlflow(path: Path, tracking_uri: str, run_id: str, max_abs_diff: float, inputs: dict[str, Any],
+                  outputs: Any) -> str:
+    """Log the ONNX file as an MLflow model (``selector``) under the training run; returns the model URI."""
+    import mlflow
+    import mlflow.onnx
+    import onnx
+    from mlflow.models import infer_signature
+
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        with warnings.catch_warnings(), mlflow.start_run(run_id=run_id):
+            warnings.simplefilter("ignore")
+            signature = infer_signature({k: v[:2] for k, v in inputs.items()}, {OUTPUT_NAME: outputs[:2]})
+            info = mlflow.onnx.log_model(onnx.load(str(path)), name="selector", signature=signature,
+                                         save_as_external_data=False)
+            mlflow.log_metric("export/max_abs_diff", max_abs_diff)
+            return info.model_uri
+    finally:
+        mlflow.set_tracking_uri(previous)
+
+
+def export_selector(
+    checkpoint: str | Path,
+    output: str | Path,
+    *,
+    tracking_uri: str | None = None,
+    run_id: str | None = None,
+    data_dir: str | Path | None = None,
+    log_mlflow: bool = True,
+    parity_rows: int = 64,
+    tolerance: float = TOLERANCE,
+) -> ExportResult:
+    """Export ``checkpoint`` to ``output`` (one .onnx file), check parity, attach metadata, optionally log to MLflow.
+
+    Args:
+        checkpoint: a ``best.ckpt`` from ``ddte train``.
+        output: the .onnx path; written atomically (temporary file + rename), never left half-written.
+        tracking_uri, run_id: where to log the model (default: the run recorded in the checkpoint).
+        data_dir: data set whose first rows join the parity batch (default: the checkpoint's own, if present).
+        log_mlflow: False skips MLflow entirely.
+        parity_rows: random rows, and real rows, in the parity batch.
+        tolerance: largest accepted max |torch − onnxruntime|.
+
+    Raises:
+        FileNotFoundError: missing checkpoint. ValueError: bad checkpoint, unwritable output, parity failure.
+    """
+    import numpy as np
+    import torch
+
+    from selector.train import resolve_tracking_uri
+
+    module = load_selector(checkpoint)
+    net = module.deployed()  # the network + softmax for the policy objective: what the decoder runs
+    output = Path(output)
+    if output.is_dir():
+        raise ValueError(f"output '{output}' is a directory; give a file name such as selector.onnx")
+    rand = random_inputs(module, parity_rows)
+    real = real_inputs(module, data_dir, parity_rows)
+    batch = rand if real is None else {k: np.concatenate([rand[k], real[k]]) for k in INPUT_NAMES}
+    explicit_run = bool(run_id or tracking_uri)
+    run_id = run_id or module.ddte_info.get("run_id")
+    metadata = onnx_metadata(module, run_id)
+
+    tmp = _writable_tmp(output)
+    try:
+        _export_graph(net, tmp, batch)
+        _attach_metadata(tmp, metadata)
+        diff = check_parity(net, tmp, batch)
+        if not diff <= tolerance:
+            raise ValueError(f"ONNX parity check failed: max |torch - onnxruntime| = {diff:.3g} > {tolerance:g}")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the final file gets the usual permissions
+        os.replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+    result = ExportResult(path=output.resolve(), max_abs_diff=diff, metadata=metadata,
+                          parity_rows={"random": parity_rows, "real": 0 if real is None else len(real["scalars"])})
+    uri = tracking_uri or module.ddte_info.get("tracking_uri")
+    if log_mlflow and run_id and uri:
+        with torch.no_grad():
+            scores = net(*(torch.from_numpy(batch[n]) for n in INPUT_NAMES)).numpy()
+        try:
+            result.mlflow_model_uri = log_to_mlflow(output, resolve_tracking_uri(uri), run_id, diff, batch, scores)
+        except Exception as err:  # MLflow raises its own and SQLAlchemy/HTTP errors: the .onnx is still good
+            message = f"could not log the model to MLflow run {run_id} at {uri}: {type(err).__name__}: {err}"
+            if explicit_run:
+                raise ValueError(message.splitlines()[0]) from err
+            print(f"warning: {message.splitlines()[0]}", file=sys.stderr)
+    return result
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True, help="best.ckpt written by `ddte train`")
+    parser.add_argument("--output", required=True, help="the .onnx file to write (one file, no external data)")
+    parser.add_argument("--data", default=None, help="data set whose rows join the parity check "
+                        "(default: the checkpoint's training data, if it is still there)")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow tracking URI (default: the one recorded in the checkpoint)")
+    parser.add_argument("--run-id", default=None, help="MLflow run to log the model under (default: the training run)")
+    parser.add_argument("--no-mlflow", action="store_true", help="do not log the model to MLflow")
+    parser.add_argument("--parity-rows", type=int, default=64, help="random (and real) rows in the parity check")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.parity_rows < 1:
+        raise UserError("--parity-rows must be >= 1")
+    try:
+        result = export_selector(args.checkpoint, args.output, tracking_uri=args.tracking_uri, run_id=args.run_id,
+                                 data_dir=args.data, log_mlflow=not args.no_mlflow, parity_rows=args.parity_rows)
+    except (FileNotFoundError, ValueError) as err:
+        raise UserError(str(err).splitlines()[0] if str(err) else type(err).__name__) from err
+    meta = result.metadata
+    n_actions = len(json.loads(meta["ddte.actions"]))
+    print(f"wrote {result.path} ({result.path.stat().st_size / 1024:.0f} KiB): {n_actions} actions, "
+          f"verifier {meta['ddte.verifier']}, objective {meta['ddte.objective']} (decision {meta['ddte.decision']})")
+    print(f"parity vs torch: max abs diff {result.max_abs_diff:.2e} on {result.parity_rows['random']} random + "
+          f"{result.parity_rows['real']} real rows")
+    if result.mlflow_model_uri:
+        print(f"MLflow model: {result.mlflow_model_uri} (run {meta['ddte.run_id']})")
+    return 0

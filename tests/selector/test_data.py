@@ -1,0 +1,118 @@
+"""The data module: prompt-level splits, train-only standardisation and baselines, NaN masking, clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from selector.data import (
+    SelectorDataModule,
+    best_static_actions,
+    inspect_dataset,
+    split_prompts,
+    transform_scalars,
+)
+from selector.synthetic import write_synthetic_dataset
+
+
+@pytest.fixture(scope="module")
+def dm(synthetic_dir):
+    module = SelectorDataModule(str(synthetic_dir), verifier="gbv", batch_size=16)
+    module.setup("fit")
+    return module
+
+
+def test_split_is_by_prompt(dm):
+    prompts = {name: set(arr.prompt_id.tolist()) for name, arr in dm.splits.items()}
+    assert not prompts["train"] & prompts["val"]
+    assert not prompts["train"] & prompts["test"]
+    assert not prompts["val"] & prompts["test"]
+    assert sum(len(p) for p in prompts.values()) == 20
+    assert sum(len(arr) for arr in dm.splits.values()) == 20 * 12  # every root in exactly one split
+    assert len(prompts["val"]) == len(prompts["test"]) == 3  # round(0.15 * 20)
+
+
+def test_split_depends_only_on_seed():
+    ids = np.repeat(np.array([str(i) for i in range(10)], dtype=object), 3)
+    a, b = split_prompts(ids, 0.2, 0.2, seed=1), split_prompts(ids, 0.2, 0.2, seed=1)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["test"], split_prompts(ids, 0.2, 0.2, seed=2)["test"])
+
+
+def test_standardisation_is_fitted_on_the_training_split_only(dm):
+    norm = dm.normalisation
+    train_x = transform_scalars(dm.splits["train"].scalars, norm.log_mask())
+    np.testing.assert_allclose(norm.mean, train_x.mean(axis=0), rtol=1e-6)
+    all_x = transform_scalars(np.concatenate([a.scalars for a in dm.splits.values()]), norm.log_mask())
+    assert not np.allclose(norm.mean, all_x.mean(axis=0))
+    assert norm.log1p == ["kl_p_q_prev", "kl_q_p_prev"]
+    assert abs(float(norm.apply(dm.splits["train"].scalars).mean())) < 1e-5
+
+
+def test_baseline_action_is_the_best_static_of_the_training_split(dm):
+    expected = best_static_actions(dm.splits["train"])
+    assert dm.static_actions == expected
+    for arrays in dm.splits.values():
+        assert all(b == expected[int(c)] for b, c in zip(arrays.base_index, arrays.sampling_index, strict=True))
+
+
+def test_nan_labels_are_masked_in_batches(dm):
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["be"].shape == batch["valid"].shape == batch["step_ms"].shape == (16, 18)
+    assert batch["scalars"].shape == (16, 11) and batch["target_hidden_prev"].shape == (16, 16)
+    actions = dm.info.actions
+    delayed = [i for i, a in enumerate(actions) if all(int(v) > 0 for v in a.split(",")) and a[0] != "1"]
+    assert delayed and not batch["valid"][:, delayed].any()  # gbv on delayed trees: never valid
+    assert batch["valid"].sum() == 16 * (18 - len(delayed))
+    assert not batch["be"].isnan().any()  # NaN * 0 would poison the policy loss
+    assert not dm.valid_actions[delayed].any()
+
+
+def test_describe_carries_what_export_needs(dm):
+    info = dm.describe()
+    assert info["verifier"] == "gbv" and len(info["actions"]) == 18
+    assert info["hidden_sizes"] == {"target_hidden_prev": 16, "draft_hidden_prev": 8, "draft_hidden_root": 8}
+    assert len(info["data_fingerprint"]) == 64
+
+
+@pytest.mark.parametrize(
+    ("breakage", "message"),
+    [
+        ("no_folder", "does not exist"),
+        ("no_shards", "has no shards"),
+        ("schema_version", "schema_version"),
+        ("missing_column", "lacks column(s) scalars"),
+        ("unknown_verifier", "unknown verifier 'nss'"),
+    ],
+)
+def test_bad_data_folders_give_clear_errors(synthetic_dir, tmp_path, breakage, message):
+    folder = tmp_path / "data"
+    shutil.copytree(synthetic_dir, folder)
+    verifier = "specinfer"
+    if breakage == "no_folder":
+        folder = tmp_path / "missing"
+    elif breakage == "no_shards":
+        for shard in folder.glob("shard-*.parquet"):
+            shard.unlink()
+    elif breakage == "schema_version":
+        meta = json.loads((folder / "dataset.json").read_text())
+        meta["schema_version"] = 99
+        (folder / "dataset.json").write_text(json.dumps(meta))
+    elif breakage == "missing_column":
+        shard = sorted(folder.glob("shard-*.parquet"))[0]
+        pq.write_table(pq.read_table(shard).drop_columns(["scalars"]), shard)
+    elif breakage == "unknown_verifier":
+        verifier = "nss"
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        inspect_dataset(folder, verifier)
+
+
+def test_too_few_prompts_to_split(tmp_path):
+    folder = write_synthetic_dataset(tmp_path / "two", n_prompts=2, roots_per_prompt=4, n_shards=1)
+    module = SelectorDataModule(str(folder))
+    with pytest.raises(ValueError, match="too few prompts"):
+        module.setup("fit")

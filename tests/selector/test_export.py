@@ -1,0 +1,83 @@
+"""ONNX export: one file, named inputs with a dynamic batch, parity with torch, metadata that round-trips."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from selector.export import INPUT_NAMES, export_selector, load_selector, random_inputs
+
+KEYS = {
+    "ddte.schema_version", "ddte.actions", "ddte.scalar_names", "ddte.hidden_sizes", "ddte.verifier",
+    "ddte.objective", "ddte.decision", "ddte.pair_fingerprint", "ddte.run_id", "ddte.normalisation",
+    "ddte.data_fingerprint",
+}
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    out = tmp_path_factory.mktemp("onnx") / "selector.onnx"
+    return export_selector(trained.checkpoint_path, out)
+
+
+def test_one_file_with_named_dynamic_inputs(exported):
+    folder = exported.path.parent
+    assert sorted(p.name for p in folder.iterdir()) == ["selector.onnx"]  # no .data, no temporary left
+    model = onnx.load(str(exported.path))
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    assert dims == {"target_hidden_prev": ["batch", 16], "draft_hidden_prev": ["batch", 8],
+                    "draft_hidden_root": ["batch", 8], "scalars": ["batch", 11]}
+    out = model.graph.output[0]
+    assert out.name == "scores"
+    assert [d.dim_param or d.dim_value for d in out.type.tensor_type.shape.dim] == ["batch", 18]
+
+
+def test_parity_on_random_and_real_rows(exported, trained):
+    assert exported.max_abs_diff <= 1e-5
+    assert exported.parity_rows == {"random": 64, "real": 64}
+    module = load_selector(trained.checkpoint_path)
+    session = ort.InferenceSession(str(exported.path), providers=["CPUExecutionProvider"])
+    for batch in (1, 5):  # the batch axis is dynamic
+        x = random_inputs(module, batch, seed=batch)
+        got = session.run(["scores"], x)[0]
+        with torch.no_grad():
+            want = module.deployed()(*(torch.from_numpy(x[n]) for n in INPUT_NAMES)).numpy()
+            logits = module.net(*(torch.from_numpy(x[n]) for n in INPUT_NAMES)).numpy()
+        assert got.shape == (batch, 18)
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-5)  # policy: the file outputs π
+        assert (got.argmax(axis=1) == logits.argmax(axis=1)).all()  # same decision as the logits
+
+
+def test_metadata_round_trips(exported, trained):
+    from_onnx = {p.key: p.value for p in onnx.load(str(exported.path)).metadata_props}
+    from_ort = ort.InferenceSession(str(exported.path), providers=["CPUExecutionProvider"]) \
+        .get_modelmeta().custom_metadata_map
+    assert KEYS <= set(from_onnx) and from_onnx == dict(from_ort) == exported.metadata
+    assert from_onnx["ddte.schema_version"] == "1"
+    assert json.loads(from_onnx["ddte.actions"])[:3] == ["1,0,0", "1,0,1", "1,0,2"]
+    assert len(json.loads(from_onnx["ddte.scalar_names"])) == 11
+    assert json.loads(from_onnx["ddte.hidden_sizes"])["target_hidden_prev"] == 16
+    assert from_onnx["ddte.verifier"] == "specinfer"
+    assert (from_onnx["ddte.objective"], from_onnx["ddte.decision"]) == ("policy", "argmax")
+    assert from_onnx["ddte.pair_fingerprint"] == "synthetic-pair"
+    assert from_onnx["ddte.run_id"] == trained.run_id
+    norm = json.loads(from_onnx["ddte.normalisation"])
+    assert norm["log1p"] == ["kl_p_q_prev", "kl_q_p_prev"] and len(norm["mean"]) == len(norm["std"]) == 11
+    assert from_onnx["ddte.data_fingerprint"] == trained.summary["data_fingerprint"]
+    assert (from_onnx["ddte.output"], from_onnx["ddte.invalid_score"]) == ("probability", "0.0")
+
+
+def test_logged_to_the_training_run_as_an_onnx_model(exported, trained):
+    assert exported.mlflow_model_uri
+    client = MlflowClient(trained.tracking_uri)
+    experiment_id = client.get_run(trained.run_id).info.experiment_id
+    models = client.search_logged_models(experiment_ids=[experiment_id])
+    assert any(m.source_run_id == trained.run_id and m.name == "selector" for m in models)
+    assert client.get_run(trained.run_id).data.metrics["export/max_abs_diff"] <= 1e-5

@@ -1,0 +1,126 @@
+"""Training smoke test on the synthetic set: the loss falls, the selector beats static shapes, MLflow holds it all."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from selector.train import format_summary, resolve_tracking_uri
+
+from .conftest import TINY_CONFIG
+
+
+def _run(trained):
+    return MlflowClient(trained.tracking_uri).get_run(trained.run_id)
+
+
+def test_loss_falls_and_the_selector_beats_static(trained):
+    history = MlflowClient(trained.tracking_uri).get_metric_history(trained.run_id, "train/loss")
+    values = [m.value for m in sorted(history, key=lambda m: m.step)]
+    assert len(values) == 8  # one point per epoch
+    assert values[-1] < values[0]
+    # the labels depend on one scalar: even the tiny net must beat the best static shape on unseen prompts
+    assert trained.metrics["ratio_vs_static"] > 1.0
+    assert 0.0 <= trained.metrics["regret"] < 0.2
+
+
+def test_mlflow_run_holds_metrics_params_and_artifacts(trained):
+    mlflow.set_tracking_uri(trained.tracking_uri)
+    frame = mlflow.search_runs(experiment_names=["ddte-selector-tiny"])
+    main = frame[frame.run_id == trained.run_id].iloc[0]
+    assert main["params.git_commit"]  # the repository is a git checkout
+    assert len(main["params.data_fingerprint"]) == 64
+    assert main["params.config/model/objective"] == "policy"
+    assert main["params.lr"] == "0.003"  # hyper-parameters from save_hyperparameters
+    for key in ("val/ratio_vs_static", "val/ratio_vs_oracle", "val/regret", "val/ratio_vs_static/cfg1",
+                "test/ratio_vs_static", "test/regret", "train_seconds"):
+        assert f"metrics.{key}" in main.index and main[f"metrics.{key}"] == main[f"metrics.{key}"]  # not NaN
+    run = _run(trained)
+    assert len(MlflowClient(trained.tracking_uri).get_metric_history(trained.run_id, "val/regret")) == 8
+    artifacts = {a.path for a in MlflowClient(trained.tracking_uri).list_artifacts(trained.run_id)}
+    assert {"config.yaml", "summary.json", "checkpoint", "plots"} <= artifacts
+    plots = {a.path for a in MlflowClient(trained.tracking_uri).list_artifacts(trained.run_id, "plots")}
+    assert {"plots/chosen_actions.png", "plots/chosen_vs_oracle_throughput.png"} <= plots
+    assert run.info.status == "FINISHED"
+
+
+def test_baselines_are_their_own_runs(trained):
+    client = MlflowClient(trained.tracking_uri)
+    experiment = client.get_experiment(_run(trained).info.experiment_id)
+    children = client.search_runs([experiment.experiment_id],
+                                  filter_string=f"tags.`ddte.parent_run_id` = '{trained.run_id}'")
+    assert {r.data.tags["ddte.baseline"] for r in children} == {"ridge", "hgb"}
+    for r in children:
+        assert "test/ratio_vs_static" in r.data.metrics and "fit_seconds" in r.data.metrics
+    assert set(trained.baselines) == {"ridge", "hgb"}
+
+
+def test_summary_and_checkpoint(trained):
+    summary = json.loads(trained.summary_path.read_text())
+    assert trained.summary_path.parent == trained.checkpoint_path.parent
+    assert summary["run_id"] == trained.run_id and summary["verifier"] == "specinfer"
+    assert summary["test"]["ratio_vs_static"] == trained.metrics["ratio_vs_static"]
+    ckpt = torch.load(trained.checkpoint_path, map_location="cpu", weights_only=True)
+    assert ckpt["ddte"]["run_id"] == trained.run_id and ckpt["ddte"]["decision"] == "argmax"
+    table = format_summary(trained)
+    assert trained.run_id in table and "| mean |" in table
+
+
+def test_relative_sqlite_uri_is_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert resolve_tracking_uri(None) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert resolve_tracking_uri(None) == "http://127.0.0.1:5000"
+
+
+@pytest.fixture(scope="module")
+def trained_be_gbv(synthetic_dir, tracking_uri, tmp_path_factory):
+    """The other objective on the verifier with NaN labels (gbv on delayed trees), 3 epochs."""
+    from selector.train import train_selector
+
+    out = tmp_path_factory.mktemp("runs-be")
+    return train_selector(TINY_CONFIG, [f"data.data_dir={synthetic_dir}", f"run.output_dir={out}",
+                                        f"run.tracking_uri={tracking_uri}", "data.verifier=gbv",
+                                        "model.objective=be", "trainer.max_epochs=3"], verbose=False)
+
+
+def test_be_objective_on_gbv_never_picks_unlabelled_actions(trained_be_gbv, tmp_path):
+    from selector.export import export_selector, load_selector, random_inputs
+    from selector.model import INVALID_SCORE
+
+    # offline_metrics raises on a NaN action, so finished test metrics mean no unlabelled action was chosen
+    assert trained_be_gbv.summary["verifier"] == "gbv" and trained_be_gbv.summary["decision"] == "throughput"
+    plots = {a.path for a in MlflowClient(trained_be_gbv.tracking_uri).list_artifacts(trained_be_gbv.run_id, "plots")}
+    assert "plots/predicted_vs_true_be.png" in plots
+    result = export_selector(trained_be_gbv.checkpoint_path, tmp_path / "gbv.onnx", log_mlflow=False)
+    assert result.metadata["ddte.decision"] == "throughput" and result.metadata["ddte.verifier"] == "gbv"
+    assert result.metadata["ddte.output"] == "expected_block_efficiency"
+    assert float(result.metadata["ddte.invalid_score"]) == INVALID_SCORE
+    module = load_selector(trained_be_gbv.checkpoint_path)
+    actions = module.ddte_info["actions"]
+    delayed = [i for i, a in enumerate(actions) if a[0] != "1" and all(int(v) > 0 for v in a.split(","))]
+    import onnxruntime as ort
+
+    scores = ort.InferenceSession(str(result.path), providers=["CPUExecutionProvider"]) \
+        .run(["scores"], random_inputs(module, 4))[0]
+    assert (scores[:, delayed] == INVALID_SCORE).all()
+
+
+def test_config_may_be_a_dict(tmp_path):
+    import contextlib
+
+    import yaml
+
+    from selector.train import _resolve_config, build_cli_args
+
+    config = yaml.safe_load(TINY_CONFIG.read_text())
+    with contextlib.ExitStack() as stack:
+        path = _resolve_config(config, stack)
+        assert yaml.safe_load(path.read_text()) == config
+        assert build_cli_args(path, ["model.lr=0.1"])[-1] == "--model.lr=0.1"
+    assert not path.exists()  # the temporary YAML lives only as long as the call
