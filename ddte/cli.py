@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("data_gen.analyze", "per-depth acceptance and p/q distance, best static action, from a data set"),
     "train": ("selector.train", "train a selector on a collected data set (Lightning, tracked in MLflow)"),
     "export": ("selector.export", "export a trained selector to one ONNX file with metadata and a parity check"),
+    "pipeline": ("ddte.pipeline", "the main job: collect -> train -> export -> bench on held-out prompts"),
 }
 
 

@@ -6,10 +6,13 @@ Methods:
   VERIFIER@K,L1,L2        ddte with a static delayed tree, e.g. traversal@2,2,4
   VERIFIER@adaptive       ddte with HF's +2/-1 draft-length schedule on a single path
   VERIFIER@entropy        ddte with the entropy stop rule on a single path of up to 8 tokens
+  VERIFIER@selector=FILE  ddte with a trained selector (ddte export) choosing the tree at every step
 
 Each method first runs one warm-up prompt. Then every prompt runs `--repeats` times with fixed seeds
 (seed + repeat). Tokens/s is total new tokens over total wall time, prefill included. Prompts default to
-the held-out stdlib modules of the prompt builder (never seen in training).
+the held-out stdlib modules of the prompt builder (never seen in training). Several --temperature values give
+one block of rows per temperature. Selector rows also report the median network call (µs) and the share of
+wall time spent in the selector (features + call).
 
 Example:
   ddte bench --num-prompts 20 --max-new-tokens 128 --methods ar hf-assisted traversal@2,2,4 --output bench.json
@@ -28,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from ddte.cli import UserError
-from decode.cli import add_pair_arguments, load_pair_from_args, make_named_policy
+from decode.cli import add_pair_arguments, load_pair_from_args, make_named_policy, make_selector_policy
 from decode.drafting import Action
 from decode.engine import SpeculativeDecoder, check_action
 from decode.pair import LoadedPair
@@ -49,12 +52,15 @@ DEFAULT_METHODS = [
 class MethodResult:
     method: str
     stats: GenerationStats
+    temperature: float = 1.0
+    selector_call_us: float | None = None
 
     def row(self, ar_tps: float | None) -> dict:
         s = self.stats
         forwards = s.seconds["draft"] + s.seconds["target"] + s.seconds["prefill"]
         return {
             "method": self.method,
+            "temperature": self.temperature,
             "tokens_per_s": s.tokens_per_second,
             "speedup": s.tokens_per_second / ar_tps if ar_tps else None,
             "block_efficiency": s.block_efficiency if s.steps else None,
@@ -64,6 +70,8 @@ class MethodResult:
             "outside_forwards_share": (1 - forwards / s.wall_seconds) if s.steps and s.wall_seconds else None,
             "seconds": dict(s.seconds),
             "action_histogram": {str(k): v for k, v in s.action_counts.items()},
+            "selector_call_us_median": self.selector_call_us,
+            "policy_share": s.seconds["policy"] / s.wall_seconds if s.steps and s.wall_seconds else None,
         }
 
 
@@ -78,7 +86,10 @@ def parse_method(text: str) -> tuple[str, str | None]:
         verifier = get_verifier(name)
     except KeyError as err:
         raise UserError(err.args[0]) from err
-    if spec not in ("adaptive", "entropy"):
+    if spec.startswith("selector="):
+        if not os.path.isfile(spec.split("=", 1)[1]):
+            raise UserError(f"bad method '{text}': selector file {spec.split('=', 1)[1]!r} does not exist")
+    elif spec not in ("adaptive", "entropy"):
         try:
             check_action(verifier, Action.parse(spec))
         except ValueError as err:
@@ -103,25 +114,32 @@ def run_hf(pair: LoadedPair, ids: list[int], max_new: int, sampling: SamplingCon
 def bench_method(method, pair, prompts, args, sampling) -> MethodResult:
     kind, spec = parse_method(method)
     total = GenerationStats()
-    decoder = None
+    decoder, selector = None, None
     if kind not in ("ar", "hf-assisted"):
         decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(kind), sampling, pair.eos_token_id)
+    if spec and spec.startswith("selector="):
+        selector = make_selector_policy(spec.split("=", 1)[1], kind, pair, args)
 
     def one(ids: list[int], seed: int) -> GenerationStats:
         if decoder is None:
             new, seconds = run_hf(pair, ids, args.max_new_tokens, sampling, seed, assisted=kind == "hf-assisted")
             return GenerationStats(new_tokens=new, wall_seconds=seconds)
-        if spec in ("adaptive", "entropy"):
+        if selector is not None:
+            policy = selector
+        elif spec in ("adaptive", "entropy"):
             policy = make_named_policy(spec, Action(1, 1, 0))
         else:
             policy = StaticPolicy(Action.parse(spec))
         return decoder.generate(ids, args.max_new_tokens, policy, TorchRandom(seed)).stats
 
     one(prompts[0], args.seed)  # warm-up
-    for i, ids in enumerate(tqdm(prompts, desc=method, unit="prompt", leave=False)):
+    if selector is not None:
+        selector.call_seconds.clear()
+    for i, ids in enumerate(tqdm(prompts, desc=f"{method} T={sampling.temperature}", unit="prompt", leave=False)):
         for r in range(args.repeats):
             total.merge(one(ids, args.seed + 1000 * r + i))
-    return MethodResult(method, total)
+    call_us = selector.median_call_us() if selector is not None else None
+    return MethodResult(method, total, sampling.temperature, call_us)
 
 
 def encode_prompts(pair: LoadedPair, texts: list[str], max_new: int) -> list[list[int]]:
@@ -148,14 +166,16 @@ def format_table(rows: list[dict]) -> str:
         return "-" if x is None else format(x, fmt)
 
     lines = [
-        "| method | tokens/s | speedup vs ar | block efficiency | acceptance rate | outside forwards |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| T | method | tokens/s | speedup vs ar | block efficiency | acceptance rate | outside forwards "
+        "| selector call µs | policy share |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['method']} | {r['tokens_per_s']:.1f} | {num(r['speedup'], '.2f')}× | "
+            f"| {r.get('temperature', '-')} | {r['method']} | {r['tokens_per_s']:.1f} | {num(r['speedup'], '.2f')}× | "
             f"{num(r['block_efficiency'], '.2f')} | {num(r['acceptance_rate'], '.2f')} | "
-            f"{num(r['outside_forwards_share'], '.0%')} |"
+            f"{num(r['outside_forwards_share'], '.0%')} | {num(r.get('selector_call_us_median'), '.1f')} | "
+            f"{num(r.get('policy_share'), '.1%')} |"
         )
     return "\n".join(lines)
 
@@ -178,7 +198,8 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.2))
-    ax.barh([r["method"] for r in rows][::-1], [r["tokens_per_s"] for r in rows][::-1], color="#4c72b0")
+    labels = [f"{r['method']} T={r.get('temperature', '')}" for r in rows]
+    ax.barh(labels[::-1], [r["tokens_per_s"] for r in rows][::-1], color="#4c72b0")
     ax.set_xlabel("tokens/s")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
@@ -196,7 +217,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=1, help="runs per prompt (different seeds)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--temperature", type=float, nargs="+", default=[1.0], help="one or more temperatures")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
@@ -208,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     if args.num_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
         raise UserError("--num-prompts, --repeats and --max-new-tokens must be >= 1")
     try:
-        sampling = SamplingConfig(args.temperature, args.top_p)
+        samplings = [SamplingConfig(t, args.top_p) for t in args.temperature]
     except ValueError as err:
         raise UserError(str(err)) from err
     for method in args.methods:
@@ -220,13 +241,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UserError(str(err)) from err
     prompts = encode_prompts(pair, load_bench_prompts(args), args.max_new_tokens)
-    results = [bench_method(m, pair, prompts, args, sampling) for m in tqdm(args.methods, desc="methods")]
-    ar = next((r.stats.tokens_per_second for r in results if r.method == "ar"), None)
-    rows = [r.row(ar) for r in results]
-    title = (
-        f"{len(prompts)} prompts x {args.repeats}, {args.max_new_tokens} new tokens, "
-        f"T={args.temperature}, top-p={args.top_p}"
-    )
+    rows = []
+    for sampling in samplings:
+        results = [bench_method(m, pair, prompts, args, sampling) for m in tqdm(args.methods, desc="methods")]
+        ar = next((r.stats.tokens_per_second for r in results if r.method == "ar"), None)
+        rows.extend(r.row(ar) for r in results)
+    temps = ", ".join(f"{t:g}" for t in args.temperature)
+    title = f"{len(prompts)} prompts x {args.repeats}, {args.max_new_tokens} new tokens, T={temps}, top-p={args.top_p}"
     print(title)
     print(format_table(rows))
     if args.output:

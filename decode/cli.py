@@ -48,6 +48,10 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
         "entropy stops a single path where the draft is unsure",
     )
     parser.add_argument("--entropy-threshold", type=float, default=2.0, help="entropy policy: stop above (nats)")
+    parser.add_argument(
+        "--selector", default=None, metavar="FILE.onnx",
+        help="a trained selector (ddte export) picks the tree at every step; overrides --policy",
+    )
     parser.add_argument("--max-draft", type=int, default=8, help="adaptive/entropy policies: longest draft")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold in (0, 1] (default 1)")
@@ -86,6 +90,14 @@ def build_decoder(args: argparse.Namespace):
     except ValueError as err:
         raise UserError(str(err)) from err
 
+    if getattr(args, "selector", None):
+        selector = make_selector_policy(args.selector, verifier.name, pair, args)
+
+        def make_policy() -> Policy:
+            return selector  # stateless between steps: one onnxruntime session serves every sample
+
+        return pair, decoder, make_policy
+
     def make_policy() -> Policy:
         return make_named_policy(args.policy, action, args.max_draft, args.entropy_threshold)
 
@@ -95,6 +107,32 @@ def build_decoder(args: argparse.Namespace):
         raise UserError(str(err)) from err
 
     return pair, decoder, make_policy
+
+
+def pair_paths_from_args(args: argparse.Namespace) -> dict[str, str | None]:
+    """target/draft/tokenizer directories named by --pair or --target/--draft/--tokenizer."""
+    if args.pair:
+        paths = read_pair_config(args.pair)
+        tokenizer = args.tokenizer or paths.get("tokenizer")
+        return {"target": paths["target"], "draft": paths["draft"], "tokenizer": tokenizer}
+    return {"target": args.target, "draft": args.draft, "tokenizer": args.tokenizer}
+
+
+def make_selector_policy(path: str, verifier: str, pair, args: argparse.Namespace):
+    """An OnnxSelectorPolicy checked against this pair (hidden sizes, fingerprint) and verifier; UserError if not."""
+    from decode.pair import pair_fingerprint
+    from decode.selector_policy import OnnxSelectorPolicy, SelectorError
+
+    paths = pair_paths_from_args(args)
+    try:
+        return OnnxSelectorPolicy(
+            path, verifier=verifier,
+            target_hidden=int(pair.target.config.hidden_size), draft_hidden=int(pair.draft.config.hidden_size),
+            pair_fingerprint=pair_fingerprint(paths["target"], paths["draft"], paths["tokenizer"]),
+            use_cuda=pair.target.device.type == "cuda",
+        )
+    except SelectorError as err:
+        raise UserError(str(err)) from err
 
 
 def load_pair_from_args(args: argparse.Namespace):
@@ -172,8 +210,9 @@ def _print_sample(record: dict) -> None:
 def _summary(stats: GenerationStats, args: argparse.Namespace) -> str:
     split = ", ".join(f"{k} {v / max(stats.wall_seconds, 1e-12):.0%}" for k, v in stats.seconds.items())
     return (
-        f"verifier {args.verifier}, policy {args.policy}"
-        + (f" {args.action}" if args.policy == "static" else "")
+        f"verifier {args.verifier}, policy "
+        + (f"selector {args.selector}" if args.selector else args.policy)
+        + (f" {args.action}" if args.policy == "static" and not args.selector else "")
         + f", T={args.temperature}, top-p={args.top_p}: {stats.new_tokens} tokens in {stats.steps} target passes, "
         f"block efficiency {stats.block_efficiency:.2f}, acceptance rate {stats.acceptance_rate:.2f}, "
         f"{stats.tokens_per_second:.1f} tokens/s (time: {split})"

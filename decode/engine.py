@@ -120,7 +120,7 @@ class SpeculativeDecoder:
         clock.lap("draft")
         room = min(self.context_limit - context_length - 1, budget - 1)
         features = self._root_features(q_root, context_length) if self.features else None
-        action = policy.choose(RootState(context_length, q_root, room, features)).clipped(max(room, 0))
+        action = policy.choose(RootState(context_length, q_root, room, features, self.latency)).clipped(max(room, 0))
         clock.lap("policy")
         drafted = draft_delayed_tree(
             self.draft, q_root, action, self.sampling, rng, self.without_replacement, output_hidden=self.features

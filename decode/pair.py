@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,26 @@ def read_pair_config(path: str | Path) -> dict[str, str]:
         raise ValueError(f"pair config {str(path)!r} needs keys target and draft (and optionally tokenizer)")
     base = next((p.parent for p in path.resolve().parents if p.name == "configs"), path.resolve().parent)
     return {k: str(v if Path(v).is_absolute() else base / v) for k, v in data.items() if v is not None}
+
+
+def pair_fingerprint(target: str | Path, draft: str | Path, tokenizer: str | Path | None = None) -> str:
+    """sha256 over both models' config.json and the tokenizer's tokenizer.json (design.md: the pair fingerprint).
+
+    The tokenizer is looked up like :func:`load_pair` does when not given.
+    """
+    target, draft = Path(target), Path(draft)
+    if tokenizer is None:
+        found = [d for d in (target, target.parent / "tokenizer") if (d / "tokenizer.json").is_file()]
+        tokenizer = found[0] if found else None
+    files = [target / "config.json", draft / "config.json"]
+    if tokenizer is not None:
+        files.append(Path(tokenizer) / "tokenizer.json")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def _find_tokenizer(target: Path, explicit: str | Path | None):

@@ -24,12 +24,14 @@ class RootState:
         q_root: ``(V,)`` the draft's distribution after the root.
         max_depth: the deepest tree that still fits the context window and the token budget.
         features: the root feature vector (decode.features), when the decoder computes it.
+        latency: the decoder's latency table (decode.latency), when it has one.
     """
 
     context_length: int
     q_root: torch.Tensor
     max_depth: int
     features: object | None = None
+    latency: object | None = None
 
 
 @dataclass

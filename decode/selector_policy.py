@@ -1,0 +1,159 @@
+"""The neural selector at decode time: an exported ``.onnx`` selector picks the delayed tree at every root.
+
+The file's metadata (docs/selector.md) is checked against the pair and the feature schema before any decoding:
+a selector trained for another pair, verifier, feature order or hidden size is refused with a clear error. Each
+step the decoder computes the root features (decode.features, the same code data_gen ran) and the policy runs
+the network once through onnxruntime: the action is the argmax of the scores (``policy`` selectors) or of the
+predicted Ê[τ+1] over the latency model's step time T̂ (``be`` selectors).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from decode.drafting import Action
+from decode.features import SCALAR_NAMES
+from decode.policies import RootState, StepOutcome
+
+SUPPORTED_SCHEMA = "1"
+INPUT_NAMES = ("target_hidden_prev", "draft_hidden_prev", "draft_hidden_root", "scalars")
+
+
+class SelectorError(ValueError):
+    """The selector file cannot be used (unreadable, or it does not match the pair or the feature schema)."""
+
+
+def read_selector_metadata(path: str | Path) -> dict[str, str]:
+    """The ``ddte.*`` metadata of a selector file, without building a session."""
+    session = _session(path, ["CPUExecutionProvider"])
+    return dict(session.get_modelmeta().custom_metadata_map)
+
+
+def _session(path: str | Path, providers: list[str]):
+    import onnxruntime as ort
+
+    path = Path(path)
+    if not path.is_file():
+        raise SelectorError(f"selector file {str(path)!r} does not exist")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # a per-step call on a tiny MLP: threads only add wake-up latency
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), options, providers=providers)
+    except Exception as err:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...) for a bad file
+        raise SelectorError(f"{path}: not a readable ONNX selector ({type(err).__name__}: {err})") from err
+
+
+class OnnxSelectorPolicy:
+    """Chooses (K, L1, L2) per step from the root features with an exported selector.
+
+    Attributes:
+        actions: the selector's action list (its output order).
+        call_seconds: wall time of every network call (for the benchmark's overhead figures).
+        provider: the onnxruntime execution provider actually in use.
+    """
+
+    name = "selector"
+    wants_features = True
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        verifier: str,
+        target_hidden: int,
+        draft_hidden: int,
+        pair_fingerprint: str | None = None,
+        use_cuda: bool = False,
+    ) -> None:
+        import onnxruntime as ort
+
+        providers = ["CPUExecutionProvider"]
+        if use_cuda and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, "CUDAExecutionProvider")
+        self.session = _session(path, providers)
+        self.provider = self.session.get_providers()[0]
+        self.path = Path(path)
+        meta = dict(self.session.get_modelmeta().custom_metadata_map)
+        self.metadata = meta
+        self.actions = _check_metadata(meta, self.path, verifier, target_hidden, draft_hidden, pair_fingerprint)
+        self.decision = meta["ddte.decision"]
+        self.invalid = float(meta.get("ddte.invalid_score", "-1e9"))
+        self.call_seconds: list[float] = []
+        names = [i.name for i in self.session.get_inputs()]
+        if sorted(names) != sorted(INPUT_NAMES):
+            raise SelectorError(f"{self.path}: inputs {names}, expected {list(INPUT_NAMES)}")
+
+    def scores(self, features) -> np.ndarray:
+        """``(A,)`` scores of one root's features."""
+        feeds = {
+            "target_hidden_prev": features.target_hidden_prev.numpy()[None].astype(np.float32, copy=False),
+            "draft_hidden_prev": features.draft_hidden_prev.numpy()[None].astype(np.float32, copy=False),
+            "draft_hidden_root": features.draft_hidden_root.numpy()[None].astype(np.float32, copy=False),
+            "scalars": features.scalars.numpy()[None].astype(np.float32, copy=False),
+        }
+        start = time.perf_counter()
+        out = self.session.run(None, feeds)[0][0]
+        self.call_seconds.append(time.perf_counter() - start)
+        return out
+
+    def choose(self, root: RootState) -> Action:
+        if root.features is None:
+            raise ValueError("the selector policy needs root features (the decoder computes them when asked)")
+        scores = self.scores(root.features).astype(np.float64)
+        valid = scores > self.invalid / 2
+        if self.decision == "throughput":
+            if root.latency is None:
+                raise ValueError("a 'throughput' selector needs the decoder's latency table")
+            step = np.array([root.latency.step_ms(root.context_length, a) for a in self.actions])
+            scores = scores / step
+        scores = np.where(valid, scores, -np.inf)
+        return self.actions[int(np.argmax(scores))]
+
+    def observe(self, outcome: StepOutcome) -> None:
+        pass
+
+    def median_call_us(self) -> float | None:
+        return 1e6 * statistics.median(self.call_seconds) if self.call_seconds else None
+
+
+def _check_metadata(
+    meta: dict[str, str], path: Path, verifier: str, target_hidden: int, draft_hidden: int, fingerprint: str | None
+) -> list[Action]:
+    """Validate a selector's metadata against this decoder; returns its actions."""
+    required = ["ddte.schema_version", "ddte.actions", "ddte.scalar_names", "ddte.hidden_sizes", "ddte.verifier",
+                "ddte.decision"]
+    missing = [k for k in required if k not in meta]
+    if missing:
+        raise SelectorError(f"{path}: not a ddte selector (metadata lacks {', '.join(missing)})")
+    if meta["ddte.schema_version"] != SUPPORTED_SCHEMA:
+        version = meta["ddte.schema_version"]
+        raise SelectorError(f"{path}: feature schema {version}, this decoder has {SUPPORTED_SCHEMA}")
+    names = json.loads(meta["ddte.scalar_names"])
+    if names != list(SCALAR_NAMES):
+        raise SelectorError(f"{path}: scalar features {names} differ from this decoder's {list(SCALAR_NAMES)}")
+    sizes = json.loads(meta["ddte.hidden_sizes"])
+    want = {"target_hidden_prev": target_hidden, "draft_hidden_prev": draft_hidden, "draft_hidden_root": draft_hidden}
+    if sizes != want:
+        raise SelectorError(f"{path}: trained on hidden sizes {sizes}, but this pair has {want}")
+    if meta["ddte.verifier"] != verifier:
+        raise SelectorError(
+            f"{path}: trained for verifier '{meta['ddte.verifier']}', not '{verifier}' (one selector per verifier)"
+        )
+    stored = meta.get("ddte.pair_fingerprint", "")
+    if fingerprint is not None and stored and stored != fingerprint:
+        raise SelectorError(
+            f"{path}: trained on another pair (fingerprint {stored[:12]}…, this pair {fingerprint[:12]}…)"
+        )
+    if meta["ddte.decision"] not in ("argmax", "throughput"):
+        raise SelectorError(f"{path}: unknown decision rule {meta['ddte.decision']!r}")
+    try:
+        return [Action.parse(a) for a in json.loads(meta["ddte.actions"])]
+    except ValueError as err:
+        raise SelectorError(f"{path}: bad action list ({err})") from err
