@@ -1,0 +1,121 @@
+"""The ONNX selector at decode time: it is refused when its metadata does not match, fails cleanly on a broken
+file, and keeps the decoding loop lossless (χ² on the first two tokens, as tests/engine/test_lossless.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from decode.engine import SpeculativeDecoder
+from decode.models import CachedLM
+from decode.rng import TorchRandom
+from decode.sampling import SamplingConfig
+from decode.selector_policy import OnnxSelectorPolicy, SelectorError
+from decode.verifiers import get_verifier
+from tests.engine.test_lossless import P_VALUE, PROMPT, SAMPLES, chi2_p_value, exact_first_two
+from tests.engine.tiny import tiny_llama
+
+TINY_TRAIN = Path(__file__).resolve().parents[2] / "configs" / "train" / "tiny.yaml"
+HIDDEN = 32  # tiny_llama's hidden size, for both models
+
+
+@pytest.fixture(scope="module")
+def selector_file(tmp_path_factory) -> Path:
+    """A small selector trained on synthetic data with the tiny models' hidden sizes, exported to ONNX."""
+    from selector.export import export_selector
+    from selector.synthetic import write_synthetic_dataset
+    from selector.train import train_selector
+
+    root = tmp_path_factory.mktemp("selector")
+    data = write_synthetic_dataset(root / "data", n_prompts=10, roots_per_prompt=6, seed=1,
+                                   verifiers=("specinfer",), k_max=4, l_max=2, hidden=(HIDDEN, HIDDEN))
+    result = train_selector(TINY_TRAIN, [f"data.data_dir={data}", f"run.output_dir={root / 'runs'}",
+                                         f"run.tracking_uri=sqlite:///{root / 'mlflow.db'}",
+                                         "trainer.max_epochs=2"], verbose=False)
+    return export_selector(result.checkpoint_path, root / "specinfer.onnx", log_mlflow=False).path
+
+
+def _policy(path, **changes):
+    kwargs = {"verifier": "specinfer", "target_hidden": HIDDEN, "draft_hidden": HIDDEN} | changes
+    return OnnxSelectorPolicy(path, **kwargs)
+
+
+def _with_metadata(path: Path, out: Path, key: str, value: str) -> Path:
+    model = onnx.load(str(path))
+    for prop in model.metadata_props:
+        if prop.key == key:
+            prop.value = value
+    onnx.save(model, str(out))
+    return out
+
+
+def test_selector_loads_and_reports_its_provider(selector_file):
+    policy = _policy(selector_file)
+    assert policy.provider == "CPUExecutionProvider"
+    assert len(policy.actions) == 4 * 3 * 3
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"verifier": "traversal"}, "trained for verifier 'specinfer'"),
+        ({"target_hidden": 64}, "hidden sizes"),
+        ({"pair_fingerprint": "f" * 64}, "another pair"),
+    ],
+)
+def test_mismatched_selector_is_refused(selector_file, changes, message):
+    with pytest.raises(SelectorError, match=message):
+        _policy(selector_file, **changes)
+
+
+def test_other_feature_schema_is_refused(selector_file, tmp_path):
+    names = json.dumps(["entropy_p_prev", "something_else"])
+    odd = _with_metadata(selector_file, tmp_path / "odd.onnx", "ddte.scalar_names", names)
+    with pytest.raises(SelectorError, match="scalar features"):
+        _policy(odd)
+    old = _with_metadata(selector_file, tmp_path / "old.onnx", "ddte.schema_version", "0")
+    with pytest.raises(SelectorError, match="feature schema 0"):
+        _policy(old)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "missing"])
+def test_broken_file_gives_a_clear_error(selector_file, tmp_path, damage):
+    bad = tmp_path / "bad.onnx"
+    data = selector_file.read_bytes()
+    if damage == "truncate":
+        bad.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        bad.write_bytes(b"not an onnx file at all")
+    with pytest.raises(SelectorError, match="bad.onnx"):
+        _policy(bad)
+
+
+def test_generate_cli_refuses_a_broken_selector(tmp_path, capsys):
+    from ddte.cli import main
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x01garbage")
+    code = main(["generate", "--prompt-ids", "1,400,12", "--max-new-tokens", "4", "--selector", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2 and "bad.onnx" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["specinfer", "traversal"])
+def test_loop_with_the_selector_is_lossless(selector_file, name):
+    target = tiny_llama(seed=11, vocab=8, layers=2, logit_scale=6.0)
+    draft = tiny_llama(seed=12, vocab=8, layers=1, logit_scale=6.0)
+    sampling = SamplingConfig(1.0)
+    policy = _policy(selector_file, verifier="specinfer")
+    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft), get_verifier(name), sampling)
+    counts: dict[tuple[int, int], int] = {}
+    chosen = set()
+    for seed in range(SAMPLES):
+        gen = decoder.generate(PROMPT, 2, policy, TorchRandom(seed))
+        counts[tuple(gen.tokens)] = counts.get(tuple(gen.tokens), 0) + 1
+        chosen.update(gen.stats.action_counts)
+    assert len(chosen) >= 2, "the selector must vary its choice for this test to mean more than a static one"
+    p_value = chi2_p_value(exact_first_two(target, sampling), counts)
+    assert p_value > P_VALUE, f"{name} + selector: χ² p = {p_value:.2e}"
