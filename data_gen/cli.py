@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import platform
 import queue as queue_module
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -29,7 +30,6 @@ from data_gen.config import CollectConfig, config_to_dict, load_collect_config
 from data_gen.schema import SCALAR_NAMES, SCHEMA_VERSION, acceptance_column, action_grid, action_key, label_column
 from data_gen.store import (
     check_same_collection,
-    fingerprint_files,
     list_shards,
     read_metadata,
     remove_stale_temporaries,
@@ -247,10 +247,9 @@ def _metadata(config: CollectConfig, pair: _Pair, verifiers: list[str]) -> dict:
     from ddte import __version__
 
     latency = _measure_latency(config, pair)
+    from decode.pair import pair_fingerprint
+
     paths = {k: Path(v) for k, v in pair.paths.items()}
-    files = [paths["target"] / "config.json", paths["draft"] / "config.json"]
-    if "tokenizer" in paths:
-        files.append(paths["tokenizer"] / "tokenizer.json")
     device = pair.target.device
     return {
         "schema_version": SCHEMA_VERSION,
@@ -267,7 +266,7 @@ def _metadata(config: CollectConfig, pair: _Pair, verifiers: list[str]) -> dict:
             "draft_hidden_root": int(pair.draft.config.hidden_size),
         },
         "pair": {
-            "fingerprint": fingerprint_files(files),
+            "fingerprint": pair_fingerprint(paths["target"], paths["draft"], paths.get("tokenizer")),
             "target": str(paths["target"]),
             "draft": str(paths["draft"]),
             "vocab_size": int(pair.target.vocab_size),
@@ -372,6 +371,8 @@ def _run_processes(plan: WorkPlan, bar) -> int:
     for proc in procs:
         proc.start()
     done, finished, errors = 0, set(), []
+    clean = False
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a killed parent must take its workers down
     try:
         while len(finished) < n:
             try:
@@ -391,14 +392,20 @@ def _run_processes(plan: WorkPlan, bar) -> int:
                 finished.add(value[0])
             else:
                 finished.add(value)
+        clean = not errors
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for proc in procs:
-            if errors and proc.is_alive():
+            if not clean and proc.is_alive():
                 proc.terminate()
             proc.join(timeout=30)
     if errors:
         raise UserError(f"a worker failed: {errors[0]}")
     return done
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _worker_main(plan: WorkPlan, index: int, count: int, queue) -> None:

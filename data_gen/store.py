@@ -6,7 +6,6 @@ folder and renamed, so a shard on disk is always complete; ``--resume`` skips th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -101,13 +100,3 @@ def check_same_collection(existing: dict, config: dict) -> None:
             f"the output folder holds a collection made with a different config (differs in: {', '.join(diff)}); "
             "use another --output, or the same config to resume"
         )
-
-
-def fingerprint_files(paths: list[Path]) -> str:
-    """sha256 over the named files' bytes (missing files count as empty, by name)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.name.encode())
-        if path.is_file():
-            digest.update(path.read_bytes())
-    return digest.hexdigest()

@@ -86,6 +86,7 @@ class OnnxSelectorPolicy:
         self.decision = meta["ddte.decision"]
         self.invalid = float(meta.get("ddte.invalid_score", "-1e9"))
         self.call_seconds: list[float] = []
+        self._step_cache: dict[tuple[int, int], np.ndarray] = {}
         names = [i.name for i in self.session.get_inputs()]
         if sorted(names) != sorted(INPUT_NAMES):
             raise SelectorError(f"{self.path}: inputs {names}, expected {list(INPUT_NAMES)}")
@@ -111,13 +112,19 @@ class OnnxSelectorPolicy:
         if self.decision == "throughput":
             if root.latency is None:
                 raise ValueError("a 'throughput' selector needs the decoder's latency table")
-            step = np.array([root.latency.step_ms(root.context_length, a) for a in self.actions])
-            scores = scores / step
+            scores = scores / self._step_ms(root.latency, root.context_length)
         scores = np.where(valid, scores, -np.inf)
         return self.actions[int(np.argmax(scores))]
 
     def observe(self, outcome: StepOutcome) -> None:
         pass
+
+    def _step_ms(self, latency, context_length: int) -> np.ndarray:
+        """T̂ of every action at this context length, cached per (table, length): one table serves many steps."""
+        key = (id(latency), context_length)
+        if key not in self._step_cache:
+            self._step_cache[key] = np.array([latency.step_ms(context_length, a) for a in self.actions])
+        return self._step_cache[key]
 
     def median_call_us(self) -> float | None:
         return 1e6 * statistics.median(self.call_seconds) if self.call_seconds else None
