@@ -120,10 +120,14 @@ class OnnxSelectorPolicy:
         pass
 
     def _step_ms(self, latency, context_length: int) -> np.ndarray:
-        """T̂ of every action at this context length, cached per (table, length): one table serves many steps."""
-        key = (id(latency), context_length)
+        """T̂ of every action near this context length, cached per (table, 16-token bucket).
+
+        T̂ moves slowly with the length, and 324 evaluations of Eq. 11 per step would cost more than the network.
+        """
+        bucket = context_length // 16 * 16
+        key = (id(latency), bucket)
         if key not in self._step_cache:
-            self._step_cache[key] = np.array([latency.step_ms(context_length, a) for a in self.actions])
+            self._step_cache[key] = np.array([latency.step_ms(bucket, a) for a in self.actions])
         return self._step_cache[key]
 
     def median_call_us(self) -> float | None:
