@@ -47,10 +47,16 @@ def load_columns(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
     return metadata, columns
 
 
-def best_static(be: np.ndarray, step_ms: np.ndarray) -> tuple[int, float]:
-    """Index and throughput (tokens/ms) of the action with the highest Σ be / Σ step_ms; NaN actions excluded."""
+def static_throughput(be: np.ndarray, step_ms: np.ndarray) -> np.ndarray:
+    """``(A,)`` stream throughput Σ be / Σ step_ms (tokens/ms) of each action used at every root ``(N, A)``;
+    -inf for actions without a label on some root (a static shape must be usable at every step)."""
     valid = ~np.isnan(be).any(axis=0)
-    throughput = np.where(valid, np.nansum(be, axis=0) / step_ms.sum(axis=0), -np.inf)
+    return np.where(valid, np.nansum(be, axis=0) / step_ms.sum(axis=0), -np.inf)
+
+
+def best_static(be: np.ndarray, step_ms: np.ndarray) -> tuple[int, float]:
+    """Index and throughput (tokens/ms) of the best static action."""
+    throughput = static_throughput(be, step_ms)
     best = int(np.argmax(throughput))
     return best, float(throughput[best])
 

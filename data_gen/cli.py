@@ -109,8 +109,12 @@ def collect(
     texts = _load_prompt_texts(config)
     prompts = _tokenize(pair, texts, config)
     metadata = _metadata(config, pair, verifier_names)
-    metadata = write_metadata_once(out, metadata)
-    check_same_collection(metadata, config_to_dict(config)) if resume else None
+    metadata = write_metadata_once(out, metadata)  # the one on disk wins: its latency table labels every shard
+    try:
+        # dataset.json may predate this call (resume, another --shard worker, an emptied folder): it must match
+        check_same_collection(metadata, config_to_dict(config))
+    except ValueError as err:
+        raise UserError(str(err)) from err
     mine = [i for i in range(len(prompts)) if i % num_shards == shard]
     chunks = [mine[j : j + config.prompts_per_shard] for j in range(0, len(mine), config.prompts_per_shard)]
     todo = [c for c, _ in enumerate(chunks) if not shard_path(out, shard, num_shards, c).exists()]
@@ -149,21 +153,21 @@ def _check_verifiers(names: list[str]) -> list[str]:
     return out
 
 
-def _load_pair(config: CollectConfig, device: str | None = None):
+def _load_pair(config: CollectConfig):
     """Both models as CachedLMs in the config's device/dtype, the tokenizer and the pair's paths."""
     import torch
 
     from decode.models import CachedLM, check_same_vocab, load_causal_lm
-    from decode.pair import _find_tokenizer, read_pair_config, resolve_device
+    from decode.pair import find_tokenizer, read_pair_config, resolve_device
 
     try:
         paths = read_pair_config(config.pair)
-        dev = resolve_device(device or config.device)
+        dev = resolve_device(config.device)
         dtype = _dtype(config.dtype, dev)
         target = CachedLM(load_causal_lm(paths["target"], dev, dtype), dev, dtype)
         draft = CachedLM(load_causal_lm(paths["draft"], dev, dtype), dev, dtype)
         check_same_vocab(target.config, draft.config)
-        tokenizer = _find_tokenizer(Path(paths["target"]), paths.get("tokenizer"))
+        tokenizer = find_tokenizer(Path(paths["target"]), paths.get("tokenizer"))
     except ValueError as err:
         raise UserError(f"pair: {err}") from err
     if tokenizer is None:

@@ -155,15 +155,14 @@ def static_candidates(data_dir: Path, verifier: str, count: int) -> list[str]:
     """The data set's best static actions for a verifier: the top ``count`` per sampling configuration."""
     import numpy as np
 
-    from data_gen.analyze import load_columns
+    from data_gen.analyze import load_columns, static_throughput
     from data_gen.schema import label_column
 
     metadata, columns = load_columns(data_dir)
     chosen: list[str] = []
     for s in range(len(metadata["sampling"])):
         rows = columns["sampling_index"] == s
-        be, step = columns[label_column(verifier)][rows], columns["step_ms"][rows]
-        throughput = np.where(np.isnan(be).any(0), -np.inf, be.sum(0) / step.sum(0))
+        throughput = static_throughput(columns[label_column(verifier)][rows], columns["step_ms"][rows])
         for index in np.argsort(-throughput)[:count]:
             if metadata["actions"][index] not in chosen:
                 chosen.append(metadata["actions"][index])

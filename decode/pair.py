@@ -49,7 +49,7 @@ def load_pair(
     dev = resolve_device(device)
     target_lm = CachedLM(load_causal_lm(target, device=dev), device=dev)
     draft_lm = CachedLM(load_causal_lm(draft, device=dev), device=dev)
-    tok = _find_tokenizer(Path(target), tokenizer)
+    tok = find_tokenizer(Path(target), tokenizer)
     eos = getattr(tok, "eos_token_id", None) if tok is not None else None
     if eos is None:
         eos = getattr(target_lm.config, "eos_token_id", None)
@@ -93,7 +93,7 @@ def pair_fingerprint(target: str | Path, draft: str | Path, tokenizer: str | Pat
     return digest.hexdigest()
 
 
-def _find_tokenizer(target: Path, explicit: str | Path | None):
+def find_tokenizer(target: Path, explicit: str | Path | None):
     from transformers import AutoTokenizer
 
     candidates = [Path(explicit)] if explicit else [target, target.parent / "tokenizer"]

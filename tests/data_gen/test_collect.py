@@ -209,3 +209,13 @@ def test_unwritable_output_fails_cleanly(tiny_pair, tmp_path, capsys):
     blocker.write_text("not a folder")
     code, err = _cli(_overrides(tiny_pair, blocker / "out"), capsys)
     assert code == 2 and "cannot write to the output folder" in err
+
+
+def test_a_different_config_in_the_same_folder_is_refused(tiny_pair, tmp_path, capsys):
+    out = tmp_path / "out"
+    collect(load_collect_config(None, _overrides(tiny_pair, out, verifiers="[specinfer]")), progress=False)
+    for shard in out.glob("shard-*.parquet"):
+        shard.unlink()  # an emptied folder still holds the old dataset.json
+    code, err = _cli(_overrides(tiny_pair, out, verifiers="[traversal]"), capsys)
+    assert code == 2 and "different config" in err and "verifiers" in err
+    assert not list(out.glob("shard-*"))
