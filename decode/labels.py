@@ -26,9 +26,12 @@ import numpy as np
 import torch
 
 from decode.drafting import Action
+from decode.label_traversal import NodeRows, UnionTraversal
 from decode.tree import ROOT, delayed_tree
 from decode.verifiers import Verifier
+from decode.verifiers.gbv import GreedyBlockVerifier, PathNode
 from decode.verifiers.ot import OTVerifier
+from decode.verifiers.traversal import TraversalVerifier
 
 # expand(nodes) -> (len(nodes), V) draft distributions after each node's prefix; the forest is passed too.
 Expand = Callable[["UnionForest", list[int]], torch.Tensor]
@@ -268,9 +271,21 @@ def _canonical(action: Action) -> tuple[int, int, int]:
 
 
 def _explicit_labels(verifier: Verifier, forest: UnionForest, p, q, actions: Sequence[Action]) -> np.ndarray:
-    """Exact expectation on each distinct action tree of each sample (NaN where unsupported), averaged."""
-    values: dict[tuple[int, int, int], float] = {}
-    for key in dict.fromkeys(_canonical(a) for a in actions):
+    """Exact expectation on each distinct action tree of each sample (NaN where unsupported), averaged.
+
+    Traversal and GBV themselves (not subclasses: the tests' negative controls override their hooks) share
+    work across the trees of a root: Traversal takes the scalar walk of :mod:`decode.label_traversal`, GBV
+    reuses its path nodes (order, q̃, BV sums). Any other verifier gets its own expectation on each tree.
+    """
+    keys = list(dict.fromkeys(_canonical(a) for a in actions))
+    if type(verifier) is TraversalVerifier:
+        rows = NodeRows(p.numpy(), q.numpy())
+        walks = [UnionTraversal(s.trunk, s.branches, forest.tokens, rows) for s in forest.samples]
+        values = {key: float(np.mean([w.expected(*key) for w in walks])) for key in keys}
+        return np.array([values[_canonical(a)] for a in actions])
+    steps: dict[tuple[int, float, float, int], PathNode] = {}
+    values = {}
+    for key in keys:
         total = 0.0
         for s in range(len(forest.samples)):
             tree, nodes = forest.action_tree(s, Action(*key))
@@ -278,6 +293,21 @@ def _explicit_labels(verifier: Verifier, forest: UnionForest, p, q, actions: Seq
                 total = float("nan")
                 break
             index = torch.tensor(nodes)
-            total += verifier.expected_block_efficiency(tree, p[index], q[index])
+            if type(verifier) is GreedyBlockVerifier:
+                total += verifier.expected_with_steps(tree, p[index], q[index], _step_cache(steps, nodes))
+            else:
+                total += verifier.expected_block_efficiency(tree, p[index], q[index])
         values[key] = total / len(forest.samples)
     return np.array([values[_canonical(a)] for a in actions])
+
+
+def _step_cache(steps: dict, nodes: list[int]):
+    """A GBV step factory that reuses path nodes by (forest node, masses, K) across trees."""
+
+    def make_step(u: int, p_u, q_u, mass_below: float, mass_here: float, k: int) -> PathNode:
+        key = (nodes[u], mass_below, mass_here, k)
+        if key not in steps:
+            steps[key] = PathNode(p_u, q_u, mass_below, mass_here, k)
+        return steps[key]
+
+    return make_step

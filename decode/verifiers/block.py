@@ -31,11 +31,16 @@ class BlockPlan:
         q_tok: the draft's probability of the same tokens (q̃ for GBV).
         rows: ``rows(i) -> (p_i, q_i)``, the full ``(V,)`` distributions after x_{<=i}, i = 0..L
             (q_L is never read).
+        slack: optional ``slack(i, w_i) -> S_i``, for callers that cache the sums across paths; by default
+            ``Σ_x (w_i p_i(x) - q_i(x))_+`` from ``rows(i)``.
     """
 
-    def __init__(self, p_tok: list[float], q_tok: list[float], rows: RowFn) -> None:
+    def __init__(
+        self, p_tok: list[float], q_tok: list[float], rows: RowFn, slack: Callable[[int, float], float] | None = None
+    ) -> None:
         self.length = len(p_tok)
         self.rows = rows
+        self.slack = slack or self._slack
         self.weights = [1.0]
         for p_x, q_x in zip(p_tok, q_tok, strict=True):
             ratio = p_x / q_x if q_x > 0.0 else (0.0 if p_x == 0.0 else float("inf"))
@@ -49,13 +54,16 @@ class BlockPlan:
             if i == self.length:
                 h = w_i
             else:
-                p_i, q_i = self.rows(i)
-                slack = float(residual(p_i, q_i, w_i).sum())
+                slack = self.slack(i, w_i)
                 denom = slack + (1.0 - w_i)
                 # 0/0 only when w_i = 1 and p = q there: every longer prefix is then accepted, so h_i = 1.
                 h = slack / denom if denom > 0.0 else 1.0
             self._accept[i] = h
         return self._accept[i]
+
+    def _slack(self, i: int, w_i: float) -> float:
+        p_i, q_i = self.rows(i)
+        return float(residual(p_i, q_i, w_i).sum())
 
     def sample(self, rng: RandomSource) -> tuple[int, int]:
         """Draw (τ, extra token): scan i = L..1 and stop at the first success; then bonus or BV's residual."""

@@ -14,6 +14,7 @@ children whose ratios lie within 1/255 of each other.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 
 import numpy as np
@@ -22,7 +23,7 @@ import torch
 from decode.tree import ROOT
 from decode.verifiers.base import register
 from decode.verifiers.block import BlockPlan, BlockVerifier
-from decode.verifiers.otlp import as_index
+from decode.verifiers.otlp import as_index, residual
 
 LEVELS = 256
 
@@ -61,6 +62,7 @@ class PathNode:
         self.denom = mass_here * power_difference(mass_below + mass_here, mass_below, k)
         self._q_tilde: torch.Tensor | None = None
         self._below: dict[int, float] = {}
+        self._slack: dict[float, float] = {}
 
     @cached_property
     def levels(self) -> torch.Tensor:
@@ -96,6 +98,21 @@ class PathNode:
         return self._q_tilde
 
 
+    def slack(self, w: float) -> float:
+        """BV's ``S = Σ_x (w·p(x) - q̃(x))_+`` at this node for the path weight ``w`` (cached per w)."""
+        if w not in self._slack:
+            self._slack[w] = float(residual(self.p, self.q_tilde(), w).sum())
+        return self._slack[w]
+
+
+StepFactory = Callable[[int, torch.Tensor, torch.Tensor, float, float, int], PathNode]
+
+
+def new_step(node: int, p_u: torch.Tensor, q_u: torch.Tensor, mass_below: float, mass_here: float, k: int):
+    """A fresh :class:`PathNode` (``node`` is unused; a caching factory keys on it)."""
+    return PathNode(p_u, q_u, mass_below, mass_here, k)
+
+
 _ID_CACHE: dict[int, torch.Tensor] = {}
 
 
@@ -114,6 +131,11 @@ class GreedyBlockVerifier(BlockVerifier):
     def supports(self, tree):
         return tree.is_root_paths
 
+    def expected_with_steps(self, tree, p, q, make_step: StepFactory) -> float:
+        """:meth:`expected_block_efficiency` with the path nodes built by ``make_step`` (for shared caches)."""
+        self.check_tree(tree)
+        return self._plan(tree, p, q, make_step)[1].expected()
+
     def select_child(self, children: list[int], tokens: list[int], keys: list[int]) -> int:
         """The child with the largest (key, token); ``keys[i]`` is the ratio level of ``tokens[i]``."""
         best = max(range(len(children)), key=lambda i: (keys[i], tokens[i]))
@@ -123,13 +145,15 @@ class GreedyBlockVerifier(BlockVerifier):
     def _levels(step: PathNode, tokens: list[int]) -> list[int]:
         return step.levels[as_index(tokens)].tolist()
 
-    def _plan(self, tree, p, q):
+    def _plan(self, tree, p, q, make_step: StepFactory = new_step):
+        """The chosen path and its BV plan. ``make_step`` builds each path node's :class:`PathNode` (the
+        collector passes one that reuses them across the trees of a root)."""
         k = tree.shape[0] if tree.shape is not None and tree.shape[2] > 0 else 1
         nodes, path = [ROOT], []
         mass_below, mass_here = 0.0, 1.0
         node = ROOT
         while tree.children[node]:
-            step = PathNode(p[node], q[node], mass_below, mass_here, k)
+            step = make_step(node, p[node], q[node], mass_below, mass_here, k)
             kids = list(tree.children[node])
             kid_tokens = [tree.tokens[v] for v in kids]
             child = kids[0] if len(kids) == 1 else self.select_child(kids, kid_tokens, self._levels(step, kid_tokens))
@@ -147,7 +171,10 @@ class GreedyBlockVerifier(BlockVerifier):
         def rows(i: int) -> tuple[torch.Tensor, torch.Tensor]:
             return p[nodes[i]], (path[i].q_tilde() if i < len(path) else q[nodes[i]])
 
-        return nodes, BlockPlan(p_tok, q_tok, rows)
+        def slack(i: int, w: float) -> float:
+            return path[i].slack(w)
+
+        return nodes, BlockPlan(p_tok, q_tok, rows, slack)
 
 
 register(GreedyBlockVerifier)

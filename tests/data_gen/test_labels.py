@@ -136,3 +136,50 @@ def test_unbiasedness_check_catches_a_biased_sampler(monkeypatch):
         draws.append(float(label_forest(forest, p, q, [verifier], [Action(3, 0, 2)]).be["specinfer"][0]))
     mean, se = float(np.mean(draws)), float(np.std(draws, ddof=1) / np.sqrt(len(draws)))
     assert abs(mean - exact) > 4 * se
+
+
+@pytest.mark.parametrize("name", ["traversal", "gbv"])
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_shared_work_labels_equal_the_verifiers_own_expectation(seed, sparse, name):
+    """Traversal's scalar walk (decode.label_traversal) and GBV's shared path nodes give each tree's own
+    expectation, also when the target gives drafted tokens probability 0 (weights of 0, early-outs)."""
+    pair = SyntheticPair(vocab=6 + seed, seed=seed, scale=2.0 + seed)
+    forest, p, q = _forest(pair, samples=3, k_max=4, l_max=4, seed=seed)
+    if sparse:
+        keep = torch.rand(p.shape, generator=torch.Generator().manual_seed(seed)) < 0.6
+        keep[:, 0] = True
+        p = p * keep
+        p = p / p.sum(-1, keepdim=True)
+    actions = action_grid(4, 4)
+    verifier = get_verifier(name)
+    reference = []
+    for a in actions:
+        per_sample = []
+        for s in range(len(forest.samples)):
+            tree, nodes = forest.action_tree(s, a)
+            index = torch.tensor(nodes)
+            ok = verifier.supports(tree)
+            per_sample.append(verifier.expected_block_efficiency(tree, p[index], q[index]) if ok else math.nan)
+        reference.append(np.mean(per_sample))
+    labels = _explicit_labels(verifier, forest, p, q, actions)
+    assert np.isfinite(labels).sum() > len(actions) // 3
+    np.testing.assert_allclose(labels, reference, rtol=0, atol=1e-12)
+
+
+def test_scalar_traversal_walk_on_without_replacement_trees():
+    from decode.label_traversal import NodeRows, traversal_expected
+    from decode.tree import Regime, nested_tree
+
+    rng = np.random.default_rng(0)
+    verifier = get_verifier("traversal")
+    for _ in range(20):
+        vocab = int(rng.integers(4, 9))
+        children: dict[tuple[int, ...], list[int]] = {(): list(rng.choice(vocab, size=3, replace=False))}
+        for prefix in [(int(t),) for t in children[()][:2]]:
+            children[prefix] = [int(t) for t in rng.choice(vocab, size=int(rng.integers(1, 3)), replace=False)]
+        tree = nested_tree(children, Regime.WITHOUT_REPLACEMENT)
+        p = torch.tensor(rng.dirichlet(np.full(vocab, 0.5), size=tree.num_nodes))
+        q = torch.tensor(rng.dirichlet(np.full(vocab, 0.5), size=tree.num_nodes))
+        fast = traversal_expected(tree, list(range(tree.num_nodes)), NodeRows(p.numpy(), q.numpy()))
+        assert fast == pytest.approx(verifier.expected_block_efficiency(tree, p, q), abs=1e-12)
