@@ -68,7 +68,10 @@ class SpeculativeDecoder:
         self._check_request(prompt_ids, max_new_tokens)
         self.features = bool(getattr(policy, "wants_features", False))
         if self.features and self.latency is None:
-            self.latency = measure_latency(self.target, self.draft, lengths=[32, 256], sizes=[1, 16], repeats=3)
+            # sizes up to the largest default tree (1 + 8 + 4·8): beyond the grid the table holds its edge value
+            self.latency = measure_latency(
+                self.target, self.draft, lengths=[32, 256], sizes=[1, 4, 16, 41], repeats=5
+            )
         stats = GenerationStats()
         start = time.perf_counter()
         self._prefill(prompt_ids)
@@ -115,6 +118,7 @@ class SpeculativeDecoder:
     ) -> tuple[list[int], bool]:
         """One speculative step; returns the tokens kept (cut at EOS / the budget) and whether EOS was hit."""
         clock = _Clock(stats)
+        started = clock.last
         q_root = distributions(self._run_draft_pending(), self.sampling)
         stats.draft_calls += 1
         clock.lap("draft")
@@ -141,7 +145,8 @@ class SpeculativeDecoder:
         kept, hit_eos = self._cut(list(result.emitted), budget)
         stats.record_step(str(action), drafted.tree.max_depth, result.accepted, len(kept))
         clock.lap("other")
-        policy.observe(StepOutcome(action, result.accepted, len(result.emitted)))
+        step_seconds = clock.last - started
+        policy.observe(StepOutcome(action, result.accepted, len(result.emitted), context_length, step_seconds))
         clock.lap("policy")
         return kept, hit_eos
 

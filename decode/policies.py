@@ -36,11 +36,14 @@ class RootState:
 
 @dataclass
 class StepOutcome:
-    """What happened in one step: the action, the accepted length τ and the tokens emitted."""
+    """What happened in one step: the action, the accepted length τ and the tokens emitted; the decoder also
+    gives the root's context length and the step's wall time (drafting, target pass, verification, bookkeeping)."""
 
     action: Action
     accepted: int
     emitted: int
+    context_length: int | None = None
+    seconds: float | None = None
 
 
 class Policy(Protocol):

@@ -10,6 +10,7 @@ predicted Ê[τ+1] over the latency model's step time T̂ (``be`` selectors).
 from __future__ import annotations
 
 import json
+from collections import deque
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +27,9 @@ INPUT_NAMES = ("target_hidden_prev", "draft_hidden_prev", "draft_hidden_root", "
 
 class SelectorError(ValueError):
     """The selector file cannot be used (unreadable, or it does not match the pair or the feature schema)."""
+
+
+OVERHEAD_WINDOW = 64  # steps in the running median of the unmodelled step time
 
 
 def read_selector_metadata(path: str | Path) -> dict[str, str]:
@@ -87,6 +91,10 @@ class OnnxSelectorPolicy:
         self.invalid = float(meta.get("ddte.invalid_score", "-1e9"))
         self.call_seconds: list[float] = []
         self._step_cache: dict[tuple[int, int], np.ndarray] = {}
+        self._index = {a: i for i, a in enumerate(self.actions)}
+        self._latency = None
+        self._overheads: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
+        self.overhead_ms = 0.0
         names = [i.name for i in self.session.get_inputs()]
         if sorted(names) != sorted(INPUT_NAMES):
             raise SelectorError(f"{self.path}: inputs {names}, expected {list(INPUT_NAMES)}")
@@ -112,12 +120,23 @@ class OnnxSelectorPolicy:
         if self.decision == "throughput":
             if root.latency is None:
                 raise ValueError("a 'throughput' selector needs the decoder's latency table")
-            scores = scores / self._step_ms(root.latency, root.context_length)
+            self._latency = root.latency
+            scores = scores / (self._step_ms(root.latency, root.context_length) + self.overhead_ms)
         scores = np.where(valid, scores, -np.inf)
         return self.actions[int(np.argmax(scores))]
 
     def observe(self, outcome: StepOutcome) -> None:
-        pass
+        """Calibrate T̂ online: Eq. 11 counts only model passes, so a step's verification, sampling and bookkeeping
+        are missing from it. That fixed cost favours larger trees; it is taken as the median, over the last
+        steps, of measured step time minus T̂ (never below 0) and added to every action's T̂."""
+        if self._latency is None or outcome.seconds is None or outcome.context_length is None:
+            return
+        index = self._index.get(outcome.action)
+        if index is None:  # clipped near the length budget: not one of the selector's actions
+            return
+        modelled = float(self._step_ms(self._latency, outcome.context_length)[index])
+        self._overheads.append(1e3 * outcome.seconds - modelled)
+        self.overhead_ms = max(0.0, statistics.median(self._overheads))
 
     def _step_ms(self, latency, context_length: int) -> np.ndarray:
         """T̂ of every action near this context length, cached per (table, 16-token bucket).

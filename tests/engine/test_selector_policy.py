@@ -119,3 +119,33 @@ def test_loop_with_the_selector_is_lossless(selector_file, name):
     assert len(chosen) >= 2, "the selector must vary its choice for this test to mean more than a static one"
     p_value = chi2_p_value(exact_first_two(target, sampling), counts)
     assert p_value > P_VALUE, f"{name} + selector: χ² p = {p_value:.2e}"
+
+
+class _StubLatency:
+    """Eq. 11 stand-in: T̂ grows by 1 ms per drafted token."""
+
+    def step_ms(self, length, action):
+        return 5.0 + action.size
+
+
+def test_throughput_decision_calibrates_the_unmodelled_step_time(selector_file, tmp_path, monkeypatch):
+    import numpy as np
+
+    from decode.drafting import Action
+    from decode.policies import RootState, StepOutcome
+
+    path = _with_metadata(selector_file, tmp_path / "throughput.onnx", "ddte.decision", "throughput")
+    policy = _policy(path)
+    small, large = Action(1, 1, 0), Action(2, 1, 2)  # T̂ 6 and 10 ms
+    scores = np.full(len(policy.actions), -1e9, dtype=np.float32)
+    scores[policy.actions.index(small)], scores[policy.actions.index(large)] = 1.5, 2.0
+    monkeypatch.setattr(policy, "scores", lambda features: scores)
+    root = RootState(64, None, 8, features=object(), latency=_StubLatency())
+    assert policy.choose(root) == small  # 1.5/6 > 2.0/10
+    for _ in range(5):  # every step really costs 30 ms more than Eq. 11 says
+        policy.observe(StepOutcome(large, 1, 2, context_length=64, seconds=(10.0 + 30.0) / 1e3))
+    assert policy.overhead_ms == pytest.approx(30.0)
+    assert policy.choose(root) == large  # 2.0/40 > 1.5/36
+    for _ in range(200):  # steps faster than modelled never make the overhead negative
+        policy.observe(StepOutcome(small, 0, 1, context_length=64, seconds=1e-3))
+    assert policy.overhead_ms == 0.0
