@@ -10,9 +10,9 @@ predicted Ê[τ+1] over the latency model's step time T̂ (``be`` selectors).
 from __future__ import annotations
 
 import json
-from collections import deque
 import statistics
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
