@@ -21,8 +21,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from decode.tree import ROOT, DraftTree
-
 # (node, ((token, w_old), ...) of the node's folds so far, ending with this one) -> (C, residual mass, weight)
 FoldCache = dict[tuple[int, tuple[tuple[int, float], ...]], tuple[float, float, float]]
 
@@ -132,21 +130,6 @@ def walk_subtree(
         if alive == 0.0:
             return total, 0.0, override[top]
         reject(leaf)
-
-
-def traversal_expected(tree: DraftTree, forest_nodes: Sequence[int], rows: NodeRows) -> float:
-    """E[τ+1 | tree] under Traversal verification, for any tree with distinct children.
-
-    Args:
-        forest_nodes: ``forest_nodes[u]`` = the row index in ``rows`` of tree node u (distinct per node).
-    """
-    ids = list(forest_nodes)
-    children = {ids[u]: [ids[c] for c in tree.children[u]] for u in range(tree.num_nodes)}
-    parents = {ids[u]: ids[tree.parents[u]] for u in range(1, tree.num_nodes)}
-    depths = {ids[u]: tree.depths[u] for u in range(tree.num_nodes)}
-    tokens = {ids[u]: tree.tokens[u] for u in range(tree.num_nodes)}
-    total, alive, _ = walk_subtree(ids[ROOT], 1.0, children, parents, depths, tokens, rows)
-    return total + alive
 
 
 class UnionTraversal:

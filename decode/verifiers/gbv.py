@@ -97,7 +97,6 @@ class PathNode:
             self._q_tilde = z * power_difference(lo + z, lo, self.k) / self.denom
         return self._q_tilde
 
-
     def slack(self, w: float) -> float:
         """BV's ``S = Σ_x (w·p(x) - q̃(x))_+`` at this node for the path weight ``w`` (cached per w)."""
         if w not in self._slack:

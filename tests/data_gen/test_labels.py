@@ -167,8 +167,20 @@ def test_shared_work_labels_equal_the_verifiers_own_expectation(seed, sparse, na
     np.testing.assert_allclose(labels, reference, rtol=0, atol=1e-12)
 
 
+def _walk_whole_tree(tree, p, q) -> float:
+    """E[τ+1] of a whole tree by the collector's scalar Traversal walk (the root as the walk's top)."""
+    from decode.label_traversal import NodeRows, walk_subtree
+
+    nodes = range(tree.num_nodes)
+    children = {u: list(tree.children[u]) for u in nodes}
+    parents = {u: tree.parents[u] for u in nodes if u > 0}
+    total, alive, _ = walk_subtree(0, 1.0, children, parents, dict(enumerate(tree.depths)), tree.tokens,
+                                   NodeRows(p.numpy(), q.numpy()))
+    return total + alive
+
+
 def test_scalar_traversal_walk_on_without_replacement_trees():
-    from decode.label_traversal import NodeRows, traversal_expected
+    """The walk on trees with merged prefixes and several children per node, beyond the union trees' shapes."""
     from decode.tree import Regime, nested_tree
 
     rng = np.random.default_rng(0)
@@ -181,5 +193,5 @@ def test_scalar_traversal_walk_on_without_replacement_trees():
         tree = nested_tree(children, Regime.WITHOUT_REPLACEMENT)
         p = torch.tensor(rng.dirichlet(np.full(vocab, 0.5), size=tree.num_nodes))
         q = torch.tensor(rng.dirichlet(np.full(vocab, 0.5), size=tree.num_nodes))
-        fast = traversal_expected(tree, list(range(tree.num_nodes)), NodeRows(p.numpy(), q.numpy()))
+        fast = _walk_whole_tree(tree, p, q)
         assert fast == pytest.approx(verifier.expected_block_efficiency(tree, p, q), abs=1e-12)
