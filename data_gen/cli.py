@@ -369,9 +369,15 @@ def run_plan(plan: WorkPlan, pair: _Pair | None, progress: bool) -> int:
 
 def _run_processes(plan: WorkPlan, bar) -> int:
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
+    queue, tasks = ctx.Queue(), ctx.Queue()
     n = plan.config.workers
-    procs = [ctx.Process(target=_worker_main, args=(plan, w, n, queue), daemon=True) for w in range(n)]
+    # Workers pull chunks as they free up, so uneven chunks (prompts of different lengths, early EOS) and a
+    # chunk count that is not a multiple of the worker count leave no core idle until the last chunk.
+    for c in plan.todo:
+        tasks.put(c)
+    for _ in range(n):
+        tasks.put(None)
+    procs = [ctx.Process(target=_worker_main, args=(plan, w, tasks, queue), daemon=True) for w in range(n)]
     for proc in procs:
         proc.start()
     done, finished, errors = 0, set(), []
@@ -412,11 +418,11 @@ def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _worker_main(plan: WorkPlan, index: int, count: int, queue) -> None:
+def _worker_main(plan: WorkPlan, index: int, tasks, queue) -> None:
     try:
         pair = _load_pair(plan.config)
         worker = _Worker(plan, pair)
-        for c in plan.todo[index::count]:
+        for c in iter(tasks.get, None):
             worker.chunk(c, lambda n: queue.put(("roots", n)))
         queue.put(("done", index))
     except Exception as err:  # reported to the parent, which exits cleanly with the message

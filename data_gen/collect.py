@@ -21,6 +21,7 @@ from decode.labels import UnionForest, grow_union_forest, label_forest
 from decode.latency import LatencyTable
 from decode.models import CachedLM
 from decode.sampling import SamplingConfig, distributions
+from decode.tree import ROOT
 from decode.verifiers import Verifier
 
 
@@ -174,11 +175,30 @@ class Collector:
 
     def _target_rows(self, forest: UnionForest, p_root: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         """``(n, V)`` target rows of the forest's nodes: the root's from the trajectory, the other internal nodes'
-        from tree passes; leaves get zero rows (no label reads them, see UnionForest.internal_nodes)."""
-        slots = {0: self.target.length - 1}
-        nodes = forest.internal_nodes()[1:]
+        from tree passes; leaves get zero rows (no label reads them, see UnionForest.internal_nodes).
+
+        Each union sample runs as its own pass and its slots are dropped before the next: a node then attends
+        over the context and its own sample (about 200 nodes) rather than the whole forest, which halves the
+        tree-attention work. Nodes shared by several samples (a few percent) run again and keep their first rows.
+        """
         p = torch.zeros(forest.num_nodes, p_root.numel())
         p[0] = p_root.float().cpu()
+        done = {ROOT}
+        for nodes in forest.sample_internal_nodes():
+            todo = [v for v in nodes if v not in done]
+            if not todo:
+                continue
+            rows = self._run_target_nodes(forest, nodes)
+            index = {v: i for i, v in enumerate(nodes)}
+            p[todo] = distributions(rows[[index[v] for v in todo]], sampling).cpu()
+            done.update(todo)
+        return p
+
+    def _run_target_nodes(self, forest: UnionForest, nodes: list[int]) -> torch.Tensor:
+        """Target logits ``(len(nodes), V)`` of ``nodes`` (non-root, closed under parents up to the root, parents
+        first), in passes of at most ``target_chunk`` tokens; the cache is left with no speculative slot."""
+        slots = {ROOT: self.target.length - 1}
+        out = []
         for start in range(0, len(nodes), self.target_chunk):
             chunk = nodes[start : start + self.target_chunk]
             base = self.target.length
@@ -186,12 +206,11 @@ class Collector:
             parents = [
                 -(in_chunk[u] + 1) if u in in_chunk else slots[u] for u in (forest.parents[v] for v in chunk)
             ]
-            logits = self.target.extend_tree([forest.tokens[v] for v in chunk], parents)
+            out.append(self.target.extend_tree([forest.tokens[v] for v in chunk], parents))
             for v in chunk:
                 slots[v] = base + in_chunk[v]
-            p[chunk] = distributions(logits, sampling).cpu()
         self.target.commit([])
-        return p
+        return torch.cat(out)
 
 
 def root_positions(prompt_length: int, spec, context_limit: int) -> list[int]:

@@ -31,6 +31,7 @@ from decode.tree import ROOT, delayed_tree
 from decode.verifiers import Verifier
 from decode.verifiers.gbv import GreedyBlockVerifier, PathNode
 from decode.verifiers.ot import OTVerifier
+from decode.verifiers.otlp import NaiveSolver, NSSSolver, SpecInferSolver, SpecTrSolver, accept_prob
 from decode.verifiers.traversal import TraversalVerifier
 
 # expand(nodes) -> (len(nodes), V) draft distributions after each node's prefix; the forest is passed too.
@@ -80,6 +81,19 @@ class UnionForest:
         rows would only serve the bonus token, which no expectation depends on."""
         has_child = set(self.parents[1:])
         return [v for v in range(self.num_nodes) if v in has_child]
+
+    def sample_internal_nodes(self) -> list[list[int]]:
+        """Per union sample, its internal nodes other than the root, in node order (a parent before its
+        children, since nodes are numbered as they are created)."""
+        has_child = set(self.parents[1:])
+        out = []
+        for sample in self.samples:
+            nodes = set(sample.trunk)
+            for branches in sample.branches:
+                for branch in branches:
+                    nodes.update(branch)
+            out.append(sorted(v for v in nodes if v in has_child and v != ROOT))
+        return out
 
     def q_matrix(self) -> torch.Tensor:
         """``(n, V)`` draft rows in node order (zero rows for nodes never expanded: leaves)."""
@@ -218,11 +232,17 @@ def _ot_tables(verifier: OTVerifier, forest: UnionForest, index: int, p, q) -> t
     solver, tokens = verifier.solver, forest.tokens
     sample, k_max, l_max = forest.samples[index], forest.k_max, forest.l_max
     memo: dict[tuple[int, tuple[int, ...]], dict[int, float]] = {}
+    single = _SINGLE_DRAW.get(type(solver))
+    p_np, q_np = p.numpy(), q.numpy()
 
     def branching(node: int, draws: tuple[int, ...]) -> dict[int, float]:
         key = (node, draws)
         if key not in memo:
-            memo[key] = solver.branching(p[node], q[node], list(draws))
+            if single is not None and len(draws) == 1:  # most nodes of a delayed tree have one child
+                t = draws[0]
+                memo[key] = {t: single(float(p_np[node, t]), float(q_np[node, t]))}
+            else:
+                memo[key] = solver.branching(p[node], q[node], list(draws))
         return memo[key]
 
     trunk = sample.trunk
@@ -242,6 +262,16 @@ def _ot_tables(verifier: OTVerifier, forest: UnionForest, index: int, p, q) -> t
             levels = _branch_level_sums(branching, tokens, trunk[d], branches[:k])
             be[k - 1, d, 1:] = cum[d] + reach[d] * np.cumsum(levels)
     return be, accept
+
+
+# P(output = t | the single draw is t) in closed form, for the built-in solvers only (a subclass, such as a test's
+# negative control, keeps its own ``branching``): every rule but NSS reduces to standard speculative sampling.
+_SINGLE_DRAW: dict[type, Callable[[float, float], float]] = {
+    NSSSolver: lambda p_t, q_t: p_t,
+    NaiveSolver: accept_prob,
+    SpecInferSolver: accept_prob,
+    SpecTrSolver: accept_prob,
+}
 
 
 def _branch_level_sums(branching, tokens: list[int], tip: int, branches: list[list[int]]) -> list[float]:

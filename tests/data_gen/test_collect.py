@@ -130,6 +130,47 @@ def test_shards_split_prompts_without_overlap(tiny_pair, tmp_path):
     assert _rows(split) == _rows(whole)
 
 
+def test_two_worker_processes_write_the_same_rows_as_one(tiny_pair, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    collect(load_collect_config(None, _overrides(tiny_pair, one, verifiers="[specinfer]")), progress=False)
+    collect(load_collect_config(None, _overrides(tiny_pair, two, verifiers="[specinfer]", workers=2)), progress=False)
+    assert _rows(two) == _rows(one)
+
+
+@pytest.mark.parametrize("chunk", [1024, 7])
+def test_target_rows_equal_a_prefill_of_each_node(tiny_pair, chunk):
+    """The per-sample tree passes (split into chunks) give every internal node the p of its whole prefix."""
+    from data_gen.collect import Collector
+    from decode.labels import grow_union_forest
+    from decode.models import CachedLM, load_causal_lm
+    from decode.sampling import SamplingConfig, distributions
+    from decode.verifiers import get_verifier
+
+    target, draft = (CachedLM(load_causal_lm(tiny_pair / n)) for n in ("target", "draft"))
+    latency = LatencyTable([8, 32], [1, 4], [[1.0, 2.0], [1.5, 2.5]], [[5.0, 6.0], [7.0, 9.0]])
+    collector = Collector(target, draft, [get_verifier("nss")], action_grid(3, 2), latency, k_max=3, l_max=2,
+                          trees_per_root=3, new_tokens=1, stride=1, seed=0, target_chunk=chunk)
+    sampling, ids = SamplingConfig(1.0, 1.0), [5, 17, 300, 42, 9]
+    p_root = distributions(target.prefill(ids)[-1], sampling)
+    q_root = distributions(draft.prefill(ids)[-1], sampling)
+    forest = grow_union_forest(q_root, collector._draft_expander(sampling), 3, 3, 2, torch.Generator().manual_seed(1))
+    draft.commit([])
+    p = collector._target_rows(forest, p_root, sampling)
+    assert target.length == len(ids) and target.num_speculative == 0
+    reference = CachedLM(load_causal_lm(tiny_pair / "target"))
+    internal = forest.internal_nodes()
+    assert len(internal) > 10
+    for v in internal:
+        path, u = [], v
+        while u != 0:
+            path.append(forest.tokens[u])
+            u = forest.parents[u]
+        want = distributions(reference.prefill(ids + path[::-1])[-1], sampling)
+        torch.testing.assert_close(p[v], want, rtol=1e-4, atol=1e-6)
+    leaves = sorted(set(range(forest.num_nodes)) - set(internal))
+    assert float(p[leaves].abs().sum()) == 0.0
+
+
 def test_features_match_the_decoder(tiny_pair):
     """The first root's features: the collector's (full prefill) vs the decoder's (incremental) state."""
     from data_gen.collect import Collector, TrajectoryJob
