@@ -47,6 +47,10 @@ def _session(path: str | Path, providers: list[str]):
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1  # a per-step call on a tiny MLP: threads only add wake-up latency
     options.inter_op_num_threads = 1
+    # The call runs right after the model passes have flushed the caches; the arena and memory-pattern planner
+    # add code and memory to touch per call (measured: cold call 128 µs with them, 110 µs without).
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
     options.log_severity_level = 3
     try:
         return ort.InferenceSession(str(path), options, providers=providers)
@@ -98,15 +102,34 @@ class OnnxSelectorPolicy:
         names = [i.name for i in self.session.get_inputs()]
         if sorted(names) != sorted(INPUT_NAMES):
             raise SelectorError(f"{self.path}: inputs {names}, expected {list(INPUT_NAMES)}")
+        self._bound = self._bind_buffers(ort) if self.provider == "CPUExecutionProvider" else None
+
+    def _bind_buffers(self, ort):
+        """Fixed ``(1, ·)`` float32 input and output buffers bound once to the session (CPU only): a call then
+        copies the features in and runs, with no per-call OrtValue or output allocation."""
+        widths = {i.name: i.shape[1] for i in self.session.get_inputs()}
+        if not all(isinstance(w, int) for w in widths.values()):
+            return None  # a width left symbolic in the graph: use the plain run path
+        inputs = {name: np.zeros((1, w), dtype=np.float32) for name, w in widths.items()}
+        output = np.zeros((1, len(self.actions)), dtype=np.float32)
+        binding = self.session.io_binding()
+        for name, array in inputs.items():
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
+        binding.bind_ortvalue_output(self.session.get_outputs()[0].name, ort.OrtValue.ortvalue_from_numpy(output))
+        return binding, inputs, output
 
     def scores(self, features) -> np.ndarray:
         """``(A,)`` scores of one root's features."""
-        feeds = {
-            "target_hidden_prev": features.target_hidden_prev.numpy()[None].astype(np.float32, copy=False),
-            "draft_hidden_prev": features.draft_hidden_prev.numpy()[None].astype(np.float32, copy=False),
-            "draft_hidden_root": features.draft_hidden_root.numpy()[None].astype(np.float32, copy=False),
-            "scalars": features.scalars.numpy()[None].astype(np.float32, copy=False),
-        }
+        feeds = {name: getattr(features, name).numpy()[None] for name in INPUT_NAMES}
+        if self._bound is not None:
+            binding, inputs, output = self._bound
+            for name, array in feeds.items():
+                np.copyto(inputs[name], array, casting="same_kind")
+            start = time.perf_counter()
+            self.session.run_with_iobinding(binding)
+            self.call_seconds.append(time.perf_counter() - start)
+            return output[0].copy()
+        feeds = {name: array.astype(np.float32, copy=False) for name, array in feeds.items()}
         start = time.perf_counter()
         out = self.session.run(None, feeds)[0][0]
         self.call_seconds.append(time.perf_counter() - start)

@@ -58,6 +58,27 @@ def test_selector_loads_and_reports_its_provider(selector_file):
     assert len(policy.actions) == 4 * 3 * 3
 
 
+def test_bound_buffers_give_the_session_scores(selector_file):
+    """The per-step call copies features into buffers bound once; each call must see its own features."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from decode.features import SCALAR_NAMES, RootFeatures
+
+    policy = _policy(selector_file)
+    assert policy._bound is not None
+    session = ort.InferenceSession(str(selector_file), providers=["CPUExecutionProvider"])
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        features = RootFeatures(*(torch.randn(n, generator=generator) for n in (HIDDEN, HIDDEN, HIDDEN)),
+                                torch.rand(len(SCALAR_NAMES), generator=generator))
+        feeds = {name: getattr(features, name).numpy()[None] for name in
+                 ("target_hidden_prev", "draft_hidden_prev", "draft_hidden_root", "scalars")}
+        want = session.run(None, feeds)[0][0]
+        np.testing.assert_allclose(policy.scores(features), want, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
