@@ -60,7 +60,7 @@ class CollectConfig:
     verifiers: list[str] = field(default_factory=lambda: list(DEFAULT_VERIFIERS))
     trees_per_root: int = 4  # s: union trees per root
     prompts_per_shard: int = 8
-    target_chunk: int = 1024  # tree tokens per target pass (larger unions are run in chunks)
+    target_chunk: int = 1024  # most tree tokens per target pass (each union sample is its own pass, split if larger)
     device: str = "auto"
     dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
     seed: int = 0
