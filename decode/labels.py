@@ -85,14 +85,14 @@ class UnionForest:
     def sample_internal_nodes(self) -> list[list[int]]:
         """Per union sample, its internal nodes other than the root, in node order (a parent before its
         children, since nodes are numbered as they are created)."""
-        has_child = set(self.parents[1:])
+        internal = set(self.internal_nodes()) - {ROOT}
         out = []
         for sample in self.samples:
             nodes = set(sample.trunk)
             for branches in sample.branches:
                 for branch in branches:
                     nodes.update(branch)
-            out.append(sorted(v for v in nodes if v in has_child and v != ROOT))
+            out.append(sorted(nodes & internal))
         return out
 
     def q_matrix(self) -> torch.Tensor:

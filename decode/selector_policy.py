@@ -32,12 +32,6 @@ class SelectorError(ValueError):
 OVERHEAD_WINDOW = 64  # steps in the running median of the unmodelled step time
 
 
-def read_selector_metadata(path: str | Path) -> dict[str, str]:
-    """The ``ddte.*`` metadata of a selector file, without building a session."""
-    session = _session(path, ["CPUExecutionProvider"])
-    return dict(session.get_modelmeta().custom_metadata_map)
-
-
 def _session(path: str | Path, providers: list[str]):
     import onnxruntime as ort
 

@@ -13,7 +13,7 @@ from decode.engine import SpeculativeDecoder
 from decode.models import CachedLM
 from decode.rng import TorchRandom
 from decode.sampling import SamplingConfig
-from decode.selector_policy import OnnxSelectorPolicy, SelectorError
+from decode.selector_policy import INPUT_NAMES, OnnxSelectorPolicy, SelectorError
 from decode.verifiers import get_verifier
 from tests.engine.test_lossless import P_VALUE, PROMPT, SAMPLES, chi2_p_value, exact_first_two
 from tests.engine.tiny import tiny_llama
@@ -73,8 +73,7 @@ def test_bound_buffers_give_the_session_scores(selector_file):
     for _ in range(3):
         features = RootFeatures(*(torch.randn(n, generator=generator) for n in (HIDDEN, HIDDEN, HIDDEN)),
                                 torch.rand(len(SCALAR_NAMES), generator=generator))
-        feeds = {name: getattr(features, name).numpy()[None] for name in
-                 ("target_hidden_prev", "draft_hidden_prev", "draft_hidden_root", "scalars")}
+        feeds = {name: getattr(features, name).numpy()[None] for name in INPUT_NAMES}
         want = session.run(None, feeds)[0][0]
         np.testing.assert_allclose(policy.scores(features), want, rtol=1e-6, atol=1e-6)
 
