@@ -8,11 +8,13 @@ Methods:
   VERIFIER@entropy        ddte with the entropy stop rule on a single path of up to 8 tokens
   VERIFIER@selector=FILE  ddte with a trained selector (ddte export) choosing the tree at every step
 
-Each method first runs one warm-up prompt. Then every prompt runs `--repeats` times with fixed seeds
-(seed + repeat). Tokens/s is total new tokens over total wall time, prefill included. Prompts default to
-the held-out stdlib modules of the prompt builder (never seen in training). Several --temperature values give
-one block of rows per temperature. Selector rows also report the median network call (µs) and the share of
-wall time spent in the selector (features + call).
+Each method first runs one warm-up prompt. Then the methods run interleaved: prompt by prompt, every method
+in turn (in an order that rotates per prompt), so the CPU's drift over minutes reaches all methods alike. Every
+prompt runs `--repeats` times with fixed seeds (seed + 1000·repeat + prompt index). Tokens/s is total new
+tokens over total wall time, prefill included. Prompts default to the held-out stdlib modules of the prompt
+builder (never seen in training). Several --temperature values give one block of rows per temperature.
+Selector rows also report the median network call (µs) and the share of wall time spent in the selector
+(features + call).
 
 Example:
   ddte bench --num-prompts 20 --max-new-tokens 128 --methods ar hf-assisted traversal@2,2,4 --output bench.json
@@ -25,7 +27,8 @@ import json
 import os
 import platform
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
@@ -111,19 +114,30 @@ def run_hf(pair: LoadedPair, ids: list[int], max_new: int, sampling: SamplingCon
     return out.shape[1] - len(ids), time.perf_counter() - start
 
 
-def bench_method(method, pair, prompts, args, sampling) -> MethodResult:
-    kind, spec = parse_method(method)
-    total = GenerationStats()
-    decoder, selector = None, None
-    if kind not in ("ar", "hf-assisted"):
-        decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(kind), sampling, pair.eos_token_id)
-    if spec and spec.startswith("selector="):
-        selector = make_selector_policy(spec.split("=", 1)[1], kind, pair, args)
+@dataclass
+class _Runner:
+    """One method ready to run: ``one(ids, seed)`` generates one prompt; ``total`` accumulates its statistics."""
 
-    def one(ids: list[int], seed: int) -> GenerationStats:
-        if decoder is None:
+    method: str
+    one: Callable[[list[int], int], GenerationStats]
+    selector: object | None = None
+    total: GenerationStats = field(default_factory=GenerationStats)
+
+
+def make_runner(method: str, pair: LoadedPair, args: argparse.Namespace, sampling: SamplingConfig) -> _Runner:
+    kind, spec = parse_method(method)
+    if kind in ("ar", "hf-assisted"):
+        def hf(ids: list[int], seed: int) -> GenerationStats:
             new, seconds = run_hf(pair, ids, args.max_new_tokens, sampling, seed, assisted=kind == "hf-assisted")
             return GenerationStats(new_tokens=new, wall_seconds=seconds)
+
+        return _Runner(method, hf)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(kind), sampling, pair.eos_token_id)
+    selector = None
+    if spec.startswith("selector="):
+        selector = make_selector_policy(spec.split("=", 1)[1], kind, pair, args)
+
+    def speculative(ids: list[int], seed: int) -> GenerationStats:
         if selector is not None:
             policy = selector
         elif spec in ("adaptive", "entropy"):
@@ -132,14 +146,34 @@ def bench_method(method, pair, prompts, args, sampling) -> MethodResult:
             policy = StaticPolicy(Action.parse(spec))
         return decoder.generate(ids, args.max_new_tokens, policy, TorchRandom(seed)).stats
 
-    one(prompts[0], args.seed)  # warm-up
-    if selector is not None:
-        selector.call_seconds.clear()
-    for i, ids in enumerate(tqdm(prompts, desc=f"{method} T={sampling.temperature}", unit="prompt", leave=False)):
-        for r in range(args.repeats):
-            total.merge(one(ids, args.seed + 1000 * r + i))
-    call_us = selector.median_call_us() if selector is not None else None
-    return MethodResult(method, total, sampling.temperature, call_us)
+    return _Runner(method, speculative, selector)
+
+
+def bench_methods(methods: list[str], pair, prompts, args, sampling) -> list[MethodResult]:
+    """Run every method on every prompt, interleaved: prompt by prompt, each method in turn.
+
+    A CPU's speed drifts by 10–20 % over minutes (thermal, other tenants). Running one method's prompts after
+    another's would fold that drift into the comparison; interleaving spreads it over all methods alike, and the
+    order of the methods rotates from one prompt to the next so no method always runs right after the same one.
+    Each method first runs one warm-up prompt (not counted).
+    """
+    runners = [make_runner(m, pair, args, sampling) for m in methods]
+    for runner in runners:
+        runner.one(prompts[0], args.seed)  # warm-up: first-call costs and the selector's latency table
+        if runner.selector is not None:
+            runner.selector.call_seconds.clear()
+    rounds = [(i, r) for i in range(len(prompts)) for r in range(args.repeats)]
+    for n, (i, r) in enumerate(tqdm(rounds, desc=f"T={sampling.temperature}", unit="prompt", leave=False)):
+        shift = n % len(runners)
+        for runner in runners[shift:] + runners[:shift]:
+            runner.total.merge(runner.one(prompts[i], args.seed + 1000 * r + i))
+    return [
+        MethodResult(
+            runner.method, runner.total, sampling.temperature,
+            runner.selector.median_call_us() if runner.selector is not None else None,
+        )
+        for runner in runners
+    ]
 
 
 def encode_prompts(pair: LoadedPair, texts: list[str], max_new: int) -> list[list[int]]:
@@ -243,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = encode_prompts(pair, load_bench_prompts(args), args.max_new_tokens)
     rows = []
     for sampling in samplings:
-        results = [bench_method(m, pair, prompts, args, sampling) for m in tqdm(args.methods, desc="methods")]
+        results = bench_methods(args.methods, pair, prompts, args, sampling)
         ar = next((r.stats.tokens_per_second for r in results if r.method == "ar"), None)
         rows.extend(r.row(ar) for r in results)
     temps = ", ".join(f"{t:g}" for t in args.temperature)

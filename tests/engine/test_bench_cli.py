@@ -59,3 +59,29 @@ def test_bench_bad_input(pair_dirs, extra, message):
     result = subprocess.run([sys.executable, "-m", "ddte", *args, *extra], capture_output=True, text=True)
     assert result.returncode == 2, result.stderr[-500:]
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_methods_run_interleaved_in_a_rotating_order(monkeypatch):
+    """Prompt by prompt, every method in turn, starting one method later each round: drift reaches all alike."""
+    from types import SimpleNamespace
+
+    from decode import bench
+    from decode.stats import GenerationStats
+
+    calls = []
+
+    def fake_runner(method, pair, args, sampling):
+        def one(ids, seed):
+            calls.append((method, ids[0], seed))
+            return GenerationStats(new_tokens=1, wall_seconds=0.1)
+
+        return bench._Runner(method, one)
+
+    monkeypatch.setattr(bench, "make_runner", fake_runner)
+    args = SimpleNamespace(seed=5, repeats=2, max_new_tokens=4)
+    results = bench.bench_methods(["a", "b", "c"], None, [[10], [11]], args, SimpleNamespace(temperature=1.0))
+    warmup, timed = calls[:3], calls[3:]
+    assert warmup == [("a", 10, 5), ("b", 10, 5), ("c", 10, 5)]
+    assert [c[0] for c in timed] == list("abc" "bca" "cab" "abc")
+    assert [c[1:] for c in timed[::3]] == [(10, 5), (10, 1005), (11, 6), (11, 1006)]  # prompt, then repeat
+    assert [r.stats.new_tokens for r in results] == [4, 4, 4]  # the warm-up is not counted
