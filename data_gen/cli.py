@@ -313,7 +313,9 @@ def _measure_latency(config: CollectConfig, pair: _Pair):
             return LatencyTable.from_json(Path(grid.file).read_text(encoding="utf-8"))
         except (OSError, ValueError, TypeError) as err:
             raise UserError(f"latency.file {grid.file}: not a readable latency table ({err})") from err
-    return measure_latency(pair.target, pair.draft, lengths=grid.lengths, sizes=grid.sizes, repeats=grid.repeats)
+    largest_tree = 1 + config.l_max + config.k_max * config.l_max  # the root, a full trunk and K full branches
+    return measure_latency(pair.target, pair.draft, lengths=grid.lengths, sizes=grid.sizes, repeats=grid.repeats,
+                           max_size=largest_tree)
 
 
 def _sampling_grid(config: CollectConfig) -> list[tuple[float, float]]:

@@ -39,7 +39,7 @@ class LatencyGrid:
     """The warm-up micro-benchmark behind t_q(l, n), t_p(l, n) (decode.latency.measure_latency)."""
 
     lengths: list[int] = field(default_factory=lambda: [32, 128, 256, 400])
-    sizes: list[int] = field(default_factory=lambda: [1, 4, 16, 33])
+    sizes: list[int] | None = None  # None: every block size up to the largest tree (decode.latency.every_size)
     repeats: int = 5
     file: str | None = None  # a LatencyTable JSON (e.g. measured on the deployment machine) instead of measuring
 

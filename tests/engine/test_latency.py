@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from decode.drafting import Action
 from decode.latency import LatencyTable, measure_latency
@@ -45,3 +46,60 @@ def test_measure_latency_fills_the_grid():
     assert table.lengths == [8, 24] and table.sizes == [1, 4]
     assert all(ms > 0 for row in table.draft_ms + table.target_ms for ms in row)
     assert target.length == 0 and draft.length == 0  # caches left empty
+
+
+class _RecordingLM:
+    """Just enough of CachedLM for measure_latency: records the block size of every pass."""
+
+    def __init__(self) -> None:
+        self.device = torch.device("cpu")
+        self.vocab_size, self.length, self.blocks = 16, 0, []
+        self.config = type("Config", (), {"max_position_embeddings": 128})()
+
+    def prefill(self, tokens):
+        self.length = len(tokens)
+
+    def extend_tree(self, tokens, parents):
+        assert parents == [self.length - 1] * len(tokens)  # siblings under the cache's last token
+        self.blocks.append(len(tokens))
+        self.length += len(tokens)
+
+    def commit(self, keep):
+        self.length -= self.blocks[-1]
+
+    def reset(self):
+        self.length = 0
+
+
+def test_every_block_size_is_measured_with_repeats_interleaved():
+    target, draft = _RecordingLM(), _RecordingLM()
+    table = measure_latency(target, draft, lengths=[8, 20], repeats=2, warmup=1, max_size=5)
+    assert table.sizes == [1, 2, 3, 4, 5]
+    one_length = [1, 2, 3, 4, 5] * 3  # warm-up + 2 repeats, each sweeping every size
+    assert target.blocks == one_length * 2 and draft.blocks == one_length * 2
+    assert target.length == 0 and draft.length == 0
+
+
+def _reference_interpolation(xs, ys, x):
+    """Plain piecewise-linear interpolation held at the edges (what the table must agree with)."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:], strict=False):
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    raise AssertionError("unreachable")
+
+
+def test_dense_grid_matches_interpolating_every_column_then_the_size():
+    import random
+
+    rng = random.Random(0)
+    lengths, sizes = [16, 64, 300], [1, 2, 3, 5, 8, 13]
+    grid = [[rng.uniform(1, 30) for _ in sizes] for _ in lengths]
+    table = LatencyTable(lengths, sizes, grid, grid)
+    for length in [0, 16, 40, 64, 299.5, 400]:
+        for size in [0, 1, 2, 4, 7.5, 13, 20]:
+            by_size = [_reference_interpolation(lengths, [row[j] for row in grid], length) for j in range(len(sizes))]
+            assert table.target(length, size) == pytest.approx(_reference_interpolation(sizes, by_size, size))
