@@ -89,6 +89,11 @@ def load_collect_config(path: str | Path | None, overrides: list[str] | None = N
         (config.dtype in ("auto", "float32", "bfloat16", "float16"), "bad dtype (auto, float32, bfloat16, float16)"),
         (config.device in ("auto", "cpu", "cuda"), "device must be cpu, cuda or auto"),
         (config.prompts.max_tokens >= 2, "prompts.max_tokens must be >= 2"),
+        (bool(config.latency.lengths) and all(n >= 1 for n in config.latency.lengths),
+         "latency.lengths must list context lengths >= 1"),
+        (config.latency.sizes is None or (bool(config.latency.sizes) and all(n >= 1 for n in config.latency.sizes)),
+         "latency.sizes must be null (every block size) or list sizes >= 1"),
+        (config.latency.repeats >= 1, "latency.repeats must be >= 1"),
     ]
     for ok, message in checks:
         if not ok:

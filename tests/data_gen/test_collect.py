@@ -260,3 +260,18 @@ def test_a_different_config_in_the_same_folder_is_refused(tiny_pair, tmp_path, c
     code, err = _cli(_overrides(tiny_pair, out, verifiers="[traversal]"), capsys)
     assert code == 2 and "different config" in err and "verifiers" in err
     assert not list(out.glob("shard-*"))
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [("latency.sizes=[]", "latency.sizes"), ("latency.sizes=[0,4]", "latency.sizes"),
+     ("latency.lengths=[]", "latency.lengths"), ("latency.repeats=0", "latency.repeats")],
+)
+def test_a_bad_latency_grid_is_refused_at_load(override, message):
+    with pytest.raises(ValueError, match=message):
+        load_collect_config(None, [override])
+
+
+def test_latency_sizes_default_to_every_block_size():
+    assert load_collect_config(None, []).latency.sizes is None
+    assert load_collect_config(None, ["latency.sizes=[1,4]"]).latency.sizes == [1, 4]
