@@ -18,7 +18,7 @@ from data_gen.schema import HIDDEN_COLUMNS, acceptance_column, label_column
 from decode.drafting import Action
 from decode.features import root_features
 from decode.labels import UnionForest, grow_union_forest, label_forest
-from decode.latency import LatencyTable
+from decode.latency import LatencyTable, draft_passes
 from decode.models import CachedLM
 from decode.sampling import SamplingConfig, distributions
 from decode.tree import ROOT
@@ -71,6 +71,7 @@ class Collector:
     ) -> None:
         self.target, self.draft = target, draft
         self.verifiers, self.actions, self.latency = list(verifiers), list(actions), latency
+        self.passes = draft_passes(self.actions)  # Eq. 11's draft passes, built once for every root's T̂
         self.k_max, self.l_max, self.trees = k_max, l_max, trees_per_root
         self.new_tokens, self.stride, self.seed = new_tokens, stride, seed
         self.target_chunk, self.eos = target_chunk, eos_token_id
@@ -150,7 +151,7 @@ class Collector:
             HIDDEN_COLUMNS[1]: features.draft_hidden_prev.tolist(),
             HIDDEN_COLUMNS[2]: features.draft_hidden_root.tolist(),
             "scalars": features.scalars.tolist(),
-            "step_ms": [self.latency.step_ms(context_length, a) for a in self.actions],
+            "step_ms": self.latency.step_ms_many(context_length, self.passes).tolist(),
             "l1_by_depth": labels.l1_by_depth.tolist(),
         }
         for name, values in labels.be.items():

@@ -19,6 +19,7 @@ import numpy as np
 
 from decode.drafting import Action
 from decode.features import SCALAR_NAMES
+from decode.latency import draft_passes
 from decode.policies import RootState, StepOutcome
 
 SUPPORTED_SCHEMA = "1"
@@ -86,10 +87,10 @@ class OnnxSelectorPolicy:
         self.metadata = meta
         self.actions = _check_metadata(meta, self.path, verifier, target_hidden, draft_hidden, pair_fingerprint)
         self.decision = meta["ddte.decision"]
-        self.invalid = float(meta.get("ddte.invalid_score", "-1e9"))
         self.call_seconds: list[float] = []
         self._step_cache: dict[tuple[int, int], np.ndarray] = {}
         self._index = {a: i for i, a in enumerate(self.actions)}
+        self._passes = draft_passes(self.actions)
         self._latency = None
         self._overheads: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
         self.overhead_ms = 0.0
@@ -113,17 +114,17 @@ class OnnxSelectorPolicy:
         return binding, inputs, output
 
     def scores(self, features) -> np.ndarray:
-        """``(A,)`` scores of one root's features."""
-        feeds = {name: getattr(features, name).numpy()[None] for name in INPUT_NAMES}
+        """``(A,)`` float32 scores of one root's features (a view of the bound output buffer on CPU: valid until
+        the next call)."""
         if self._bound is not None:
             binding, inputs, output = self._bound
-            for name, array in feeds.items():
-                np.copyto(inputs[name], array, casting="same_kind")
+            for name, buffer in inputs.items():  # (H,) tensors into (1, H) buffers: no intermediate arrays
+                np.copyto(buffer[0], getattr(features, name).numpy(), casting="same_kind")
             start = time.perf_counter()
             self.session.run_with_iobinding(binding)
             self.call_seconds.append(time.perf_counter() - start)
-            return output[0].copy()
-        feeds = {name: array.astype(np.float32, copy=False) for name, array in feeds.items()}
+            return output[0]
+        feeds = {name: getattr(features, name).numpy()[None].astype(np.float32, copy=False) for name in INPUT_NAMES}
         start = time.perf_counter()
         out = self.session.run(None, feeds)[0][0]
         self.call_seconds.append(time.perf_counter() - start)
@@ -132,14 +133,15 @@ class OnnxSelectorPolicy:
     def choose(self, root: RootState) -> Action:
         if root.features is None:
             raise ValueError("the selector policy needs root features (the decoder computes them when asked)")
-        scores = self.scores(root.features).astype(np.float64)
-        valid = scores > self.invalid / 2
+        scores = self.scores(root.features)
+        # Actions the graph masks score ddte.invalid_score, the floor of the output (0 for probabilities, -1e9 for
+        # Ê): a plain argmax, even after dividing by a positive T̂, never picks one, so no mask pass is needed
+        # (two numpy passes over the scores cost ~50 µs in the loop, where caches are cold).
         if self.decision == "throughput":
             if root.latency is None:
                 raise ValueError("a 'throughput' selector needs the decoder's latency table")
             self._latency = root.latency
             scores = scores / (self._step_ms(root.latency, root.context_length) + self.overhead_ms)
-        scores = np.where(valid, scores, -np.inf)
         return self.actions[int(np.argmax(scores))]
 
     def observe(self, outcome: StepOutcome) -> None:
@@ -158,12 +160,12 @@ class OnnxSelectorPolicy:
     def _step_ms(self, latency, context_length: int) -> np.ndarray:
         """T̂ of every action near this context length, cached per (table, 16-token bucket).
 
-        T̂ moves slowly with the length, and 324 evaluations of Eq. 11 per step would cost more than the network.
+        T̂ moves slowly with the length; one vectorised Eq. 11 over all actions costs about as much as the network.
         """
         bucket = context_length // 16 * 16
         key = (id(latency), bucket)
         if key not in self._step_cache:
-            self._step_cache[key] = np.array([latency.step_ms(bucket, a) for a in self.actions])
+            self._step_cache[key] = latency.step_ms_many(bucket, self._passes)
         return self._step_cache[key]
 
     def median_call_us(self) -> float | None:

@@ -89,3 +89,22 @@ def test_feature_function_is_deterministic_and_named():
     one_hot = torch.zeros(50)
     one_hot[3] = 1.0
     assert torch.isfinite(kl_divergence(one_hot, p)) and torch.isfinite(kl_divergence(p, one_hot))
+
+
+def test_information_terms_match_their_definitions():
+    """The (3, 3) cross-entropy product gives each entropy, both KLs and the L1 distance as defined term by term,
+    including top-p zeros and identical laws (KL 0, never a rounding below it)."""
+    g = torch.Generator().manual_seed(1)
+    p, q, r = (torch.softmax(2 * torch.randn(4096, generator=g), 0) for _ in range(3))
+    p[torch.argsort(p)[:3000]] = 0.0  # a top-p cut: most of p's support removed
+    p = p / p.sum()
+    h = torch.zeros(8)
+    for q_prev in (q, p.clone()):
+        got = root_features(h, h[:4], h[4:], p, q_prev, r, 9, SamplingConfig(1.0), LATENCY.pass_times)
+        s = dict(zip(SCALAR_NAMES, got.scalars.tolist(), strict=True))
+        for name, want in [("entropy_p_prev", entropy(p)), ("entropy_q_prev", entropy(q_prev)),
+                           ("entropy_q_root", entropy(r)), ("kl_p_q_prev", kl_divergence(p, q_prev)),
+                           ("kl_q_p_prev", kl_divergence(q_prev, p)), ("l1_p_q_prev", (p - q_prev).abs().sum())]:
+            assert s[name] == pytest.approx(float(want), rel=1e-5, abs=1e-5), name
+        assert s["kl_p_q_prev"] >= 0.0 and s["kl_q_p_prev"] >= 0.0
+    assert s["kl_p_q_prev"] == pytest.approx(0.0, abs=1e-6) and s["l1_p_q_prev"] == 0.0  # second pass: q_prev = p

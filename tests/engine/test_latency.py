@@ -103,3 +103,30 @@ def test_dense_grid_matches_interpolating_every_column_then_the_size():
         for size in [0, 1, 2, 4, 7.5, 13, 20]:
             by_size = [_reference_interpolation(lengths, [row[j] for row in grid], length) for j in range(len(sizes))]
             assert table.target(length, size) == pytest.approx(_reference_interpolation(sizes, by_size, size))
+
+
+def test_vectorised_step_time_equals_eq_11_per_action():
+    """step_ms_many (one numpy pass) against Eq. 11 summed lookup by lookup, on an irregular grid, at lengths
+    inside, on and beyond its points, for every default action."""
+    import numpy as np
+
+    from decode.latency import draft_passes
+
+    g = np.random.default_rng(0)
+    lengths, sizes = [16, 40, 200, 333], [1, 2, 3, 5, 9, 17, 41]
+    table = LatencyTable(lengths, sizes, g.uniform(1, 4, (4, 7)).tolist(), g.uniform(10, 30, (4, 7)).tolist())
+    actions = [Action(k, l1, l2) for k in range(1, 5) for l1 in range(9) for l2 in range(9)]
+
+    def eq_11(ctx, a):
+        k = a.k if a.l2 > 0 else 0
+        trunk = sum(table.draft(ctx + j, 1) for j in range(a.l1))
+        branches = sum(table.draft(ctx + a.l1 + j * k, k) for j in range(a.l2))
+        return trunk + branches + table.target(ctx, 1 + a.size)
+
+    passes = draft_passes(actions)
+    for ctx in [0, 16, 17, 39, 40, 150, 200, 320, 333, 900]:
+        want = np.array([eq_11(ctx, a) for a in actions])
+        np.testing.assert_allclose(table.step_ms_many(ctx, actions), want, rtol=1e-12)
+        np.testing.assert_allclose(table.step_ms_many(ctx, passes), want, rtol=1e-12)
+    one_point = LatencyTable([64], [4], [[2.0]], [[20.0]])  # a one-point grid holds its value everywhere
+    assert one_point.step_ms(10, Action(2, 1, 3)) == pytest.approx(4 * 2.0 + 20.0)

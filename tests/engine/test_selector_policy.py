@@ -144,8 +144,8 @@ def test_loop_with_the_selector_is_lossless(selector_file, name):
 class _StubLatency:
     """Eq. 11 stand-in: T̂ grows by 1 ms per drafted token."""
 
-    def step_ms(self, length, action):
-        return 5.0 + action.size
+    def step_ms_many(self, length, passes):
+        return 5.0 + (passes.tree_sizes - 1).astype(float)  # tree_sizes count the root
 
 
 def test_throughput_decision_calibrates_the_unmodelled_step_time(selector_file, tmp_path, monkeypatch):
