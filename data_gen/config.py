@@ -71,7 +71,11 @@ class CollectConfig:
 
 def load_collect_config(path: str | Path | None, overrides: list[str] | None = None) -> CollectConfig:
     """Read, override and validate a collect config; raises ValueError with a clear message."""
-    config = load_yaml_config(CollectConfig, path, overrides)
+    return check_collect_config(load_yaml_config(CollectConfig, path, overrides))
+
+
+def check_collect_config(config: CollectConfig) -> CollectConfig:
+    """``config`` if every value is in range; raises ValueError naming the first bad one."""
     checks = [
         (config.k_max >= 1, "k_max must be >= 1"),
         (config.l_max >= 1, "l_max must be >= 1"),

@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train-pair": ("ddte.pair.recipe", "train the shipped draft/target pair and its tokenizer from a YAML recipe"),
     "pair-card": ("ddte.pair.card", "measure the pair's losses, latencies and acceptance for the model card"),
     "collect": ("data_gen.cli", "collect the selector's training set: root features and exact labels per action"),
+    "relabel": ("data_gen.relabel", "relabel a data set's step times with a latency model measured on this machine"),
     "analyze": ("data_gen.analyze", "per-depth acceptance and p/q distance, best static action, from a data set"),
     "train": ("selector.train", "train a selector on a collected data set (Lightning, tracked in MLflow)"),
     "export": ("selector.export", "export a trained selector to one ONNX file with metadata and a parity check"),
