@@ -105,7 +105,7 @@ def collect(
     out = Path(config.output)
     _prepare_output(out, resume)
     verifier_names = _check_verifiers(config.verifiers)
-    pair = _load_pair(config)
+    pair = load_collect_pair(config)
     texts = _load_prompt_texts(config)
     prompts = _tokenize(pair, texts, config)
     metadata = _metadata(config, pair, verifier_names)
@@ -153,7 +153,7 @@ def _check_verifiers(names: list[str]) -> list[str]:
     return out
 
 
-def _load_pair(config: CollectConfig):
+def load_collect_pair(config: CollectConfig):
     """Both models as CachedLMs in the config's device/dtype, the tokenizer and the pair's paths."""
     import torch
 
@@ -250,7 +250,7 @@ def _metadata(config: CollectConfig, pair: _Pair, verifiers: list[str]) -> dict:
 
     from ddte import __version__
 
-    latency = _measure_latency(config, pair)
+    latency = collect_latency(config, pair)
     from decode.pair import pair_fingerprint
 
     paths = {k: Path(v) for k, v in pair.paths.items()}
@@ -304,7 +304,8 @@ def _is_top_down(name: str) -> bool:
     return is_top_down(get_verifier(name))
 
 
-def _measure_latency(config: CollectConfig, pair: _Pair):
+def collect_latency(config: CollectConfig, pair: _Pair | None):
+    """The config's latency table: read from ``latency.file`` (no pair needed), else measured on ``pair``."""
     from decode.latency import LatencyTable, measure_latency
 
     grid = config.latency
@@ -422,7 +423,7 @@ def _raise_interrupt(signum, frame) -> None:
 
 def _worker_main(plan: WorkPlan, index: int, tasks, queue) -> None:
     try:
-        pair = _load_pair(plan.config)
+        pair = load_collect_pair(plan.config)
         worker = _Worker(plan, pair)
         for c in iter(tasks.get, None):
             worker.chunk(c, lambda n: queue.put(("roots", n)))

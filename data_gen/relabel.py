@@ -96,17 +96,16 @@ def relabel_table(table, latency: LatencyTable, passes: DraftPasses):
     row's context length; every other column is the same object."""
     import pyarrow as pa
 
-    scalars = np.array(table.column("scalars").to_pylist(), dtype=np.float64)  # (N, S)
+    n = table.num_rows
+    scalars = np.array(table.column("scalars").to_pylist(), dtype=np.float64).reshape(n, len(SCALAR_NAMES))
     context = scalars[:, SCALAR_NAMES.index("context_length")].astype(np.int64)
-    step_ms = np.stack([latency.step_ms_many(int(c), passes) for c in context]) if len(context) else None
-    for row, length in enumerate(context):
-        scalars[row, SCALAR_NAMES.index("draft_ms")], scalars[row, SCALAR_NAMES.index("target_ms")] = (
-            latency.pass_times(int(length))
-        )
+    step_ms = np.array([latency.step_ms_many(int(c), passes) for c in context]).reshape(n, len(passes.tree_sizes))
+    timed = [SCALAR_NAMES.index("draft_ms"), SCALAR_NAMES.index("target_ms")]
+    scalars[:, timed] = np.array([latency.pass_times(int(c)) for c in context]).reshape(n, 2)
     for name, values in (("step_ms", step_ms), ("scalars", scalars)):
         index = table.schema.get_field_index(name)
         field = table.schema.field(index)
-        column = pa.array([] if values is None else values.astype(np.float32).tolist(), type=field.type)
+        column = pa.array(values.astype(np.float32).tolist(), type=field.type)
         table = table.set_column(index, field, column)
     return table
 
@@ -173,8 +172,6 @@ def _check_same_pair(metadata: dict, config: CollectConfig) -> None:
 
 
 def _latency(config: CollectConfig) -> LatencyTable:
-    from data_gen.cli import _load_pair, _measure_latency
+    from data_gen.cli import collect_latency, load_collect_pair
 
-    if config.latency.file:
-        return _measure_latency(config, None)  # reads the file
-    return _measure_latency(config, _load_pair(config))
+    return collect_latency(config, None if config.latency.file else load_collect_pair(config))

@@ -16,7 +16,7 @@ from data_gen.schema import SCALAR_NAMES, action_grid
 from ddte.cli import main
 from decode.latency import LatencyTable
 from selector.data import inspect_dataset, load_rows
-from tests.data_gen.test_collect import _overrides, _rows, tiny_pair  # noqa: F401  (tiny_pair is a fixture)
+from tests.data_gen.test_collect import _overrides, _rows
 from tests.engine.tiny import tiny_llama
 
 # Another machine: every pass twice as slow as the collection's table, and non-linear in the block size.
@@ -25,7 +25,7 @@ OTHER = LatencyTable([8, 16, 32], [1, 2, 3, 5], [[2.0, 3.5, 3.0, 4.0], [2.5, 4.0
 
 
 @pytest.fixture(scope="module")
-def collected(tiny_pair, tmp_path_factory) -> Path:  # noqa: F811
+def collected(tiny_pair, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("relabel") / "data"
     collect(load_collect_config(None, _overrides(tiny_pair, out)), progress=False)
     return out
@@ -83,7 +83,7 @@ def test_measures_on_this_machine_with_the_collection_pair(collected, tmp_path, 
     assert meta["relabelled"]["hardware"]["device"] == "cpu"
 
 
-def test_bad_input_is_refused_without_writing(collected, tiny_pair, tmp_path, capsys):  # noqa: F811
+def test_bad_input_is_refused_without_writing(collected, tiny_pair, tmp_path, capsys):
     taken = tmp_path / "taken"
     taken.mkdir()
     code, err = _relabel([str(collected), str(taken)], capsys)
