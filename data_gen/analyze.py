@@ -1,27 +1,18 @@
-"""Look at a collected data set: the paper's Figure-1 view and the best static actions.
+"""Look at a collected data set: the paper's Figure-1 view, the best static actions and the honest head-room.
 
-  ddte analyze data/collect/default --output results/analyze
-
-Prints, per sampling configuration: the mean ‖p − q‖₁ by trunk depth and each top-down verifier's acceptance
-rate by depth (with K_max draws at that depth), then the best static action per verifier (highest throughput
-Σ Ê[τ+1] / Σ T̂ over the data set's roots) with its block efficiency. Writes analysis.json and two PNG plots.
+Per sampling configuration: the mean ‖p − q‖₁ by trunk depth and each top-down verifier's acceptance rate by depth
+(with K_max draws at that depth), then per verifier the best static action (highest throughput Σ Ê[τ+1] / Σ T̂
+over the data set's roots) with its block efficiency, and the head-room of data_gen/headroom.py.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 
-from data_gen.schema import SHARD_GLOB, acceptance_column, label_column
-from ddte.cli import UserError
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("data", help="a folder written by ddte collect")
-    parser.add_argument("--output", default=None, help="folder for analysis.json and plots (default: DATA/analysis)")
+from data_gen.headroom import head_room
+from data_gen.schema import SHARD_GLOB, acceptance_column, label_column, trees_column
 
 
 def load_columns(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -29,41 +20,48 @@ def load_columns(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
     from data_gen.store import read_metadata
 
     if not folder.is_dir():
-        raise UserError(f"no data set folder at {folder}")
+        raise ValueError(f"no data set folder at {folder}")
     shards = sorted(folder.glob(SHARD_GLOB))
     if not shards:
-        raise UserError(f"{folder} holds no shards ({SHARD_GLOB})")
-    try:
-        metadata = read_metadata(folder)
-    except ValueError as err:
-        raise UserError(str(err)) from err
+        raise ValueError(f"{folder} holds no shards ({SHARD_GLOB})")
+    metadata = read_metadata(folder)
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    tables = [pq.read_table(s) for s in shards]
+    names = [n for n in pq.read_schema(shards[0]).names if n not in SKIPPED]
+    table = pa.concat_tables([pq.read_table(s, columns=names) for s in shards])
     columns = {}
-    for name in tables[0].column_names:
-        values = [v for t in tables for v in t.column(name).to_pylist()]
-        columns[name] = np.array(values, dtype=object if name == "prompt_id" else np.float64)
+    for name in names:
+        column = table.column(name).combine_chunks()
+        if name == "prompt_id":
+            columns[name] = np.array(column.to_pylist(), dtype=object)
+        elif pa.types.is_list(column.type):  # fixed-length lists -> (N, width)
+            flat = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(np.float64)
+            columns[name] = flat.reshape(len(column), -1) if len(column) else flat.reshape(0, 0)
+        else:
+            columns[name] = column.to_numpy(zero_copy_only=False).astype(np.float64)
     return metadata, columns
 
 
-def static_throughput(be: np.ndarray, step_ms: np.ndarray) -> np.ndarray:
-    """``(A,)`` stream throughput Σ be / Σ step_ms (tokens/ms) of each action used at every root ``(N, A)``;
-    -inf for actions without a label on some root (a static shape must be usable at every step)."""
-    valid = ~np.isnan(be).any(axis=0)
-    return np.where(valid, np.nansum(be, axis=0) / step_ms.sum(axis=0), -np.inf)
+SKIPPED = ("trunk_draft_hidden",)  # per-node hidden states: large, and nothing here reads them
 
 
-def best_static(be: np.ndarray, step_ms: np.ndarray) -> tuple[int, float]:
-    """Index and throughput (tokens/ms) of the best static action."""
-    throughput = static_throughput(be, step_ms)
-    best = int(np.argmax(throughput))
-    return best, float(throughput[best])
+def per_tree_labels(metadata: dict, columns: dict[str, np.ndarray], verifier: str) -> np.ndarray | None:
+    """``(N, s, A)`` per-tree labels of a schema-2 data set, None for schema 1."""
+    name = trees_column(verifier)
+    if name not in columns:
+        return None
+    return columns[name].reshape(len(columns[name]), int(metadata["trees_per_root"]), len(metadata["actions"]))
 
 
-def analyze(metadata: dict, columns: dict[str, np.ndarray]) -> dict:
-    """Per sampling configuration: depth profiles and best static actions."""
-    out = {"roots": int(len(columns["seed"])), "by_sampling": []}
+def analyze(metadata: dict, columns: dict[str, np.ndarray], trees: int | None = None) -> dict:
+    """Per sampling configuration: depth profiles, best static actions and the honest head-room.
+
+    ``trees``: use only each root's first ``trees`` union trees (schema 2), as if the data set had been collected
+    with that many: how the same-tree oracle's bias and the labels' noise shrink with ``trees_per_root``.
+    """
+    out = {"roots": int(len(columns["seed"])), "by_sampling": [], "trees": trees or metadata.get("trees_per_root")}
     actions = metadata["actions"]
     for s, conf in enumerate(metadata["sampling"]):
         rows = columns["sampling_index"] == s
@@ -75,16 +73,24 @@ def analyze(metadata: dict, columns: dict[str, np.ndarray]) -> dict:
             "l1_by_depth": columns["l1_by_depth"][rows].mean(0).round(4).tolist(),
             "accept_by_depth": {},
             "best_static": {},
+            "head_room": {},
         }
         for v in metadata["verifiers"]:
             if acceptance_column(v) in columns:
                 entry["accept_by_depth"][v] = columns[acceptance_column(v)][rows].mean(0).round(4).tolist()
             be, step = columns[label_column(v)][rows], columns["step_ms"][rows]
-            best, tput = best_static(be, step)
+            per_tree = per_tree_labels(metadata, columns, v)
+            if per_tree is not None and trees is not None:
+                per_tree = per_tree[:, :trees]
+                be = per_tree[rows].mean(axis=1)
+            room = head_room(None if per_tree is None else per_tree[rows], be, step, columns["prompt_id"][rows])
+            best = room.best_static
+            throughput = float(be[:, best].sum() / step[:, best].sum())
             entry["best_static"][v] = {
-                "action": actions[best], "tokens_per_s": round(1000 * tput, 1),
+                "action": actions[best], "tokens_per_s": round(1000 * throughput, 1),
                 "block_efficiency": round(float(np.mean(be[:, best])), 3),
             }
+            entry["head_room"][v] = room.as_dict()
         out["by_sampling"].append(entry)
     return out
 
@@ -100,11 +106,22 @@ def format_report(result: dict) -> str:
         lines.append("| ‖p−q‖₁ | " + " | ".join(f"{x:.2f}" for x in entry["l1_by_depth"]) + " |")
         for v, acc in entry["accept_by_depth"].items():
             lines.append(f"| accept {v} | " + " | ".join(f"{x:.2f}" for x in acc) + " |")
-        lines.append("\n| verifier | best static (K,L1,L2) | Ê[τ+1] | tokens/s (latency model) |")
-        lines.append("|---|---|---|---|")
+        lines.append("\n| verifier | best static (K,L1,L2) | Ê[τ+1] | tokens/s (latency model) | same-tree oracle "
+                     "(biased) | cross-fitted oracle | cross-fitted per-prompt static |")
+        lines.append("|---|---|---|---|---|---|---|")
         for v, best in entry["best_static"].items():
-            lines.append(f"| {v} | {best['action']} | {best['block_efficiency']:.2f} | {best['tokens_per_s']:.1f} |")
+            room = entry["head_room"][v]
+            lines.append(f"| {v} | {best['action']} | {best['block_efficiency']:.2f} | {best['tokens_per_s']:.1f} | "
+                         f"{room['same_tree_oracle']:.3f}× | {_ratio(room['cross_fitted_oracle'])} | "
+                         f"{_ratio(room['cross_fitted_prompt_static'])} |")
+    lines.append("\nHead-room columns are per-root (or per-prompt) choices as a ratio to the best static action. The "
+                 "same-tree oracle chooses and scores on the same trees, so label noise inflates it; the cross-fitted "
+                 "figures choose on one half of each root's trees and score on the other, both ways, averaged.")
     return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a (schema 1)" if value is None else f"{value:.3f}×"
 
 
 def plot(result: dict, folder: Path) -> list[Path]:
@@ -142,19 +159,3 @@ def plot(result: dict, folder: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
     return paths
-
-
-def run(args: argparse.Namespace) -> int:
-    folder = Path(args.data)
-    metadata, columns = load_columns(folder)
-    result = analyze(metadata, columns)
-    print(format_report(result))
-    out = Path(args.output) if args.output else folder / "analysis"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "analysis.json").write_text(json.dumps(result, indent=1))
-        paths = plot(result, out)
-    except OSError as err:
-        raise UserError(f"cannot write to {out} ({err.strerror or err})") from err
-    print(f"\nwrote {out / 'analysis.json'} and {', '.join(str(p) for p in paths)}")
-    return 0

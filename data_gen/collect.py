@@ -14,12 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from data_gen.schema import HIDDEN_COLUMNS, acceptance_column, label_column
-from decode.drafting import Action
-from decode.features import root_features
-from decode.labels import UnionForest, grow_union_forest, label_forest
+from data_gen.config import CollectConfig
+from data_gen.labels import label_forest
+from data_gen.schema import TRUNK_COLUMNS, TRUNK_STATE_COLUMNS, acceptance_column, label_column, trees_column
+from data_gen.union import UnionForest, grow_union_forest
+from decode.actions import Action
+from decode.features import HIDDEN_NAMES, root_features
 from decode.latency import LatencyTable, draft_passes
 from decode.models import CachedLM
+from decode.pair import LoadedPair, load_pair_config
 from decode.sampling import SamplingConfig, distributions
 from decode.tree import ROOT
 from decode.verifiers import Verifier
@@ -75,8 +78,7 @@ class Collector:
         self.k_max, self.l_max, self.trees = k_max, l_max, trees_per_root
         self.new_tokens, self.stride, self.seed = new_tokens, stride, seed
         self.target_chunk, self.eos = target_chunk, eos_token_id
-        limit = min(_context_limit(target), _context_limit(draft))
-        self.context_limit = limit
+        self.context_limit = min(target.context_limit, draft.context_limit)
 
     def root_positions(self, prompt_length: int) -> list[int]:
         return root_positions(prompt_length, self, self.context_limit)
@@ -131,8 +133,9 @@ class Collector:
             context_length, sampling, self.latency.pass_times,
         )
         seed = derive_seed(self.seed, job.prompt_index, job.sampling_index, job.trajectory, position)
+        draft_hidden = {ROOT: draft_at[1].hidden.float().cpu()}  # forest node -> the draft's final hidden state
         forest = grow_union_forest(
-            q_root, self._draft_expander(sampling), self.trees, self.k_max, self.l_max,
+            q_root, self._draft_expander(sampling, draft_hidden), self.trees, self.k_max, self.l_max,
             torch.Generator().manual_seed(seed),
         )
         self.draft.commit([])
@@ -147,29 +150,37 @@ class Collector:
             "trajectory": job.trajectory,
             "root_position": context_length,
             "seed": seed,
-            HIDDEN_COLUMNS[0]: features.target_hidden_prev.tolist(),
-            HIDDEN_COLUMNS[1]: features.draft_hidden_prev.tolist(),
-            HIDDEN_COLUMNS[2]: features.draft_hidden_root.tolist(),
+            HIDDEN_NAMES[0]: features.target_hidden_prev.tolist(),
+            HIDDEN_NAMES[1]: features.draft_hidden_prev.tolist(),
+            HIDDEN_NAMES[2]: features.draft_hidden_root.tolist(),
             "scalars": features.scalars.tolist(),
             "step_ms": self.latency.step_ms_many(context_length, self.passes).tolist(),
             "l1_by_depth": labels.l1_by_depth.tolist(),
         }
-        for name, values in labels.be.items():
-            row[label_column(name)] = values.tolist()
+        for name, values in labels.be_trees.items():
+            row[label_column(name)] = values.mean(axis=0).tolist()
+            row[trees_column(name)] = values.reshape(-1).tolist()  # (s, A) tree-major
+        row[TRUNK_COLUMNS[0]] = labels.trunk_accept.reshape(-1).tolist()  # (s, 2·L_max)
+        row[TRUNK_COLUMNS[1]] = labels.trunk_beta.reshape(-1).tolist()
         for name, values in labels.accept.items():
             row[acceptance_column(name)] = values.tolist()
+        row.update(trunk_states(forest, q, draft_hidden))
         return row
 
-    def _draft_expander(self, sampling: SamplingConfig):
-        """The union forest's ``expand``: one draft tree pass over new nodes whose parents were run."""
+    def _draft_expander(self, sampling: SamplingConfig, hidden: dict[int, torch.Tensor] | None = None):
+        """The union forest's ``expand``: one draft tree pass over new nodes whose parents were run (their final
+        hidden states kept in ``hidden`` when given)."""
         slots = {0: self.draft.length - 1}
 
         def expand(forest: UnionForest, nodes: list[int]) -> torch.Tensor:
             base = self.draft.length
             parents = [slots[forest.parents[v]] for v in nodes]
-            logits = self.draft.extend_tree([forest.tokens[v] for v in nodes], parents)
+            out = self.draft.extend_tree([forest.tokens[v] for v in nodes], parents, output_hidden=hidden is not None)
+            logits, states = out if hidden is not None else (out, None)
             for i, v in enumerate(nodes):
                 slots[v] = base + i
+                if states is not None:
+                    hidden[v] = states[i].float().cpu()
             return distributions(logits, sampling)
 
         return expand
@@ -214,6 +225,20 @@ class Collector:
         return torch.cat(out)
 
 
+def trunk_states(forest: UnionForest, q: torch.Tensor, hidden: dict[int, torch.Tensor]) -> dict[str, list[float]]:
+    """The draft's state at trunk depths 0..L_max of every union tree (the root at depth 0): what a policy deciding
+    while drafting may see there. Columns of :data:`data_gen.schema.TRUNK_STATE_COLUMNS`, tree-major."""
+    depths = forest.l_max + 1
+    nodes = torch.tensor([sample.trunk[:depths] for sample in forest.samples]).reshape(-1)  # (s · depths,)
+    rows = q[nodes]
+    entropy = -(rows * rows.clamp_min(1e-12).log()).sum(-1)
+    return {
+        TRUNK_STATE_COLUMNS[0]: torch.stack([hidden[int(v)] for v in nodes]).reshape(-1).tolist(),
+        TRUNK_STATE_COLUMNS[1]: entropy.tolist(),
+        TRUNK_STATE_COLUMNS[2]: rows.max(-1).values.tolist(),
+    }
+
+
 def root_positions(prompt_length: int, spec, context_limit: int) -> list[int]:
     """Root positions of a trajectory: the prompt's last token, then every ``spec.stride`` generated tokens.
 
@@ -224,5 +249,18 @@ def root_positions(prompt_length: int, spec, context_limit: int) -> list[int]:
     return list(range(prompt_length - 1, last + 1, spec.stride))
 
 
-def _context_limit(model: CachedLM) -> int:
-    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
+def load_collect_pair(config: CollectConfig) -> LoadedPair:
+    """The config's pair in its device/dtype, with torch's thread count set for this worker.
+
+    Raises:
+        ValueError: the pair cannot be loaded, or it has no tokenizer (prompts are text).
+    """
+    try:
+        pair = load_pair_config(config.pair, config.device, config.dtype)
+    except ValueError as err:
+        raise ValueError(f"pair: {err}") from err
+    if pair.tokenizer is None:
+        raise ValueError("pair: no tokenizer found (set tokenizer: in the pair config)")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    return pair

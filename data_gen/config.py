@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_gen.schema import DEFAULT_VERIFIERS
-from ddte.yamlconfig import load_yaml_config
+from decode.yamlconfig import load_yaml_config
 
 
 @dataclass
@@ -93,6 +93,7 @@ def check_collect_config(config: CollectConfig) -> CollectConfig:
         (config.dtype in ("auto", "float32", "bfloat16", "float16"), "bad dtype (auto, float32, bfloat16, float16)"),
         (config.device in ("auto", "cpu", "cuda"), "device must be cpu, cuda or auto"),
         (config.prompts.max_tokens >= 2, "prompts.max_tokens must be >= 2"),
+        (config.prompts.limit is None or config.prompts.limit >= 1, "prompts.limit must be null or >= 1"),
         (bool(config.latency.lengths) and all(n >= 1 for n in config.latency.lengths),
          "latency.lengths must list context lengths >= 1"),
         (config.latency.sizes is None or (bool(config.latency.sizes) and all(n >= 1 for n in config.latency.sizes)),

@@ -6,11 +6,6 @@ took hours to collect on one machine can train a selector for another one: measu
 relabel. The same holds when the grid changes: collections made before every block size was measured hold a
 sparse table (sizes 1, 4, 16, 33) that makes 2- and 3-token blocks look cheaper than they are on CPU.
 
-  ddte relabel data/collect/default data/collect/here                      # measure on this machine
-  ddte relabel data/collect/default data/collect/dense latency.sizes=null  # every block size this time
-  ddte relabel data/collect/default data/gpu latency.file=gpu.json         # a table measured elsewhere
-  ddte relabel --save-latency gpu.json data/collect/default data/gpu device=cuda latency.repeats=10
-
 The measurement uses the data set's own collect config (its pair, latency grid, device and threads), with any
 key=value overrides. The pair must be the one the data set was collected with (its fingerprint is checked). The
 output folder is written under a temporary name and renamed when complete; an existing folder is never touched.
@@ -18,50 +13,22 @@ output folder is written under a temporary name and renamed when complete; an ex
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from data_gen.config import CollectConfig, check_collect_config, config_to_dict
-from data_gen.schema import METADATA_FILE, SCALAR_NAMES
+from data_gen.schema import METADATA_FILE
 from data_gen.store import list_shards, read_metadata
-from ddte.cli import UserError
-from ddte.yamlconfig import apply_override, build_dataclass
-from decode.drafting import Action
+from decode.actions import Action
+from decode.features import SCALAR_NAMES
 from decode.latency import DraftPasses, LatencyTable, draft_passes
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("data", help="a folder written by `ddte collect`")
-    parser.add_argument("output", help="new folder for the relabelled data set (must not exist)")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="overrides of the data set's collect config, e.g. device=cuda latency.file=t.json")
-    parser.add_argument("--save-latency", default=None, metavar="FILE", help="also write the latency table as JSON")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def run(args: argparse.Namespace) -> int:
-    source, output = Path(args.data), Path(args.output)
-    metadata = _read_source(source)
-    if output.exists():
-        raise UserError(f"{output} exists; relabelling writes a new folder")
-    config = _config(metadata, args.overrides)
-    _check_same_pair(metadata, config)
-    start = time.perf_counter()
-    latency = _latency(config)
-    if args.save_latency:
-        Path(args.save_latency).write_text(latency.to_json(), encoding="utf-8")
-    rows = relabel(source, output, metadata, latency, config, progress=not args.no_progress)
-    print(f"relabelled {rows} roots into {output} in {time.perf_counter() - start:.1f} s "
-          f"(step times from a {len(latency.lengths)}×{len(latency.sizes)} latency table on {latency.device})")
-    return 0
+from decode.yamlconfig import apply_override, build_dataclass
 
 
 def relabel(
@@ -131,31 +98,26 @@ def relabelled_metadata(metadata: dict, latency: LatencyTable, config: CollectCo
 # --------------------------------------------------------------------------------------------------------- pieces
 
 
-def _read_source(source: Path) -> dict:
+def read_source(source: Path) -> dict:
+    """The metadata of a data set folder that holds shards; ValueError if it is not one."""
     if not (source / METADATA_FILE).is_file():
-        raise UserError(f"{source} is not a collected data set (no {METADATA_FILE})")
-    try:
-        metadata = read_metadata(source)
-    except ValueError as err:
-        raise UserError(str(err)) from err
+        raise ValueError(f"{source} is not a collected data set (no {METADATA_FILE})")
+    metadata = read_metadata(source)
     if not list_shards(source):
-        raise UserError(f"{source} holds no shards")
+        raise ValueError(f"{source} holds no shards")
     return metadata
 
 
-def _config(metadata: dict, overrides: list[str]) -> CollectConfig:
+def relabel_config(metadata: dict, overrides: list[str]) -> CollectConfig:
     """The data set's own collect config with the user's overrides (validated like `ddte collect`'s)."""
     data = copy.deepcopy(metadata.get("config") or {})
-    try:
-        for assignment in overrides:
-            apply_override(data, assignment)
-        return check_collect_config(build_dataclass(CollectConfig, data))
-    except ValueError as err:
-        raise UserError(str(err)) from err
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return check_collect_config(build_dataclass(CollectConfig, data))
 
 
-def _check_same_pair(metadata: dict, config: CollectConfig) -> None:
-    """A latency table is only meaningful for the pair whose Ê labels these are."""
+def check_same_pair(metadata: dict, config: CollectConfig) -> None:
+    """A latency table is only meaningful for the pair whose Ê labels these are; ValueError for another pair."""
     if config.latency.file:
         return  # no models are loaded; the file's provenance is the user's word
     from decode.pair import pair_fingerprint, read_pair_config
@@ -164,14 +126,16 @@ def _check_same_pair(metadata: dict, config: CollectConfig) -> None:
         paths = {k: Path(v) for k, v in read_pair_config(config.pair).items()}
         fingerprint = pair_fingerprint(paths["target"], paths["draft"], paths.get("tokenizer"))
     except (OSError, ValueError) as err:
-        raise UserError(f"pair: {err}") from err
+        raise ValueError(f"pair: {err}") from err
     want = metadata.get("pair", {}).get("fingerprint")
     if want and fingerprint != want:
-        raise UserError(f"pair {config.pair} is not the pair this data set was collected with "
-                        f"(fingerprint {fingerprint[:12]}…, data set {want[:12]}…)")
+        raise ValueError(f"pair {config.pair} is not the pair this data set was collected with "
+                         f"(fingerprint {fingerprint[:12]}…, data set {want[:12]}…)")
 
 
-def _latency(config: CollectConfig) -> LatencyTable:
-    from data_gen.cli import collect_latency, load_collect_pair
+def relabel_latency(config: CollectConfig) -> LatencyTable:
+    """The new latency table: read from ``latency.file``, else measured here on the config's pair."""
+    from data_gen.collect import load_collect_pair
+    from data_gen.collection import collect_latency
 
     return collect_latency(config, None if config.latency.file else load_collect_pair(config))

@@ -1,29 +1,17 @@
-"""The data set contract shared by data_gen (writer) and selector (reader): columns, action order, metadata.
+"""The data set contract shared by data_gen (writer) and selector (reader): files, columns and metadata keys.
 
-One parquet row per root. The action list, its order and every name below are part of the data set's
-metadata (``dataset.json`` beside the shards) and of the exported selector's metadata. See docs/dataset.md.
+One parquet row per root (docs/dataset.md). Feature names come from :mod:`decode.features` and the action grid
+from :mod:`decode.actions`; this module names the rest: the folder's files, the label columns and the schema
+version.
 """
 
 from __future__ import annotations
 
-from decode.drafting import Action
-from decode.features import SCALAR_NAMES
-
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: per-tree labels and trunk acceptances (1: means over the trees only)
+READABLE_VERSIONS = (1, 2)  # a schema-1 folder still trains a selector; its cross-fitted figures are unavailable
 METADATA_FILE = "dataset.json"
 SHARD_GLOB = "shard-*.parquet"
-HIDDEN_COLUMNS = ("target_hidden_prev", "draft_hidden_prev", "draft_hidden_root")
 DEFAULT_VERIFIERS = ("nss", "naive", "specinfer", "spectr", "traversal", "gbv")
-
-
-def action_grid(k_max: int = 4, l_max: int = 8) -> list[Action]:
-    """Every (K, L1, L2) with K in 1..k_max and L1, L2 in 0..l_max, K outermost, then L1, then L2."""
-    return [Action(k, l1, l2) for k in range(1, k_max + 1) for l1 in range(l_max + 1) for l2 in range(l_max + 1)]
-
-
-def action_key(action: Action) -> str:
-    """'K,L1,L2', the form actions take in metadata and on the command line."""
-    return f"{action.k},{action.l1},{action.l2}"
 
 
 def label_column(verifier: str) -> str:
@@ -31,9 +19,17 @@ def label_column(verifier: str) -> str:
     return f"be_{verifier}"
 
 
+def trees_column(verifier: str) -> str:
+    """Column holding Ê[τ+1] of every action on each of the s union trees: ``s·A`` floats, tree-major (schema 2)."""
+    return f"be_trees_{verifier}"
+
+
+TRUNK_COLUMNS = ("trunk_accept", "trunk_beta")  # s·2·L_max floats each, tree-major (schema 2)
+# the draft's state at trunk depths 0..L_max of each tree (schema 2): hidden s·(L_max+1)·H_d, entropy and top
+# probability s·(L_max+1) each, tree-major
+TRUNK_STATE_COLUMNS = ("trunk_draft_hidden", "trunk_draft_entropy", "trunk_draft_top")
+
+
 def acceptance_column(verifier: str) -> str:
     """Column holding, per trunk depth d = 0..L_max, P(accept one of K_max draws at depth d) for a verifier."""
     return f"accept_{verifier}"
-
-
-__all__ = ["SCALAR_NAMES", "action_grid", "action_key", "label_column", "acceptance_column"]

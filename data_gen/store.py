@@ -11,7 +11,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from data_gen.schema import HIDDEN_COLUMNS, METADATA_FILE, SCHEMA_VERSION, SHARD_GLOB
+from data_gen.schema import METADATA_FILE, READABLE_VERSIONS, SHARD_GLOB
+from decode.features import HIDDEN_NAMES
 
 # Keys of the resolved config that may change between the runs that build one data set (they change how the
 # work is spread or where it runs, not what a row holds).
@@ -29,6 +30,9 @@ def list_shards(out: Path) -> list[Path]:
 def write_shard(rows: list[dict], path: Path, label_columns: list[str]) -> None:
     """Write rows as one parquet file through ``datasets``, atomically (temporary name, then rename)."""
     from datasets import Dataset, Features, List, Value
+    from datasets.utils import disable_progress_bars
+
+    disable_progress_bars()  # one bar per shard write would interleave with (or defeat --no-progress of) ours
 
     features = {
         "prompt_id": Value("string"),
@@ -39,7 +43,7 @@ def write_shard(rows: list[dict], path: Path, label_columns: list[str]) -> None:
         "root_position": Value("int32"),
         "seed": Value("int64"),
     }
-    for name in (*HIDDEN_COLUMNS, "scalars", "step_ms", "l1_by_depth", *label_columns):
+    for name in (*HIDDEN_NAMES, "scalars", "step_ms", "l1_by_depth", *label_columns):
         features[name] = List(Value("float32"))
     table = Dataset.from_list(rows, features=Features(features))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=path.parent)
@@ -81,8 +85,9 @@ def read_metadata(out: Path) -> dict:
         metadata = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"{path}: cannot read the data set's metadata ({err})") from err
-    if metadata.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema version {metadata.get('schema_version')}, this ddte writes {SCHEMA_VERSION}")
+    if metadata.get("schema_version") not in READABLE_VERSIONS:
+        raise ValueError(f"{path}: schema version {metadata.get('schema_version')}, this ddte reads "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}")
     return metadata
 
 
@@ -92,7 +97,12 @@ def content_config(config: dict) -> dict:
 
 
 def check_same_collection(existing: dict, config: dict) -> None:
-    """Refuse to add rows made under another config to a data set."""
+    """Refuse to add rows made under another config, or another schema version, to a data set."""
+    from data_gen.schema import SCHEMA_VERSION
+
+    if existing.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"the output folder holds a schema-{existing.get('schema_version')} collection; this ddte "
+                         f"writes schema {SCHEMA_VERSION}: use another --output")
     old, new = content_config(existing.get("config", {})), content_config(config)
     diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     if diff:

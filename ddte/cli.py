@@ -1,63 +1,80 @@
-"""The one `ddte` console script: a subcommand per job.
+"""The one `ddte` console script: a subcommand per job, each a shell in ``ddte/commands/``.
 
-Each subcommand lives in its own module and exposes two functions:
-``add_arguments(parser)`` and ``run(args) -> int``. Register it in ``SUBCOMMANDS`` below;
-``tests/test_cli.py`` keeps this map, the parser and the help texts in sync.
+A shell module exposes ``add_arguments(parser)`` and ``run(args) -> int``; its docstring is its ``--help`` text.
+Register it in :data:`SUBCOMMANDS`. Only the chosen subcommand's module is imported: ``ddte --help`` imports none,
+``ddte generate ...`` imports generate's alone (tests/ddte/test_cli.py keeps the map, the parser and the help
+texts in sync).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 
-# name -> (module path, one-line help). Modules are imported only when their subcommand runs
-# (or when --help is built), so `ddte --help` stays fast and light.
+from ddte import __version__
+from ddte.commands.common import HelpFormatter, UserError
+
+# name -> (shell module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "generate": ("decode.cli", "generate text with lossless speculative decoding over delayed trees"),
-    "bench": ("decode.bench", "benchmark decoding methods side by side on held-out prompts"),
-    "bench-verifiers": ("decode.bench_verifiers", "time every verifier and its exact expectation on CPU"),
-    "build-prompts": ("ddte.pair.prompts", "build JSONL prompt sets from held-out stdlib modules"),
-    "train-pair": ("ddte.pair.recipe", "train the shipped draft/target pair and its tokenizer from a YAML recipe"),
-    "pair-card": ("ddte.pair.card", "measure the pair's losses, latencies and acceptance for the model card"),
-    "collect": ("data_gen.cli", "collect the selector's training set: root features and exact labels per action"),
-    "relabel": ("data_gen.relabel", "relabel a data set's step times with a latency model measured on this machine"),
-    "analyze": ("data_gen.analyze", "per-depth acceptance and p/q distance, best static action, from a data set"),
-    "train": ("selector.train", "train a selector on a collected data set (Lightning, tracked in MLflow)"),
-    "export": ("selector.export", "export a trained selector to one ONNX file with metadata and a parity check"),
-    "pipeline": ("ddte.pipeline", "the main job: collect -> train -> export -> bench on held-out prompts"),
+    "generate": ("ddte.commands.generate", "generate text with lossless speculative decoding over delayed trees"),
+    "bench": ("ddte.commands.bench", "benchmark decoding methods side by side on held-out prompts"),
+    "bench-verifiers": ("ddte.commands.bench_verifiers", "time every verifier and its exact expectation on CPU"),
+    "build-prompts": ("ddte.commands.build_prompts", "build JSONL prompt sets from held-out stdlib modules"),
+    "train-pair": ("ddte.commands.train_pair", "train the shipped draft/target pair and its tokenizer from a recipe"),
+    "pair-card": ("ddte.commands.pair_card", "measure the pair's losses, latencies and acceptance for its model card"),
+    "distill": ("ddte.commands.distill", "distil a draft from its target to maximise acceptance (DistillSpec)"),
+    "collect": ("ddte.commands.collect", "collect the selector's training set: root features and exact labels"),
+    "relabel": ("ddte.commands.relabel", "relabel a data set's step times with a latency model measured here"),
+    "analyze": ("ddte.commands.analyze", "per-depth acceptance, best static actions and honest head-room"),
+    "train": ("ddte.commands.train", "train a selector on a collected data set (Lightning, tracked in MLflow)"),
+    "export": ("ddte.commands.export", "export a trained selector to one ONNX file with metadata and a parity check"),
+    "pipeline": ("ddte.commands.pipeline", "the main job: collect -> train -> export -> bench, and what to deploy"),
 }
 
 
-class UserError(Exception):
-    """A problem with the user's input: printed as one line, exit code 2, no traceback."""
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser; only ``command``'s own arguments are added (its module is imported for that)."""
     parser = argparse.ArgumentParser(
         prog="ddte",
         description="ddte: train and serve a neural expansion selector for lossless multi-path speculative decoding.",
     )
-    from ddte import __version__
-
     parser.add_argument("--version", action="version", version=f"ddte {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_path, help_text) in SUBCOMMANDS.items():
+        if name != command:
+            sub.add_parser(name, help=help_text)
+            continue
         module = importlib.import_module(module_path)
-        doc = (module.__doc__ or help_text).strip()
-        sp = sub.add_parser(name, help=help_text, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip(),
+                            formatter_class=HelpFormatter)
         module.add_arguments(sp)
         sp.set_defaults(_module=module)
     return parser
 
 
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand named by ``argv`` (its first non-option word), if it is one."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in SUBCOMMANDS else None
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(chosen_command(argv))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    # A kill (SIGTERM) unwinds like Ctrl-C, so every command's clean-up runs: staging folders and temporary files
+    # are removed, worker processes stopped.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return int(args._module.run(args) or 0)
     except UserError as err:
@@ -66,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"ddte {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

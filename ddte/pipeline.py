@@ -1,29 +1,29 @@
-"""The main job, end to end on one machine: collect → train → export → bench, ending with the results table.
-
-  ddte pipeline --config configs/pipeline/default.yaml
-  ddte pipeline --config configs/pipeline/default.yaml collect.overrides='[prompts.limit=8]' bench.num_prompts=4
+"""The main job, end to end on one machine: collect → train → export → bench → decide.
 
 1. collect: `ddte collect` with the pipeline's collect config (training prompts of the prompt builder);
-2. train: one selector per verifier in `train.verifiers` (LightningCLI, tracked in MLflow under the run folder);
+2. train: one selector per verifier in `train.verifiers` (Lightning, tracked in MLflow under the run folder), with
+   the never-lose guard fitted on validation prompts;
 3. export: each selector to `<output>/selectors/<verifier>.onnx` (parity-checked, logged to MLflow);
-4. bench: on held-out prompts, for each temperature: AR, each verifier with its best static actions (the
-   data set's top `bench.static_candidates` by the latency model) and with its selector, in one `ddte bench` run.
+4. bench: on held-out prompts, for each temperature, in one interleaved run: AR, each verifier's static candidate
+   (its selector's fallback: the best static action of the training split, per temperature) and its selector
+   (left out where its guard is off, because it then drafts exactly the fallback);
+5. decide: per verifier and temperature, deploy the selector only where it beat its static candidate in that
+   bench; otherwise the static action. The choice goes to `<output>/policy.json` (`--policy-file` of `ddte
+   generate` and `ddte bench`).
 
-Everything goes to the `output` folder: data/, mlflow.db, selectors/, bench.json and results.md.
+Every stage's settings are checked before the first one starts. Everything goes to the `output` folder: data/,
+mlflow.db, selectors/, bench.json, bench.png, policy.json and results.md.
 """
 
 from __future__ import annotations
 
-import argparse
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddte.cli import UserError
-from ddte.yamlconfig import load_yaml_config
-
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "pipeline" / "default.yaml"
+from decode.yamlconfig import load_yaml_config
 
 
 @dataclass
@@ -45,9 +45,8 @@ class BenchStage:
     num_prompts: int = 10
     max_new_tokens: int = 128
     temperatures: list[float] = field(default_factory=lambda: [0.6, 1.0])
-    static_candidates: int = 2  # best static actions per verifier and temperature (from the data set) to bench
     repeats: int = 1
-    threads: int | None = None
+    threads: int | None = 1
     seed: int = 0
 
 
@@ -59,82 +58,205 @@ class PipelineConfig:
     bench: BenchStage = field(default_factory=BenchStage)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. bench.num_prompts=4")
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="pipeline YAML (default: the shipped one)")
-    parser.add_argument("--output", default=None, help="output folder (overrides the config's output)")
+def load_pipeline_config(path: str | Path | None, overrides: list[str]) -> PipelineConfig:
+    """The pipeline config with every stage's settings checked (ValueError naming the first bad one)."""
+    config = load_yaml_config(PipelineConfig, path, overrides)
+    check_pipeline_config(config)
+    return config
 
 
-def run(args: argparse.Namespace) -> int:
-    overrides = list(args.overrides) + ([f"output={args.output}"] if args.output else [])
+def check_pipeline_config(config: PipelineConfig) -> None:
+    """Everything that can be checked before the first stage: a 6-minute collection must not end in a refusal."""
+    from data_gen.collection import check_verifiers
+    from selector.train import build_cli_args
+
+    collect = _collect_config(config, Path(config.output) / "data")
+    if not config.collect.reuse:
+        from data_gen.collection import check_output
+
+        check_output(Path(collect.output), resume=True)
+    if config.collect.reuse and not (Path(config.collect.reuse) / "dataset.json").is_file():
+        raise ValueError(f"collect.reuse: {config.collect.reuse} is not a collected data set")
+    labelled = _labelled_verifiers(config, collect)
+    trained = check_verifiers(config.train.verifiers)
+    missing = [v for v in trained if v not in labelled]
+    if missing:
+        raise ValueError(f"train.verifiers {missing} have no labels in the collection (it labels "
+                         f"{', '.join(labelled)}): add them to collect verifiers or drop them")
+    build_cli_args(config.train.config, config.train.overrides)  # the config file exists, overrides are KEY=VALUE
+    bench = config.bench
+    if bench.num_prompts < 1 or bench.max_new_tokens < 1 or bench.repeats < 1 or not bench.temperatures:
+        raise ValueError("bench: num_prompts, max_new_tokens and repeats must be >= 1 and temperatures non-empty")
+    if any(not t >= 0 for t in bench.temperatures):
+        raise ValueError(f"bench.temperatures must be >= 0, got {bench.temperatures}")
+    output = Path(config.output)
+    blocking = next((p for p in (output, *output.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ValueError(f"output {output}: {blocking} is a file, not a folder")
+
+
+def _collect_config(config: PipelineConfig, data: Path):
+    from data_gen.config import load_collect_config
+
     try:
-        config = load_yaml_config(PipelineConfig, args.config, overrides)
+        return load_collect_config(config.collect.config, [*config.collect.overrides, f"output={data}"])
     except ValueError as err:
-        raise UserError(str(err)) from err
-    results = run_pipeline(config)
-    print(results)
-    return 0
+        raise ValueError(f"collect config: {err}") from err
+
+
+def _labelled_verifiers(config: PipelineConfig, collect) -> list[str]:
+    if config.collect.reuse:
+        metadata = json.loads((Path(config.collect.reuse) / "dataset.json").read_text())
+        return list(metadata["verifiers"])
+    from data_gen.collection import check_verifiers
+
+    return check_verifiers(collect.verifiers)
 
 
 def _stage(number: int, title: str) -> float:
-    print(f"\n=== [{number}/4] {title}", flush=True)
+    print(f"\n=== [{number}/5] {title}", flush=True)
     return time.perf_counter()
 
 
-def run_pipeline(config: PipelineConfig) -> str:
-    """Run the four stages; returns the results table (also written to ``<output>/results.md``)."""
+@dataclass
+class PipelineResult:
+    results_markdown: str
+    deployment_path: Path
+    bench: dict
+
+
+class _Tracking:
+    """The pipeline as one MLflow parent run, with a child run per stage (collect, train per verifier, bench)."""
+
+    EXPERIMENT = "ddte-pipeline"
+
+    def __init__(self, out: Path, config: PipelineConfig) -> None:
+        from mlflow.tracking import MlflowClient
+
+        from selector.tracking import experiment_id, log_environment, start_child_run
+
+        self.uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
+        self.client = MlflowClient(self.uri)
+        self.experiment = experiment_id(self.client, self.EXPERIMENT, self.uri)
+        self.parent = start_child_run(self.client, self.experiment, None, "pipeline")
+        log_environment(self.client, self.parent)
+        for key, value in {"output": config.output, "collect.config": config.collect.config,
+                           "collect.overrides": json.dumps(config.collect.overrides),
+                           "train.verifiers": ",".join(config.train.verifiers),
+                           "train.overrides": json.dumps(config.train.overrides),
+                           **{f"bench.{k}": v for k, v in config.bench.__dict__.items()}}.items():
+            self.client.log_param(self.parent, key, str(value)[:500])
+
+    def child(self, name: str) -> str:
+        from selector.tracking import start_child_run
+
+        return start_child_run(self.client, self.experiment, self.parent, name)
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+        for start in range(0, len(items), 900):  # MLflow takes at most 1000 metrics per batch
+            self.client.log_batch(run_id, metrics=items[start : start + 900])
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status)
+
+
+def run_pipeline(config: PipelineConfig) -> PipelineResult:
+    """Run the stages; returns the results table (also written to ``<output>/results.md``) and the policy file."""
     out = Path(config.output)
     out.mkdir(parents=True, exist_ok=True)
+    tracking = _Tracking(out, config)
+    try:
+        result = _run_stages(config, out, tracking)
+    except BaseException:
+        tracking.finish(tracking.parent, "FAILED")
+        raise
+    tracking.finish(tracking.parent)
+    return result
+
+
+def _run_stages(config: PipelineConfig, out: Path, tracking: _Tracking) -> PipelineResult:
+    from decode.deployment import Deployment
+
     timings = {}
     started = _stage(1, "collect")
-    data_dir = _collect(config, out)
+    data_dir = _collect(config, out, tracking)
     timings["collect"] = time.perf_counter() - started
     started = _stage(2, f"train ({', '.join(config.train.verifiers)})")
-    trained = {v: _train(config, out, data_dir, v) for v in config.train.verifiers}
+    trained = {v: _train(config, out, data_dir, v, tracking) for v in config.train.verifiers}
     timings["train"] = time.perf_counter() - started
     started = _stage(3, "export")
     selectors = {v: _export(out, v, result, data_dir) for v, result in trained.items()}
     timings["export"] = time.perf_counter() - started
     started = _stage(4, "bench on held-out prompts")
-    bench = _bench(config, out, data_dir, selectors)
+    metadata = {v: read_selector_metadata(path) for v, path in selectors.items()}
+    candidates = {v: static_candidates(m, config.bench.temperatures) for v, m in metadata.items()}
+    active = {v: path for v, path in selectors.items()
+              if any(m.margin is not None for m in metadata[v].fallbacks)}
+    bench = _bench(config, out, candidates, active, tracking)
     timings["bench"] = time.perf_counter() - started
-    text = results_markdown(bench, trained, timings, data_dir)
+    _stage(5, "decide")
+    choices = decide(bench["rows"], candidates, metadata, selectors, out)
+    best_verifier = max(choices, key=lambda c: c.tokens_per_s or 0.0).verifier
+    deployment = Deployment(choices, best_verifier, bench["pair_fingerprint"],
+                            {"bench": "bench.json", "data": str(data_dir)})
+    path = deployment.write(out / "policy.json")
+    from ddte.results import results_markdown
+
+    text = results_markdown(bench, trained, candidates, choices, timings, data_dir, tracking.parent)
     (out / "results.md").write_text(text + "\n", encoding="utf-8")
-    return text
+    for name in ("results.md", "policy.json"):
+        tracking.client.log_artifact(tracking.parent, str(out / name))
+    tracking.log_metrics(tracking.parent, {
+        **{f"stage_minutes/{k}": v / 60 for k, v in timings.items()},
+        **{f"deploy/{c.verifier}/T{c.temperature:g}/tokens_per_s_vs_static": (c.tokens_per_s or 0) /
+           (c.static_tokens_per_s or 1) for c in choices},
+    })
+    for c in choices:
+        tracking.client.set_tag(tracking.parent, f"deploy/{c.verifier}/T{c.temperature:g}", c.policy)
+    return PipelineResult(text, path, bench)
 
 
-def _collect(config: PipelineConfig, out: Path) -> Path:
-    from data_gen.cli import collect
-    from data_gen.config import load_collect_config
-    from data_gen.store import list_shards
+def _collect(config: PipelineConfig, out: Path, tracking: _Tracking) -> Path:
+    from data_gen.collection import collect
+    from data_gen.config import config_to_dict
+    from selector.tracking import log_data_set_input
 
+    run = tracking.child("collect")
     if config.collect.reuse:
+        print(f"reusing the data set in {config.collect.reuse}")
         data = Path(config.collect.reuse)
-        if not list_shards(data):
-            raise UserError(f"collect.reuse: {data} holds no shards")
-        print(f"reusing the data set in {data}")
-        return data
-    data = out / "data"
-    try:
-        collect_config = load_collect_config(config.collect.config, [*config.collect.overrides, f"output={data}"])
-    except ValueError as err:
-        raise UserError(f"collect config: {err}") from err
-    summary = collect(collect_config, resume=data.exists())
-    print(summary.line())
+    else:
+        data = out / "data"
+        collect_config = _collect_config(config, data)
+        for key, value in config_to_dict(collect_config).items():
+            tracking.client.log_param(run, key, str(value)[:500])
+        summary = collect(collect_config, resume=(data / "dataset.json").exists())
+        print(summary.line())
+        tracking.log_metrics(run, {"roots": summary.roots, "seconds": summary.seconds,
+                                   "roots_per_s": summary.roots / max(summary.seconds, 1e-9),
+                                   "shards_written": summary.shards_written})
+    digest = hashlib.sha256((data / "dataset.json").read_bytes()).hexdigest()
+    log_data_set_input(tracking.client, run, data, digest, context="collected")
+    tracking.finish(run)
     return data
 
 
-def _train(config: PipelineConfig, out: Path, data_dir: Path, verifier: str):
+def _train(config: PipelineConfig, out: Path, data_dir: Path, verifier: str, tracking: _Tracking):
     from selector.train import train_selector
 
     overrides = [
         f"data.data_dir={data_dir}", f"data.verifier={verifier}", f"run.output_dir={out / 'selectors' / 'runs'}",
-        f"run.tracking_uri=sqlite:///{(out / 'mlflow.db').resolve()}", *config.train.overrides,
+        f"run.tracking_uri={tracking.uri}", f"run.experiment={tracking.EXPERIMENT}",
+        f"run.parent_run_id={tracking.parent}", f"run.run_name=train-{verifier}", *config.train.overrides,
     ]
     try:
         return train_selector(config.train.config, overrides)
     except ValueError as err:
-        raise UserError(f"train {verifier}: {err}") from err
+        raise ValueError(f"train {verifier}: {err}") from err
 
 
 def _export(out: Path, verifier: str, trained, data_dir: Path) -> Path:
@@ -146,96 +268,97 @@ def _export(out: Path, verifier: str, trained, data_dir: Path) -> Path:
             trained.checkpoint_path, path, tracking_uri=trained.tracking_uri, run_id=trained.run_id, data_dir=data_dir
         )
     except ValueError as err:
-        raise UserError(f"export {verifier}: {err}") from err
+        raise ValueError(f"export {verifier}: {err}") from err
     print(f"{path}: parity max |Δ| = {result.max_abs_diff:.1e}")
     return path
 
 
-def static_candidates(data_dir: Path, verifier: str, count: int) -> list[str]:
-    """The data set's best static actions for a verifier: the top ``count`` per sampling configuration."""
-    import numpy as np
+def read_selector_metadata(path: Path):
+    """The :class:`~decode.selector_file.SelectorMetadata` of an exported selector."""
+    import onnx
 
-    from data_gen.analyze import load_columns, static_throughput
-    from data_gen.schema import label_column
+    from decode.selector_file import SelectorMetadata
 
-    metadata, columns = load_columns(data_dir)
-    chosen: list[str] = []
-    for s in range(len(metadata["sampling"])):
-        rows = columns["sampling_index"] == s
-        throughput = static_throughput(columns[label_column(verifier)][rows], columns["step_ms"][rows])
-        for index in np.argsort(-throughput)[:count]:
-            if metadata["actions"][index] not in chosen:
-                chosen.append(metadata["actions"][index])
-    return chosen
+    model = onnx.load(str(path), load_external_data=False)
+    return SelectorMetadata.from_props({p.key: p.value for p in model.metadata_props}, str(path))
 
 
-def _bench(config: PipelineConfig, out: Path, data_dir: Path, selectors: dict[str, Path]) -> dict:
-    from decode import bench
+def static_candidates(metadata, temperatures: list[float]) -> dict[float, str]:
+    """The selector's fallback (the best static action of its training split) at each bench temperature, canonical.
+
+    Chosen on training data, never by the bench's maximum: picking the luckiest of several noisy bench rows would
+    compare a selector against noise. It is also what the selector drafts wherever its guard holds.
+    """
+    from decode.actions import Action
+
+    return {t: Action.parse(metadata.fallback_for(t, 1.0).action).canonical().key for t in temperatures}
+
+
+def _bench(config: PipelineConfig, out: Path, candidates: dict[str, dict[float, str]],
+           selectors: dict[str, Path], tracking: _Tracking) -> dict:
+    """One interleaved bench per temperature of AR, the static candidates and the selectors; bench.json/png."""
+    from ddte.bench.methods import BenchSettings, bench_prompts, encode_prompts, environment, run_bench
+    from ddte.bench.report import bench_metrics, format_table, plot
+    from decode.pair import load_pair_config
 
     stage = config.bench
-    methods = ["ar"]
-    for verifier, path in selectors.items():
-        methods += [f"{verifier}@{a}" for a in static_candidates(data_dir, verifier, stage.static_candidates)]
-        methods.append(f"{verifier}@selector={path}")
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    argv = [
-        "--methods", *methods, "--num-prompts", str(stage.num_prompts), "--max-new-tokens", str(stage.max_new_tokens),
-        "--temperature", *[str(t) for t in stage.temperatures], "--repeats", str(stage.repeats),
-        "--seed", str(stage.seed), "--output", str(out / "bench.json"),
-    ]
+    collect = _collect_config(config, out / "data")
     if stage.threads:
-        argv += ["--threads", str(stage.threads)]
-    bench.run(parser.parse_args(argv))
-    return json.loads((out / "bench.json").read_text())
+        import torch
+
+        torch.set_num_threads(stage.threads)
+    pair = load_pair_config(collect.pair)
+    prompts = encode_prompts(pair, bench_prompts(None, "prompt", stage.num_prompts), stage.max_new_tokens)
+    settings = BenchSettings(stage.max_new_tokens, stage.repeats, stage.seed)
+    rows = []
+    for temperature in stage.temperatures:
+        methods = ["ar"]
+        for verifier, actions in candidates.items():
+            methods.append(f"{verifier}@{actions[temperature]}")
+            if verifier in selectors:
+                methods.append(f"{verifier}@selector={selectors[verifier]}")
+        rows += run_bench(list(dict.fromkeys(methods)), pair, prompts, settings, [temperature])
+    title = (f"{len(prompts)} held-out prompts × {stage.repeats}, {stage.max_new_tokens} new tokens, "
+             f"T = {', '.join(f'{t:g}' for t in stage.temperatures)}")
+    print(title)
+    print(format_table(rows))
+    payload = {"settings": {"bench": stage.__dict__, "candidates": candidates}, "rows": rows,
+               "environment": environment(pair.target.device), "pair_fingerprint": pair.fingerprint()}
+    (out / "bench.json").write_text(json.dumps(payload, indent=2, default=str))
+    plot(rows, out / "bench.png", title)
+    run = tracking.child("bench")
+    for key, value in stage.__dict__.items():
+        tracking.client.log_param(run, key, str(value))
+    tracking.log_metrics(run, bench_metrics(rows))
+    for name in ("bench.json", "bench.png"):
+        tracking.client.log_artifact(run, str(out / name))
+    tracking.finish(run)
+    payload["mlflow_run_id"] = run
+    return payload
 
 
-def results_markdown(bench: dict, trained: dict, timings: dict[str, float], data_dir: Path) -> str:
-    """Per temperature: each verifier's best measured static action vs its selector, and the paper's comparisons."""
-    rows = bench["rows"]
-    lines = [
-        f"Data set: {data_dir} · stage times: "
-        + ", ".join(f"{k} {v / 60:.1f} min" for k, v in timings.items()),
-        "",
-        "| T | verifier | best static (measured) | tokens/s | selector tokens/s | selector / static | "
-        "selector BE | selector call µs (median) | policy share |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    summary = {}
-    for t in sorted({r["temperature"] for r in rows}):
-        at_t = [r for r in rows if r["temperature"] == t]
-        for verifier in trained:
-            statics = [r for r in at_t if r["method"].startswith(f"{verifier}@") and "selector=" not in r["method"]]
-            sel = next(r for r in at_t if r["method"].startswith(f"{verifier}@selector="))
-            best = max(statics, key=lambda r: r["tokens_per_s"])
-            summary[(t, verifier)] = (best, sel)
-            lines.append(
-                f"| {t:g} | {verifier} | {best['method'].split('@')[1]} | {best['tokens_per_s']:.1f} | "
-                f"{sel['tokens_per_s']:.1f} | {sel['tokens_per_s'] / best['tokens_per_s']:.3f} | "
-                f"{sel['block_efficiency']:.2f} | {_fmt(sel.get('selector_call_us_median'))} | "
-                f"{_fmt(sel.get('policy_share'), '.1%')} |"
-            )
-    if all((t, v) in summary for t in {k[0] for k in summary} for v in ("specinfer", "traversal")):
-        lines += [
-            "", "| T | SpecInfer + selector / Traversal best static | Traversal + selector / Traversal best static |",
-            "|---|---:|---:|",
-        ]
-        for t in sorted({k[0] for k in summary}):
-            trav_static = summary[(t, "traversal")][0]["tokens_per_s"]
-            lines.append(
-                f"| {t:g} | {summary[(t, 'specinfer')][1]['tokens_per_s'] / trav_static:.3f} | "
-                f"{summary[(t, 'traversal')][1]['tokens_per_s'] / trav_static:.3f} |"
-            )
-    ar = [r for r in rows if r["method"] == "ar"]
-    if ar:
-        lines += ["", "AR tokens/s: " + ", ".join(f"T={r['temperature']:g}: {r['tokens_per_s']:.1f}" for r in ar)]
-    lines += ["", "Offline (test prompts of the data set): " + "; ".join(
-        f"{v}: {res.metrics.get('ratio_vs_static', float('nan')):.3f}× best static, "
-        f"{res.metrics.get('ratio_vs_oracle', float('nan')):.3f}× oracle"
-        for v, res in trained.items()
-    )]
-    return "\n".join(lines)
+def decide(rows: list[dict], candidates: dict[str, dict[float, str]], metadata: dict, selectors: dict[str, Path],
+           out: Path):
+    """Per verifier and temperature: the selector where it beat its static candidate in this bench, else static."""
+    from decode.deployment import Choice
 
-
-def _fmt(value, spec: str = ".1f") -> str:
-    return "-" if value is None else format(value, spec)
+    choices = []
+    for verifier, path in selectors.items():
+        for temperature, action in candidates[verifier].items():
+            at_t = {r["method"]: r for r in rows if r["temperature"] == temperature}
+            static = at_t[f"{verifier}@{action}"]
+            selector = at_t.get(f"{verifier}@selector={path}")
+            if metadata[verifier].fallback_for(temperature, 1.0).margin is None or selector is None:
+                policy, reason = "static", "the guard is off: the selector never beat its fallback on validation " \
+                    "prompts by the policy phase's cost, so it would draft the static action anyway"
+            else:
+                ratio = selector["tokens_per_s"] / static["tokens_per_s"]
+                policy = "selector" if ratio > 1.0 else "static"
+                reason = f"the selector ran at {ratio:.3f}× its static candidate in the bench"
+            chosen = selector if policy == "selector" else static
+            choices.append(Choice(
+                verifier, float(temperature), 1.0, policy, action,
+                str(path.relative_to(out)) if policy == "selector" else None,
+                chosen["tokens_per_s"], static["tokens_per_s"], reason,
+            ))
+    return choices

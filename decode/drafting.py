@@ -14,64 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
+from decode.actions import Action
 from decode.features import entropy
 from decode.models import CachedLM
 from decode.rng import RandomSource
 from decode.sampling import SamplingConfig, distributions
 from decode.tree import ROOT, DraftTree, Regime, TreeBuilder
-
-
-@dataclass(frozen=True)
-class Action:
-    """A delayed-tree shape: a trunk of ``l1`` tokens, then ``k`` branches of ``l2`` tokens.
-
-    ``(k, l, 0)`` and ``(1, l1, l2)`` are single paths; ``(k, 0, 0)`` drafts nothing. With ``stop_entropy`` set
-    (single paths only), drafting stops early at the first node whose draft entropy exceeds it (an AdaEDL-style
-    rule): the length is then a stopping time of the draft's own distributions, which keeps every verifier
-    lossless (tests/exact/test_stopping.py).
-    """
-
-    k: int
-    l1: int
-    l2: int
-    stop_entropy: float | None = None
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.k, int) and isinstance(self.l1, int) and isinstance(self.l2, int)):
-            raise ValueError(f"an action is three integers K,L1,L2; got {self.k},{self.l1},{self.l2}")
-        if self.k < 1 or self.l1 < 0 or self.l2 < 0:
-            raise ValueError(f"an action needs K >= 1 and L1, L2 >= 0; got ({self.k}, {self.l1}, {self.l2})")
-        if self.stop_entropy is not None and self.k > 1 and self.l2 > 0:
-            raise ValueError("an entropy stop rule applies to single paths only (K = 1 or L2 = 0)")
-
-    @classmethod
-    def parse(cls, text: str) -> Action:
-        """From 'K,L1,L2'."""
-        parts = text.replace(" ", "").split(",")
-        try:
-            k, l1, l2 = (int(x) for x in parts)
-        except ValueError as err:
-            raise ValueError(f"an action is 'K,L1,L2' (three integers), got '{text}'") from err
-        return cls(k, l1, l2)
-
-    @property
-    def depth(self) -> int:
-        """Longest drafted path: L1 + L2 (L1 when K branches are empty)."""
-        return self.l1 + self.l2
-
-    @property
-    def size(self) -> int:
-        """Drafted tokens, duplicates counted: L1 + K·L2."""
-        return self.l1 + self.k * self.l2
-
-    def clipped(self, max_depth: int) -> Action:
-        """The same shape with its depth cut to ``max_depth`` (trunk first), e.g. near the context limit."""
-        l1 = min(self.l1, max_depth)
-        return Action(self.k, l1, min(self.l2, max_depth - l1), self.stop_entropy)
-
-    def __str__(self) -> str:
-        rule = f" stop@H>{self.stop_entropy:g}" if self.stop_entropy is not None else ""
-        return f"({self.k},{self.l1},{self.l2}){rule}"
 
 
 @dataclass

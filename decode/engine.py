@@ -5,17 +5,22 @@ not yet run are *pending*. The target always has exactly one pending token, the 
 bonus token of the previous step (the last prompt token at first). Its logits come out of the same tree
 pass that verifies the new tree. The draft's pending tokens are the root plus any accepted leaf (leaves are
 never run by the draft). After verification both caches keep the accepted path and drop the rest.
+
+The decoder holds the models and the settings; everything that belongs to one generation (pending tokens, the
+previous token's states for root features, statistics) lives in a :class:`Request` that the steps pass along
+(gpt-fast's free-function style), so one decoder serves any number of generations one after another.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from decode.drafting import Action, DraftedTree, draft_delayed_tree
+from decode.actions import Action
+from decode.drafting import DraftedTree, draft_delayed_tree
 from decode.features import RootFeatures, root_features
 from decode.latency import LatencyTable, measure_latency
 from decode.models import CachedLM, check_same_vocab
@@ -23,9 +28,11 @@ from decode.policies import Policy, RootState, StepOutcome
 from decode.rng import RandomSource
 from decode.sampling import SamplingConfig, distributions
 from decode.stats import GenerationStats
-from decode.tree import ROOT
-from decode.verifiers import Verifier, VerifyResult
-from decode.verifiers.base import UnsupportedTreeError
+from decode.tree import ROOT, Regime
+from decode.verifiers import UnsupportedTreeError, Verifier, VerifyResult
+
+# (final hidden state (H,), distribution after it (V,)) of one model at one position
+State = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass
@@ -35,6 +42,31 @@ class Generation:
     tokens: list[int]
     stats: GenerationStats
     stopped_by: str  # "eos" or "length"
+
+
+@dataclass
+class Request:
+    """The state of one generation between steps.
+
+    Attributes:
+        target_pending, draft_pending: committed tokens each model has not run yet (see the module docstring).
+        target_root_logits, draft_root_logits: ``(V,)`` after a one-token prompt, whose root ran at prefill.
+        target_prev, draft_prev: each model's state at the token before the root (root features only).
+        target_root_hidden, draft_root_hidden: ``(H,)`` states at the root (root features only).
+    """
+
+    policy: Policy
+    rng: RandomSource
+    features: bool
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    target_pending: list[int] = field(default_factory=list)
+    draft_pending: list[int] = field(default_factory=list)
+    target_root_logits: torch.Tensor | None = None
+    draft_root_logits: torch.Tensor | None = None
+    target_prev: State | None = None
+    draft_prev: State | None = None
+    target_root_hidden: torch.Tensor | None = None
+    draft_root_hidden: torch.Tensor | None = None
 
 
 class SpeculativeDecoder:
@@ -54,11 +86,9 @@ class SpeculativeDecoder:
         self.target, self.draft = target, draft
         self.verifier, self.sampling = verifier, sampling
         self.eos_token_id = eos_token_id
-        self.context_limit = min(_context_limit(target), _context_limit(draft))
-        # RSD's regime is per-node without replacement; every other verifier drafts i.i.d. branches.
-        self.without_replacement = verifier.name == "rsd"
-        self.latency = latency  # measured on first use when a policy asks for root features
-        self.features = False
+        self.context_limit = min(target.context_limit, draft.context_limit)
+        self.without_replacement = verifier.draft_regime == Regime.WITHOUT_REPLACEMENT
+        self.latency = latency  # measured on first use when a policy needs root features
 
     # --- the loop -------------------------------------------------------------------------------------------
     def generate(
@@ -66,80 +96,78 @@ class SpeculativeDecoder:
     ) -> Generation:
         """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (stops early at EOS)."""
         self._check_request(prompt_ids, max_new_tokens)
-        self.features = bool(getattr(policy, "wants_features", False))
-        if self.features and self.latency is None:
+        request = Request(policy, rng, features=policy.needs_root_features)
+        if request.features and self.latency is None:
             # every block size up to the largest default tree (1 + 8 + 4·8); beyond it the table holds its edge
             self.latency = measure_latency(self.target, self.draft, lengths=[32, 256], repeats=3)
-        stats = GenerationStats()
         start = time.perf_counter()
-        self._prefill(prompt_ids)
-        stats.seconds["prefill"] += time.perf_counter() - start
+        self._prefill(request, prompt_ids)
+        request.stats.seconds["prefill"] += time.perf_counter() - start
         out: list[int] = []
         stopped_by = "length"
         while len(out) < max_new_tokens:
-            emitted, done = self._step(policy, rng, stats, len(prompt_ids) + len(out), max_new_tokens - len(out))
+            emitted, done = self._step(request, len(prompt_ids) + len(out), max_new_tokens - len(out))
             out.extend(emitted)
             if done:
                 stopped_by = "eos"
                 break
-        stats.wall_seconds = time.perf_counter() - start
-        return Generation(out, stats, stopped_by)
+        request.stats.wall_seconds = time.perf_counter() - start
+        return Generation(out, request.stats, stopped_by)
 
-    def _prefill(self, prompt_ids: Sequence[int]) -> None:
+    def _prefill(self, request: Request, prompt_ids: Sequence[int]) -> None:
         """Run the prompt but its last token, which becomes the first root (pending in both models).
 
         A one-token prompt has nothing to run before the root, so the root is run here instead and its logits kept.
         With root features on, the last prefix token's states become the "previous token" of the first root.
         """
         prefix, root = list(prompt_ids[:-1]), int(prompt_ids[-1])
-        hidden = self.features
+        hidden = request.features
         if prefix:
             t_logits, t_hidden = _split(self.target.prefill(prefix, output_hidden=hidden), hidden)
             d_logits, d_hidden = _split(self.draft.prefill(prefix, output_hidden=hidden), hidden)
-            self.target_pending, self.draft_pending = [root], [root]
+            request.target_pending, request.draft_pending = [root], [root]
             if hidden:
-                self.target_prev = (t_hidden[-1], distributions(t_logits[-1], self.sampling))
-                self.draft_prev = (d_hidden[-1], distributions(d_logits[-1], self.sampling))
-        else:
-            t_logits, t_hidden = _split(self.target.prefill([root], output_hidden=hidden), hidden)
-            d_logits, d_hidden = _split(self.draft.prefill([root], output_hidden=hidden), hidden)
-            self.target_root_logits, self.draft_root_logits = t_logits[-1], d_logits[-1]
-            self.target_pending, self.draft_pending = [], []
-            if hidden:  # no previous token: zero states and a uniform law
-                self.draft_root_hidden, self.target_root_hidden = d_hidden[-1], t_hidden[-1]
-                uniform = torch.full_like(t_logits[-1], 1.0 / t_logits.shape[-1])
-                self.target_prev = (torch.zeros_like(t_hidden[-1]), uniform)
-                self.draft_prev = (torch.zeros_like(d_hidden[-1]), uniform)
+                request.target_prev = (t_hidden[-1], distributions(t_logits[-1], self.sampling))
+                request.draft_prev = (d_hidden[-1], distributions(d_logits[-1], self.sampling))
+            return
+        t_logits, t_hidden = _split(self.target.prefill([root], output_hidden=hidden), hidden)
+        d_logits, d_hidden = _split(self.draft.prefill([root], output_hidden=hidden), hidden)
+        request.target_root_logits, request.draft_root_logits = t_logits[-1], d_logits[-1]
+        if hidden:  # no previous token: zero states and a uniform law
+            request.draft_root_hidden, request.target_root_hidden = d_hidden[-1], t_hidden[-1]
+            uniform = torch.full_like(t_logits[-1], 1.0 / t_logits.shape[-1])
+            request.target_prev = (torch.zeros_like(t_hidden[-1]), uniform)
+            request.draft_prev = (torch.zeros_like(d_hidden[-1]), uniform)
 
-    def _step(
-        self, policy: Policy, rng: RandomSource, stats: GenerationStats, context_length: int, budget: int
-    ) -> tuple[list[int], bool]:
+    def _step(self, request: Request, context_length: int, budget: int) -> tuple[list[int], bool]:
         """One speculative step; returns the tokens kept (cut at EOS / the budget) and whether EOS was hit."""
+        stats, policy = request.stats, request.policy
         clock = _Clock(stats)
         started = clock.last
-        q_root = distributions(self._run_draft_pending(), self.sampling)
+        q_root = distributions(self._run_draft_pending(request), self.sampling)
         stats.draft_calls += 1
         clock.lap("draft")
         room = min(self.context_limit - context_length - 1, budget - 1)
-        features = self._root_features(q_root, context_length) if self.features else None
+        features = self._root_features(request, q_root, context_length) if request.features else None
         action = policy.choose(RootState(context_length, q_root, room, features, self.latency)).clipped(max(room, 0))
         clock.lap("policy")
         drafted = draft_delayed_tree(
-            self.draft, q_root, action, self.sampling, rng, self.without_replacement, output_hidden=self.features
+            self.draft, q_root, action, self.sampling, request.rng, self.without_replacement,
+            output_hidden=request.features,
         )
         stats.draft_calls += drafted.draft_calls
         clock.lap("draft")
-        logits, target_hidden = _split(self._target_pass(drafted), self.features)
+        logits, target_hidden = _split(self._target_pass(request, drafted), request.features)
         p = distributions(logits, self.sampling)
         clock.lap("target")
         try:
-            result = self.verifier.verify(drafted.tree, p, drafted.q.to(p.dtype), rng)
+            result = self.verifier.verify(drafted.tree, p, drafted.q.to(p.dtype), request.rng)
         except UnsupportedTreeError as err:
             raise ValueError(f"action {action} with verifier '{self.verifier.name}': {err}") from err
         clock.lap("verify")
-        self._commit(drafted, result)
-        if self.features:
-            self._remember_previous(drafted, result, p, target_hidden, q_root)
+        self._commit(request, drafted, result)
+        if request.features:
+            _remember_previous(request, drafted, result, p, target_hidden, q_root)
         kept, hit_eos = self._cut(list(result.emitted), budget)
         stats.record_step(str(action), drafted.tree.max_depth, result.accepted, len(kept))
         clock.lap("other")
@@ -149,30 +177,32 @@ class SpeculativeDecoder:
         return kept, hit_eos
 
     # --- pieces ---------------------------------------------------------------------------------------------
-    def _run_draft_pending(self) -> torch.Tensor:
+    def _run_draft_pending(self, request: Request) -> torch.Tensor:
         """Run the draft over its pending tokens (committing them); returns its logits after the root, ``(V,)``."""
-        if not self.draft_pending:
-            return self.draft_root_logits
-        pending, self.draft_pending = self.draft_pending, []
-        logits, hidden = _split(self.draft.extend(pending, commit=True, output_hidden=self.features), self.features)
-        if self.features:
-            self.draft_root_hidden = hidden[-1]
+        if not request.draft_pending:
+            return request.draft_root_logits
+        pending, request.draft_pending = request.draft_pending, []
+        hidden = request.features
+        logits, states = _split(self.draft.extend(pending, commit=True, output_hidden=hidden), hidden)
+        if hidden:
+            request.draft_root_hidden = states[-1]
             if len(pending) > 1:  # the previous token was an accepted leaf the draft had not run
-                self.draft_prev = (hidden[-2], distributions(logits[-2], self.sampling))
+                request.draft_prev = (states[-2], distributions(logits[-2], self.sampling))
         return logits[-1]
 
-    def _target_pass(self, drafted: DraftedTree):
+    def _target_pass(self, request: Request, drafted: DraftedTree):
         """One target forward over the pending root and the tree's nodes.
 
         Returns logits ``(n, V)`` in node order, or ``(logits, hidden (n, H))`` with root features on.
         """
-        tree, hidden = drafted.tree, self.features
+        tree, hidden = drafted.tree, request.features
         tip = self.target.length - 1
-        if self.target_pending:  # the usual case: the root is the block's first token
+        if request.target_pending:  # the usual case: the root is the block's first token
             parents = [tip] + [-(u + 1) for u in tree.parents[1:]]
-            return self.target.extend_tree(self.target_pending + list(tree.tokens[1:]), parents, output_hidden=hidden)
+            tokens = request.target_pending + list(tree.tokens[1:])
+            return self.target.extend_tree(tokens, parents, output_hidden=hidden)
         # A one-token prompt: the root was run at prefill, so its row comes from there.
-        root = self.target_root_logits.unsqueeze(0)
+        root = request.target_root_logits.unsqueeze(0)
         if tree.num_nodes == 1:
             logits, states = root, None
         else:
@@ -182,13 +212,13 @@ class SpeculativeDecoder:
             logits = torch.cat([root, logits])
         if not hidden:
             return logits
-        root_hidden = self.target_root_hidden.unsqueeze(0)
+        root_hidden = request.target_root_hidden.unsqueeze(0)
         return logits, root_hidden if states is None else torch.cat([root_hidden, states])
 
-    def _commit(self, drafted: DraftedTree, result: VerifyResult) -> None:
+    def _commit(self, request: Request, drafted: DraftedTree, result: VerifyResult) -> None:
         """Keep the root and the accepted path in both caches; queue what each model has not run yet."""
         tree = drafted.tree
-        if self.target_pending:
+        if request.target_pending:
             base = self.target.length - tree.num_nodes  # the root's slot in this pass's block
             self.target.commit([base + u for u in (ROOT, *result.path)])
         else:
@@ -196,25 +226,15 @@ class SpeculativeDecoder:
             self.target.commit([base + u - 1 for u in result.path])
         ran = [drafted.slots[u] for u in result.path if drafted.slots[u] >= 0]
         self.draft.commit(ran)
-        self.draft_pending = [tree.tokens[u] for u in result.path[len(ran) :]] + [result.extra_token]
-        self.target_pending = [result.extra_token]
+        request.draft_pending = [tree.tokens[u] for u in result.path[len(ran) :]] + [result.extra_token]
+        request.target_pending = [result.extra_token]
 
-    def _root_features(self, q_root: torch.Tensor, context_length: int) -> RootFeatures:
-        (target_hidden, p_prev), (draft_hidden, q_prev) = self.target_prev, self.draft_prev
+    def _root_features(self, request: Request, q_root: torch.Tensor, context_length: int) -> RootFeatures:
+        (target_hidden, p_prev), (draft_hidden, q_prev) = request.target_prev, request.draft_prev
         return root_features(
-            target_hidden, draft_hidden, self.draft_root_hidden, p_prev, q_prev, q_root,
+            target_hidden, draft_hidden, request.draft_root_hidden, p_prev, q_prev, q_root,
             context_length, self.sampling, self.latency.pass_times,
         )
-
-    def _remember_previous(self, drafted, result, p, target_hidden, q_root) -> None:
-        """After a step, the last accepted node (the root if none) is the next root's previous token."""
-        last = result.path[-1] if result.path else ROOT
-        self.target_prev = (target_hidden[last], p[last])
-        if last == ROOT:
-            self.draft_prev = (self.draft_root_hidden, q_root)
-        elif drafted.slots[last] >= 0:
-            self.draft_prev = (drafted.hidden[last], drafted.q[last])
-        # else: an accepted leaf; the next pending run gives its draft state
 
     def _cut(self, emitted: list[int], budget: int) -> tuple[list[int], bool]:
         kept = emitted[:budget]
@@ -237,13 +257,21 @@ class SpeculativeDecoder:
             )
 
 
+def _remember_previous(request: Request, drafted: DraftedTree, result: VerifyResult, p: torch.Tensor,
+                       target_hidden: torch.Tensor, q_root: torch.Tensor) -> None:
+    """After a step, the last accepted node (the root if none) is the next root's previous token."""
+    last = result.path[-1] if result.path else ROOT
+    request.target_prev = (target_hidden[last], p[last])
+    if last == ROOT:
+        request.draft_prev = (request.draft_root_hidden, q_root)
+    elif drafted.slots[last] >= 0:
+        request.draft_prev = (drafted.hidden[last], drafted.q[last])
+    # else: an accepted leaf; the next pending run gives its draft state
+
+
 def _split(out, with_hidden: bool):
     """(logits, hidden) from a CachedLM call made with ``output_hidden=with_hidden``."""
     return out if with_hidden else (out, None)
-
-
-def _context_limit(model: CachedLM) -> int:
-    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
 
 
 class _Clock:
@@ -260,12 +288,7 @@ class _Clock:
 
 def check_action(verifier: Verifier, action: Action) -> None:
     """Raise a clear ValueError, before any decoding, when the verifier is not lossless on the action's trees."""
-    from decode.tree import delayed_tree
-
-    if verifier.name == "rsd":
-        return  # RSD drafts its own (without-replacement) regime for every action
-    probe = delayed_tree([0] * action.l1, [[0] * action.l2 for _ in range(action.k)])
-    if not verifier.supports(probe):
+    if not verifier.supports_action(action.k, action.l1, action.l2):
         raise ValueError(
             f"verifier '{verifier.name}' is not lossless on {action} trees; it supports {verifier.regime_help}"
         )

@@ -8,6 +8,9 @@ At a root the selector sees three hidden-state blocks and a scalar vector (algor
   KL(q_prev‖p_prev) and ‖p_prev − q_prev‖₁; context length, temperature and top-p; and the latency model's
   draft and target pass times at this context length.
 
+This module owns the feature contract: :data:`HIDDEN_NAMES`, :data:`SCALAR_NAMES` and their version. Data sets store
+the blocks under these names and the exported selector takes them as its inputs.
+
 The distributions are the ones sampling uses (temperature and top-p applied). KL terms clamp probabilities at
 :data:`EPS`, so the zeros of top-p or greedy decoding give large, finite values instead of infinities.
 """
@@ -21,6 +24,8 @@ import torch
 
 from decode.sampling import SamplingConfig
 
+FEATURE_SCHEMA_VERSION = 1  # bump when a name, its order or its meaning changes: old selectors are then refused
+HIDDEN_NAMES = ("target_hidden_prev", "draft_hidden_prev", "draft_hidden_root")
 SCALAR_NAMES = (
     "entropy_p_prev",
     "entropy_q_prev",
@@ -45,6 +50,11 @@ class RootFeatures:
     draft_hidden_prev: torch.Tensor
     draft_hidden_root: torch.Tensor
     scalars: torch.Tensor  # (len(SCALAR_NAMES),) float32
+
+
+def hidden_sizes(target_hidden: int, draft_hidden: int) -> dict[str, int]:
+    """Width of each hidden block of :data:`HIDDEN_NAMES` for a pair with these hidden sizes."""
+    return dict(zip(HIDDEN_NAMES, (int(target_hidden), int(draft_hidden), int(draft_hidden)), strict=True))
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from decode.drafting import Action
+from decode.actions import Action
 from decode.models import CachedLM
 
 
@@ -170,7 +170,7 @@ def measure_latency(
     then moves every size alike instead of bending the curve.
     """
     sizes = sorted(set(every_size(max_size) if sizes is None else (int(n) for n in sizes)))
-    limit = min(_limit(target), _limit(draft))
+    limit = min(target.context_limit, draft.context_limit)
     lengths = sorted({min(int(x), limit - max(sizes) - 1) for x in lengths})
     vocab = min(target.vocab_size, draft.vocab_size)
     g = torch.Generator().manual_seed(0)
@@ -203,7 +203,3 @@ def _timed_block(model: CachedLM, tokens: list[int]) -> float:
     ms = (time.perf_counter() - start) * 1e3
     model.commit([])
     return ms
-
-
-def _limit(model: CachedLM) -> int:
-    return int(getattr(model.config, "max_position_embeddings", 1 << 30))

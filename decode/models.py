@@ -1,20 +1,10 @@
 """Model layer of the decoding engine: one HF causal LM plus a KV cache that holds a tree of speculative slots.
 
-Cache layout
-------------
-The cache holds ``length`` positions (*slots*), numbered ``0 .. length-1``:
-
-* slots ``0 .. committed-1`` are the **committed** prefix, a linear sequence (slot ``s`` sits at position ``s``);
-* slots ``committed .. length-1`` are **speculative**. Each has a parent slot with a smaller index (the committed
-  tip ``committed-1``, another speculative slot, or, rarely, an earlier committed slot), so the speculative slots
-  form a forest hanging off the committed prefix. A speculative slot attends to its own root-to-slot path only,
-  and its rotary position is ``position(parent) + 1``.
-
-:meth:`CachedLM.extend_tree` appends a block of speculative tokens whose parents are given as **absolute slot
-indices** (any existing slot) or as ``-(j + 1)`` for *token j of the same block*. This lets a draft model grow
-K branches breadth-first, one call per level, each level's parents being the previous level's slots.
-:meth:`CachedLM.commit` keeps the committed prefix plus one chain of speculative slots starting at the committed
-tip and drops every other speculative slot; :meth:`CachedLM.crop` is the linear rollback.
+The slot layout (committed prefix, speculative forest, parents as absolute slots or ``-(j + 1)`` for token j of
+the same block) is :mod:`decode.slots`; this class keeps HF's ``DynamicCache`` in step with it.
+:meth:`CachedLM.extend_tree` appends a block of speculative tokens, :meth:`CachedLM.commit` keeps the committed
+prefix plus one chain of speculative slots from the committed tip and drops every other speculative slot, and
+:meth:`CachedLM.crop` is the linear rollback.
 
 Tree attention uses an additive float mask of shape ``(1, 1, q_len, length + q_len)`` in the model dtype
 (``0`` = attend, ``torch.finfo(dtype).min`` = blocked) and explicit ``position_ids``; a block that merely
@@ -32,10 +22,9 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["CachedLM", "check_same_vocab", "load_causal_lm"]
+from decode.slots import SlotForest
 
-_EMPTY_I64 = np.zeros(0, dtype=np.int64)
-
+__all__ = ["CachedLM", "check_same_vocab", "context_limit", "load_causal_lm"]
 
 def _default_dtype(device: torch.device, dtype: torch.dtype | None) -> torch.dtype:
     if dtype is not None:
@@ -81,6 +70,11 @@ class CachedLM:
     # --- state ----------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Empty the cache (no committed or speculative slots)."""
+        self._new_cache()
+        self.slots = SlotForest()
+
+    def _new_cache(self) -> None:
+        """An empty key/value store (HF's DynamicCache here; a subclass may keep its own tensors)."""
         self._cache = DynamicCache(config=self.config)
         for layer in self._cache.layers:
             if type(layer) is not DynamicLayer:
@@ -88,41 +82,34 @@ class CachedLM:
                     f"unsupported cache layer {type(layer).__name__} (sliding-window or hybrid caches cannot be "
                     "rolled back slot by slot); CachedLM needs plain DynamicLayer caches"
                 )
-        self._length = 0
-        self._committed = 0
-        # per speculative slot committed+k: parent slot (absolute), rotary position, visible committed columns
-        self._par = _EMPTY_I64
-        self._pos = _EMPTY_I64
-        self._vis = _EMPTY_I64
-        self._anc = np.zeros((0, 0), dtype=bool)  # [a, b]: spec slot b is slot a or one of its ancestors
-        self._linear = True  # speculative slots form one chain committed-1 -> ... -> length-1
 
     @property
     def length(self) -> int:
         """Number of cached positions (committed + speculative slots)."""
-        return self._length
+        return self.slots.length
 
     @property
     def committed(self) -> int:
         """Length of the committed linear prefix (slots ``0 .. committed-1``)."""
-        return self._committed
+        return self.slots.committed
 
     @property
     def num_speculative(self) -> int:
         """Number of speculative slots (``length - committed``)."""
-        return self._length - self._committed
+        return self.slots.num_speculative
+
+    @property
+    def context_limit(self) -> int:
+        """Positions the model can attend over (its ``max_position_embeddings``)."""
+        return context_limit(self.config)
 
     def parent_of(self, slot: int) -> int:
         """Parent slot of ``slot`` (``slot - 1`` for a committed slot; ``-1`` for slot 0)."""
-        if not 0 <= slot < self._length:
-            raise IndexError(f"slot {slot} is not cached (length {self._length})")
-        return slot - 1 if slot < self._committed else int(self._par[slot - self._committed])
+        return self.slots.parent_of(slot)
 
     def position_of(self, slot: int) -> int:
         """Rotary position (depth in the sequence) of ``slot``."""
-        if not 0 <= slot < self._length:
-            raise IndexError(f"slot {slot} is not cached (length {self._length})")
-        return slot if slot < self._committed else int(self._pos[slot - self._committed])
+        return self.slots.position_of(slot)
 
     # --- forward passes -------------------------------------------------------------------------------
     def prefill(
@@ -139,7 +126,7 @@ class CachedLM:
             raise ValueError("prefill needs at least one token")
         self.reset()
         out = self._forward(ids, None, None, output_hidden)
-        self._length = self._committed = len(ids)
+        self.slots.append_committed(len(ids))
         return out
 
     def extend(
@@ -165,12 +152,11 @@ class CachedLM:
                     f"extend(commit=True) with {self.num_speculative} speculative slots cached; commit or crop first"
                 )
             out = self._forward(ids, None, None, output_hidden)
-            self._length += n
-            self._committed = self._length
+            self.slots.append_committed(n)
             return out
-        if self._length == 0:
+        if self.length == 0:
             raise ValueError("extend on an empty cache: use prefill or extend(commit=True)")
-        return self.extend_tree(ids, [self._length - 1] + [-(j + 1) for j in range(n - 1)], output_hidden)
+        return self.extend_tree(ids, [self.length - 1] + [-(j + 1) for j in range(n - 1)], output_hidden)
 
     def extend_tree(
         self, ids: Sequence[int], parents: Sequence[int], output_hidden: bool = False
@@ -197,62 +183,12 @@ class CachedLM:
             raise ValueError("extend_tree needs at least one token")
         if len(parents) != n:
             raise ValueError(f"{n} tokens but {len(parents)} parents")
-        length, committed = self._length, self._committed
-        if length == 0:
+        if self.length == 0:
             raise ValueError("extend_tree on an empty cache: prefill first")
-        m = length - committed
-        par: list[int] = []
-        linear = self._linear
-        for i, p in enumerate(parents):
-            p = int(p)
-            if p < 0:
-                j = -p - 1
-                if j >= i:
-                    raise ValueError(f"block token {i} has parent {p} = block token {j}; parents must precede it")
-                p = length + j
-            elif p >= length:
-                raise ValueError(f"block token {i} has parent slot {p}, but only {length} slots are cached")
-            par.append(p)
-            linear = linear and p == length + i - 1
-        if linear:
-            pos = np.arange(length, length + n, dtype=np.int64)
-            vis = np.full(n, committed, dtype=np.int64)
-            anc = np.zeros((m + n, m + n), dtype=bool)
-            anc[:m, :m] = self._anc
-            anc[m:, :] = np.tri(n + m, dtype=bool)[m:]
-            out = self._forward(ids, None, pos, output_hidden)
-        else:
-            pos, vis, anc = self._block_structure(par)
-            allowed = np.concatenate([np.arange(committed)[None, :] < vis[:, None], anc[m:]], axis=1)
-            out = self._forward(ids, allowed, pos, output_hidden)
-        self._par = np.concatenate([self._par, np.array(par, dtype=np.int64)])
-        self._pos = np.concatenate([self._pos, pos])
-        self._vis = np.concatenate([self._vis, vis])
-        self._anc = anc
-        self._linear = linear
-        self._length = length + n
+        plan = self.slots.plan_block(parents)
+        out = self._forward(ids, plan.allowed, plan.positions, output_hidden)
+        self.slots.append(plan)
         return out
-
-    def _block_structure(self, par: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Positions ``(n,)``, visible committed columns ``(n,)`` and the new speculative ancestry
-        ``(m + n, m + n)`` for a block whose absolute parent slots are ``par`` (length n)."""
-        committed, m, n = self._committed, self.num_speculative, len(par)
-        anc = np.zeros((m + n, m + n), dtype=bool)
-        anc[:m, :m] = self._anc
-        pos_all = self._pos.tolist()
-        vis_all = self._vis.tolist()
-        for i, p in enumerate(par):
-            row = m + i
-            q = p - committed  # parent's speculative index, < 0 when the parent is committed
-            if q >= 0:
-                anc[row] = anc[q]
-                pos_all.append(pos_all[q] + 1)
-                vis_all.append(vis_all[q])
-            else:
-                pos_all.append(p + 1)
-                vis_all.append(p + 1)
-            anc[row, row] = True
-        return np.array(pos_all[m:], dtype=np.int64), np.array(vis_all[m:], dtype=np.int64), anc
 
     def _forward(
         self, ids: Sequence[int], allowed: np.ndarray | None, pos: np.ndarray | None, output_hidden: bool
@@ -267,7 +203,7 @@ class CachedLM:
                 mask = torch.zeros(blocked.shape, dtype=self.dtype, device=self.device)
                 kwargs["attention_mask"] = mask.masked_fill_(blocked, self._mask_min)[None, None]
             if pos is None:
-                pos = np.arange(self._length, self._length + len(ids), dtype=np.int64)
+                pos = np.arange(self.length, self.length + len(ids), dtype=np.int64)
             kwargs["position_ids"] = torch.from_numpy(pos).view(1, -1).to(self.device)
             out = self.model(
                 input_ids=input_ids,
@@ -295,62 +231,46 @@ class CachedLM:
         Raises:
             ValueError: a slot is not speculative or the slots are not a chain from the committed tip.
         """
-        committed, length = self._committed, self._length
-        prev = committed - 1
-        keep = [int(s) for s in keep_slots]
-        for s in keep:
-            if not committed <= s < length:
-                raise ValueError(f"slot {s} is not speculative (speculative slots are {committed}..{length - 1})")
-            if self._par[s - committed] != prev:
-                raise ValueError(
-                    f"commit path {keep} is not a chain from the committed tip {committed - 1}: "
-                    f"slot {s} has parent {int(self._par[s - committed])}, expected {prev}"
-                )
-            prev = s
+        committed = self.committed
+        keep = self.slots.check_chain(keep_slots)
         k = len(keep)
         if keep != list(range(committed, committed + k)):
             with torch.inference_mode():
-                src = torch.tensor(keep, dtype=torch.long, device=self.device)
-                for layer in self._cache.layers:
-                    # gather first (advanced indexing copies), then write into the slots right after the prefix
-                    layer.keys[..., committed : committed + k, :] = layer.keys.index_select(-2, src)
-                    layer.values[..., committed : committed + k, :] = layer.values.index_select(-2, src)
+                self._move_slots(torch.tensor(keep, dtype=torch.long, device=self.device), committed)
         self._truncate(committed + k)
-        self._committed = committed + k
-        self._reset_speculative()
+        self.slots.commit_moved(k)
+
+    def _move_slots(self, source: torch.Tensor, first: int) -> None:
+        """Copy the key/value rows of slots ``source`` ``(k,)`` into slots ``first .. first + k - 1``."""
+        k = source.numel()
+        for layer in self._cache.layers:
+            # gather first (advanced indexing copies), then write into the slots right after the prefix
+            layer.keys[..., first : first + k, :] = layer.keys.index_select(-2, source)
+            layer.values[..., first : first + k, :] = layer.values.index_select(-2, source)
 
     def crop(self, length: int) -> None:
         """Drop every slot at or after ``length`` (linear rollback). The committed length becomes
         ``min(committed, length)``; speculative slots below ``length`` stay speculative."""
         if length < 0:
             raise ValueError(f"crop length must be >= 0, got {length}")
-        if length >= self._length:
+        if length >= self.length:
             return
         self._truncate(length)
-        if length <= self._committed:
-            self._committed = length
-            self._reset_speculative()
-        else:
-            k = length - self._committed
-            self._par, self._pos, self._vis = self._par[:k], self._pos[:k], self._vis[:k]
-            self._anc = self._anc[:k, :k]
-            # a prefix of a chain is a chain; otherwise check the kept part
-            if not self._linear:
-                self._linear = bool(np.array_equal(self._par, np.arange(self._committed - 1, length - 1)))
+        self.slots.crop(length)
 
     def _truncate(self, length: int) -> None:
-        remove = self._length - length
+        """Drop the key/value rows of slots at or after ``length`` (the slot bookkeeping is the caller's)."""
+        remove = self.length - length
         if remove > 0:
             if length == 0:
-                self._cache = DynamicCache(config=self.config)
+                self._new_cache()
             else:
                 self._cache.crop(-remove)
-        self._length = length
 
-    def _reset_speculative(self) -> None:
-        self._par = self._pos = self._vis = _EMPTY_I64
-        self._anc = np.zeros((0, 0), dtype=bool)
-        self._linear = True
+
+def context_limit(config: PretrainedConfig) -> int:
+    """Positions a model attends over: ``max_position_embeddings`` (unbounded if the config has none)."""
+    return int(getattr(config, "max_position_embeddings", 1 << 30))
 
 
 def block_parents(local_parents: Sequence[int], root_slot: int) -> list[int]:
@@ -380,15 +300,23 @@ def load_causal_lm(
         raise ValueError(f"model directory {str(p)!r} has no config.json")
     if not any(p.glob("*.safetensors")):
         raise ValueError(f"model directory {str(p)!r} has no *.safetensors weights (only safetensors are loaded)")
+    from transformers.utils import logging as hf_logging
+
     dev = torch.device(device)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(p),
-        attn_implementation="sdpa",
-        use_safetensors=True,
-        local_files_only=True,
-        trust_remote_code=False,
-        dtype=_default_dtype(dev, dtype),
-    )
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per model is noise in every command's output
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(p),
+            attn_implementation="sdpa",
+            use_safetensors=True,
+            local_files_only=True,
+            trust_remote_code=False,
+            dtype=_default_dtype(dev, dtype),
+        )
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return model.to(dev).eval()
 
 

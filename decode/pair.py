@@ -1,14 +1,20 @@
-"""Loading a draft/target pair for decoding: the shipped default, or any two HF causal LMs that share a vocabulary."""
+"""Loading a draft/target pair for decoding: the shipped default, or any two HF causal LMs that share a vocabulary.
+
+Importing this module is cheap (torch and transformers load with the first pair): command-line help texts name the
+default directories without paying for them.
+"""
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from decode.models import CachedLM, load_causal_lm
+    from decode.models import CachedLM
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 DEFAULT_TARGET = MODELS_DIR / "target"
@@ -18,14 +24,39 @@ DEFAULT_TOKENIZER = MODELS_DIR / "tokenizer"
 
 @dataclass
 class LoadedPair:
+    """Both models, cached for decoding, with what identifies the pair.
+
+    Attributes:
+        paths: ``target``, ``draft`` and (when found) ``tokenizer`` directories the pair was loaded from.
+    """
+
     target: CachedLM
     draft: CachedLM
     tokenizer: object | None  # a transformers tokenizer, when one was found
     eos_token_id: int | None
+    paths: dict[str, Path]
+
+    @property
+    def context_limit(self) -> int:
+        """Positions both models attend over."""
+        return min(self.target.context_limit, self.draft.context_limit)
+
+    @property
+    def hidden_sizes(self) -> dict[str, int]:
+        """Width of each root-feature hidden block (decode.features.HIDDEN_NAMES)."""
+        from decode.features import hidden_sizes
+
+        return hidden_sizes(self.target.config.hidden_size, self.draft.config.hidden_size)
+
+    def fingerprint(self) -> str:
+        """:func:`pair_fingerprint` of the directories this pair came from."""
+        return pair_fingerprint(self.paths["target"], self.paths["draft"], self.paths.get("tokenizer"))
 
 
 def resolve_device(name: str) -> torch.device:
     """'cpu', 'cuda' or 'auto' (cuda when available)."""
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -35,26 +66,60 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype | None:
+    """'auto' or None (the models' default for the device: fp32 on CPU, bf16 on CUDA), or a torch dtype name."""
+    if name in (None, "auto"):
+        return None
+    if name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"unknown dtype '{name}' (auto, float32, bfloat16 or float16)")
+    import torch
+
+    return getattr(torch, name)
+
+
 def load_pair(
     target: str | Path = DEFAULT_TARGET,
     draft: str | Path = DEFAULT_DRAFT,
     tokenizer: str | Path | None = None,
     device: str = "cpu",
+    dtype: str | None = None,
+    fast_draft: bool = True,
 ) -> LoadedPair:
     """Load both models (safetensors only, no remote code) and a tokenizer if one is available.
 
     The tokenizer is looked up at ``tokenizer``, else in the target's folder, else beside it in ``tokenizer/``.
-    A missing tokenizer is not an error: token ids still work.
+    A missing tokenizer is not an error: token ids still work. The draft runs through the fast forward of
+    :mod:`decode.fast_llama` when it supports the model (and ``fast_draft``); the target always through HF's.
+
+    Raises:
+        ValueError: a missing directory, weights that are not safetensors, an unknown device or dtype, or two
+            models that do not share one vocabulary.
     """
+    from decode.fast_llama import cached_lm
+    from decode.models import CachedLM, check_same_vocab, load_causal_lm
+
     dev = resolve_device(device)
-    target_lm = CachedLM(load_causal_lm(target, device=dev), device=dev)
-    draft_lm = CachedLM(load_causal_lm(draft, device=dev), device=dev)
-    tok = find_tokenizer(Path(target), tokenizer)
+    torch_dtype = resolve_dtype(dtype, dev)
+    target_lm = CachedLM(load_causal_lm(target, dev, torch_dtype), dev, torch_dtype)
+    draft_lm = cached_lm(load_causal_lm(draft, dev, torch_dtype), dev, torch_dtype, fast=fast_draft)
+    check_same_vocab(target_lm.config, draft_lm.config)
+    tokenizer_dir = find_tokenizer_dir(Path(target), tokenizer)
+    tok = _load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
     eos = getattr(tok, "eos_token_id", None) if tok is not None else None
     if eos is None:
         eos = getattr(target_lm.config, "eos_token_id", None)
         eos = eos[0] if isinstance(eos, list) and eos else eos
-    return LoadedPair(target_lm, draft_lm, tok, eos)
+    paths = {"target": Path(target), "draft": Path(draft)}
+    if tokenizer_dir is not None:
+        paths["tokenizer"] = tokenizer_dir
+    return LoadedPair(target_lm, draft_lm, tok, eos, paths)
+
+
+def load_pair_config(path: str | Path, device: str = "cpu", dtype: str | None = None,
+                     fast_draft: bool = True) -> LoadedPair:
+    """:func:`load_pair` of the directories a pair YAML names."""
+    paths = read_pair_config(path)
+    return load_pair(paths["target"], paths["draft"], paths.get("tokenizer"), device, dtype, fast_draft)
 
 
 def read_pair_config(path: str | Path) -> dict[str, str]:
@@ -74,32 +139,52 @@ def read_pair_config(path: str | Path) -> dict[str, str]:
 
 
 def pair_fingerprint(target: str | Path, draft: str | Path, tokenizer: str | Path | None = None) -> str:
-    """sha256 over both models' config.json and the tokenizer's tokenizer.json (design.md: the pair fingerprint).
+    """sha256 over both models' config.json and safetensors weights and the tokenizer's tokenizer.json.
 
+    The weights are part of it: a draft distilled from the shipped one keeps its config but is another pair, and
+    labels or selectors made for one must not pass for the other. (Reading the shipped pair's 33 MB takes ~0.1 s.)
     The tokenizer is looked up like :func:`load_pair` does when not given.
     """
     target, draft = Path(target), Path(draft)
     if tokenizer is None:
-        found = [d for d in (target, target.parent / "tokenizer") if (d / "tokenizer.json").is_file()]
-        tokenizer = found[0] if found else None
-    files = [target / "config.json", draft / "config.json"]
+        tokenizer = find_tokenizer_dir(target, None)
+    files = []
+    for model in (target, draft):
+        files += [model / "config.json", *sorted(model.glob("*.safetensors"))]
     if tokenizer is not None:
         files.append(Path(tokenizer) / "tokenizer.json")
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode())
         if path.is_file():
-            digest.update(path.read_bytes())
+            with path.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 22), b""):
+                    digest.update(block)
     return digest.hexdigest()
 
 
-def find_tokenizer(target: Path, explicit: str | Path | None):
-    from transformers import AutoTokenizer
+def find_tokenizer_dir(target: Path, explicit: str | Path | None) -> Path | None:
+    """The tokenizer directory: ``explicit``, else the target's folder, else ``tokenizer/`` beside it; None if none.
 
+    Raises:
+        ValueError: ``explicit`` holds no tokenizer.
+    """
     candidates = [Path(explicit)] if explicit else [target, target.parent / "tokenizer"]
     for path in candidates:
         if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
-            return AutoTokenizer.from_pretrained(str(path))
+            return path
     if explicit:
         raise ValueError(f"no tokenizer found at {explicit}")
     return None
+
+
+def find_tokenizer(target: Path, explicit: str | Path | None):
+    """The pair's transformers tokenizer (see :func:`find_tokenizer_dir`), or None."""
+    found = find_tokenizer_dir(target, explicit)
+    return _load_tokenizer(found) if found is not None else None
+
+
+def _load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))

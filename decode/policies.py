@@ -3,16 +3,23 @@
 ``choose(root)`` returns the action from what is known at the root only; ``observe(outcome)`` sees how the
 step went. Choosing from root information only keeps every verifier lossless: the shape is independent of
 the draft samples of this step.
+
+A policy declares what it needs from the decoder, as class attributes, so the decoder never guesses:
+``needs_root_features`` (the root features of decode.features, and with them the latency table) and
+``stateful`` (it keeps state across steps, so each generation needs a fresh one). :data:`POLICIES` names every
+policy; :func:`make_policy` builds one from its name and options.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-import torch
+from decode.actions import Action
+from decode.registry import Registry
 
-from decode.drafting import Action
+if TYPE_CHECKING:  # the interface itself is light: listing policy names must not import torch
+    import torch
 
 
 @dataclass
@@ -23,7 +30,7 @@ class RootState:
         context_length: tokens in the context, the root token included.
         q_root: ``(V,)`` the draft's distribution after the root.
         max_depth: the deepest tree that still fits the context window and the token budget.
-        features: the root feature vector (decode.features), when the decoder computes it.
+        features: the root feature vector (decode.features), for a policy that needs it.
         latency: the decoder's latency table (decode.latency), when it has one.
     """
 
@@ -46,15 +53,36 @@ class StepOutcome:
     seconds: float | None = None
 
 
-class Policy(Protocol):
-    name: str
+class Policy:
+    """The interface: ``choose`` the action at a root, ``observe`` the step's outcome; capabilities declared."""
 
-    def choose(self, root: RootState) -> Action: ...
+    name: str = ""
+    needs_root_features: bool = False
+    stateful: bool = False
 
-    def observe(self, outcome: StepOutcome) -> None: ...
+    def choose(self, root: RootState) -> Action:
+        raise NotImplementedError
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Nothing to learn by default."""
 
 
-class StaticPolicy:
+@dataclass
+class PolicyOptions:
+    """What the built-in policies can be given (each reads its own fields).
+
+    Attributes:
+        action: the static policy's action.
+        max_draft: adaptive/entropy: the longest draft.
+        entropy_threshold: entropy: stop above this draft entropy (nats).
+    """
+
+    action: Action | None = None
+    max_draft: int = 8
+    entropy_threshold: float = 2.0
+
+
+class StaticPolicy(Policy):
     """The same action every step."""
 
     name = "static"
@@ -62,22 +90,32 @@ class StaticPolicy:
     def __init__(self, action: Action) -> None:
         self.action = action
 
+    @classmethod
+    def from_options(cls, options: PolicyOptions) -> StaticPolicy:
+        if options.action is None:
+            raise ValueError("the static policy needs an action K,L1,L2")
+        return cls(options.action)
+
     def choose(self, root: RootState) -> Action:
         return self.action
 
-    def observe(self, outcome: StepOutcome) -> None:
-        pass
 
-
-class AdaptiveLengthPolicy:
+class AdaptiveLengthPolicy(Policy):
     """HF assisted generation's heuristic schedule on a single path: +2 after a fully accepted draft, else -1."""
 
     name = "adaptive"
+    stateful = True
 
     def __init__(self, initial: int = 4, minimum: int = 1, maximum: int = 16) -> None:
         if not 1 <= minimum <= initial <= maximum:
             raise ValueError(f"need 1 <= minimum <= initial <= maximum, got {minimum}, {initial}, {maximum}")
         self.length, self.minimum, self.maximum = initial, minimum, maximum
+
+    @classmethod
+    def from_options(cls, options: PolicyOptions) -> AdaptiveLengthPolicy:
+        if options.max_draft < 1:
+            raise ValueError(f"the adaptive policy needs a longest draft >= 1, got {options.max_draft}")
+        return cls(initial=min(4, options.max_draft), maximum=options.max_draft)
 
     def choose(self, root: RootState) -> Action:
         return Action(1, self.length, 0)
@@ -89,7 +127,7 @@ class AdaptiveLengthPolicy:
             self.length = max(self.minimum, self.length - 1)
 
 
-class EntropyStopPolicy:
+class EntropyStopPolicy(Policy):
     """AdaEDL-style: draft a single path of up to ``max_length`` tokens, stopping at the first node whose draft
     entropy (nats) exceeds ``threshold``, where the draft is too unsure for its next token to be accepted."""
 
@@ -100,8 +138,27 @@ class EntropyStopPolicy:
             raise ValueError(f"need max_length >= 1 and threshold > 0, got {max_length}, {threshold}")
         self.action = Action(1, max_length, 0, stop_entropy=threshold)
 
+    @classmethod
+    def from_options(cls, options: PolicyOptions) -> EntropyStopPolicy:
+        if options.max_draft < 1 or options.entropy_threshold <= 0:
+            raise ValueError(f"the entropy policy needs a longest draft >= 1 and a threshold > 0, got "
+                             f"{options.max_draft} and {options.entropy_threshold}")
+        return cls(max_length=options.max_draft, threshold=options.entropy_threshold)
+
     def choose(self, root: RootState) -> Action:
         return self.action
 
-    def observe(self, outcome: StepOutcome) -> None:
-        pass
+
+POLICIES = Registry(
+    "policy",
+    {
+        "static": "decode.policies:StaticPolicy",
+        "adaptive": "decode.policies:AdaptiveLengthPolicy",
+        "entropy": "decode.policies:EntropyStopPolicy",
+    },
+)
+
+
+def make_policy(name: str, options: PolicyOptions) -> Policy:
+    """A fresh policy by name; KeyError for an unknown name, ValueError for options it cannot take."""
+    return POLICIES.get(name).from_options(options)

@@ -1,15 +1,19 @@
 """The neural selector at decode time: an exported ``.onnx`` selector picks the delayed tree at every root.
 
-The file's metadata (docs/selector.md) is checked against the pair and the feature schema before any decoding:
-a selector trained for another pair, verifier, feature order or hidden size is refused with a clear error. Each
-step the decoder computes the root features (decode.features, the same code data_gen ran) and the policy runs
-the network once through onnxruntime: the action is the argmax of the scores (``policy`` selectors) or of the
-predicted Ê[τ+1] over the latency model's step time T̂ (``be`` selectors).
+The file's metadata (:mod:`decode.selector_file`) is checked against the pair and the feature schema before any
+decoding: a selector trained for another pair, verifier, feature order or hidden size is refused with a clear
+error. Each step the decoder computes the root features (decode.features, the same code data_gen ran) and the
+policy runs the network once through onnxruntime. The decision value of an action is its score (``policy``
+selectors) or its predicted Ê[τ+1] over the latency model's step time T̂ (``be`` selectors).
+
+The never-lose guard: the policy drafts the best action only where its decision value beats the fallback
+action's (the best static action of its training data) by more than the margin fitted on validation prompts;
+otherwise it drafts the fallback. A selector whose margin is ``None`` for this sampling configuration never left
+its fallback on validation, so the policy skips the features and the network and is exactly the static policy.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections import deque
@@ -17,26 +21,19 @@ from pathlib import Path
 
 import numpy as np
 
-from decode.drafting import Action
-from decode.features import SCALAR_NAMES
+from decode.actions import Action
 from decode.latency import draft_passes
-from decode.policies import RootState, StepOutcome
+from decode.policies import Policy, RootState, StepOutcome
+from decode.sampling import SamplingConfig
+from decode.selector_file import INPUT_NAMES, SelectorFileError, SelectorMetadata
 
-SUPPORTED_SCHEMA = "1"
-INPUT_NAMES = ("target_hidden_prev", "draft_hidden_prev", "draft_hidden_root", "scalars")
-
-
-class SelectorError(ValueError):
-    """The selector file cannot be used (unreadable, or it does not match the pair or the feature schema)."""
-
-
+SelectorError = SelectorFileError  # the name callers catch
 OVERHEAD_WINDOW = 64  # steps in the running median of the unmodelled step time
 
 
-def _session(path: str | Path, providers: list[str]):
+def _session(path: Path, providers: list[str]):
     import onnxruntime as ort
 
-    path = Path(path)
     if not path.is_file():
         raise SelectorError(f"selector file {str(path)!r} does not exist")
     options = ort.SessionOptions()
@@ -53,17 +50,26 @@ def _session(path: str | Path, providers: list[str]):
         raise SelectorError(f"{path}: not a readable ONNX selector ({type(err).__name__}: {err})") from err
 
 
-class OnnxSelectorPolicy:
+class OnnxSelectorPolicy(Policy):
     """Chooses (K, L1, L2) per step from the root features with an exported selector.
+
+    Args:
+        path: the ``.onnx`` file.
+        verifier: the decoder's verifier (the selector must have been trained on its labels).
+        target_hidden, draft_hidden: the pair's hidden sizes.
+        sampling: the decoder's sampling configuration (picks the fallback and margin).
+        pair_fingerprint: the pair's fingerprint; None skips that check.
+        use_cuda: run on onnxruntime's CUDA provider when it is available.
 
     Attributes:
         actions: the selector's action list (its output order).
+        fallback: the action drafted unless the network's choice clears the margin.
+        margin: relative margin of the guard; None = always the fallback.
         call_seconds: wall time of every network call (for the benchmark's overhead figures).
         provider: the onnxruntime execution provider actually in use.
     """
 
     name = "selector"
-    wants_features = True
 
     def __init__(
         self,
@@ -72,21 +78,37 @@ class OnnxSelectorPolicy:
         verifier: str,
         target_hidden: int,
         draft_hidden: int,
+        sampling: SamplingConfig,
         pair_fingerprint: str | None = None,
         use_cuda: bool = False,
     ) -> None:
         import onnxruntime as ort
 
+        from decode.features import hidden_sizes
+
+        self.path = Path(path)
         providers = ["CPUExecutionProvider"]
         if use_cuda and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
-        self.session = _session(path, providers)
+        self.session = _session(self.path, providers)
         self.provider = self.session.get_providers()[0]
-        self.path = Path(path)
-        meta = dict(self.session.get_modelmeta().custom_metadata_map)
-        self.metadata = meta
-        self.actions = _check_metadata(meta, self.path, verifier, target_hidden, draft_hidden, pair_fingerprint)
-        self.decision = meta["ddte.decision"]
+        props = dict(self.session.get_modelmeta().custom_metadata_map)
+        self.metadata = SelectorMetadata.from_props(props, str(self.path))
+        self.metadata.check_compatible(str(self.path), verifier, hidden_sizes(target_hidden, draft_hidden),
+                                       pair_fingerprint)
+        names = [i.name for i in self.session.get_inputs()]
+        if sorted(names) != sorted(INPUT_NAMES):
+            raise SelectorError(f"{self.path}: inputs {names}, expected {list(INPUT_NAMES)}")
+        try:
+            self.actions = [Action.parse(a) for a in self.metadata.actions]
+        except ValueError as err:
+            raise SelectorError(f"{self.path}: bad action list ({err})") from err
+        guard = self.metadata.fallback_for(sampling.temperature, sampling.top_p)
+        self.fallback, self.margin = Action.parse(guard.action), guard.margin
+        self._fallback_index = self.actions.index(self.fallback)
+        # A selector that never beat its fallback costs nothing: no features, no network call.
+        self.needs_root_features = self.margin is not None
+        self.throughput = self.metadata.decision == "throughput"
         self.call_seconds: list[float] = []
         self._step_cache: dict[tuple[int, int], np.ndarray] = {}
         self._index = {a: i for i, a in enumerate(self.actions)}
@@ -94,10 +116,14 @@ class OnnxSelectorPolicy:
         self._latency = None
         self._overheads: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
         self.overhead_ms = 0.0
-        names = [i.name for i in self.session.get_inputs()]
-        if sorted(names) != sorted(INPUT_NAMES):
-            raise SelectorError(f"{self.path}: inputs {names}, expected {list(INPUT_NAMES)}")
         self._bound = self._bind_buffers(ort) if self.provider == "CPUExecutionProvider" else None
+
+    @classmethod
+    def for_pair(cls, path: str | Path, verifier: str, pair, sampling: SamplingConfig) -> OnnxSelectorPolicy:
+        """The selector checked against a loaded pair (hidden sizes, fingerprint), on its device."""
+        return cls(path, verifier=verifier, target_hidden=int(pair.target.config.hidden_size),
+                   draft_hidden=int(pair.draft.config.hidden_size), sampling=sampling,
+                   pair_fingerprint=pair.fingerprint(), use_cuda=pair.target.device.type == "cuda")
 
     def _bind_buffers(self, ort):
         """Fixed ``(1, ·)`` float32 input and output buffers bound once to the session (CPU only): a call then
@@ -131,18 +157,23 @@ class OnnxSelectorPolicy:
         return out
 
     def choose(self, root: RootState) -> Action:
+        if self.margin is None:
+            return self.fallback
         if root.features is None:
             raise ValueError("the selector policy needs root features (the decoder computes them when asked)")
-        scores = self.scores(root.features)
-        # Actions the graph masks score ddte.invalid_score, the floor of the output (0 for probabilities, -1e9 for
-        # Ê): a plain argmax, even after dividing by a positive T̂, never picks one, so no mask pass is needed
-        # (two numpy passes over the scores cost ~50 µs in the loop, where caches are cold).
-        if self.decision == "throughput":
+        value = self.scores(root.features)
+        # Actions the graph masks score the floor of the output (0 for probabilities, -1e9 for Ê): a plain argmax,
+        # even after dividing by a positive T̂, never picks one, so no mask pass is needed (two numpy passes over
+        # the scores cost ~50 µs in the loop, where caches are cold).
+        if self.throughput:
             if root.latency is None:
                 raise ValueError("a 'throughput' selector needs the decoder's latency table")
             self._latency = root.latency
-            scores = scores / (self._step_ms(root.latency, root.context_length) + self.overhead_ms)
-        return self.actions[int(np.argmax(scores))]
+            value = value / (self._step_ms(root.latency, root.context_length) + self.overhead_ms)
+        best = int(np.argmax(value))
+        if value[best] > (1.0 + self.margin) * value[self._fallback_index]:
+            return self.actions[best]
+        return self.fallback
 
     def observe(self, outcome: StepOutcome) -> None:
         """Calibrate T̂ online: Eq. 11 counts only model passes, so a step's verification, sampling and bookkeeping
@@ -170,39 +201,3 @@ class OnnxSelectorPolicy:
 
     def median_call_us(self) -> float | None:
         return 1e6 * statistics.median(self.call_seconds) if self.call_seconds else None
-
-
-def _check_metadata(
-    meta: dict[str, str], path: Path, verifier: str, target_hidden: int, draft_hidden: int, fingerprint: str | None
-) -> list[Action]:
-    """Validate a selector's metadata against this decoder; returns its actions."""
-    required = ["ddte.schema_version", "ddte.actions", "ddte.scalar_names", "ddte.hidden_sizes", "ddte.verifier",
-                "ddte.decision"]
-    missing = [k for k in required if k not in meta]
-    if missing:
-        raise SelectorError(f"{path}: not a ddte selector (metadata lacks {', '.join(missing)})")
-    if meta["ddte.schema_version"] != SUPPORTED_SCHEMA:
-        version = meta["ddte.schema_version"]
-        raise SelectorError(f"{path}: feature schema {version}, this decoder has {SUPPORTED_SCHEMA}")
-    names = json.loads(meta["ddte.scalar_names"])
-    if names != list(SCALAR_NAMES):
-        raise SelectorError(f"{path}: scalar features {names} differ from this decoder's {list(SCALAR_NAMES)}")
-    sizes = json.loads(meta["ddte.hidden_sizes"])
-    want = {"target_hidden_prev": target_hidden, "draft_hidden_prev": draft_hidden, "draft_hidden_root": draft_hidden}
-    if sizes != want:
-        raise SelectorError(f"{path}: trained on hidden sizes {sizes}, but this pair has {want}")
-    if meta["ddte.verifier"] != verifier:
-        raise SelectorError(
-            f"{path}: trained for verifier '{meta['ddte.verifier']}', not '{verifier}' (one selector per verifier)"
-        )
-    stored = meta.get("ddte.pair_fingerprint", "")
-    if fingerprint is not None and stored and stored != fingerprint:
-        raise SelectorError(
-            f"{path}: trained on another pair (fingerprint {stored[:12]}…, this pair {fingerprint[:12]}…)"
-        )
-    if meta["ddte.decision"] not in ("argmax", "throughput"):
-        raise SelectorError(f"{path}: unknown decision rule {meta['ddte.decision']!r}")
-    try:
-        return [Action.parse(a) for a in json.loads(meta["ddte.actions"])]
-    except ValueError as err:
-        raise SelectorError(f"{path}: bad action list ({err})") from err

@@ -238,6 +238,25 @@ def nested_tree(children: dict[tuple[int, ...], Sequence[int]], regime: Regime) 
     return builder.build(regime, None)
 
 
+def probe_tree(k: int, l1: int, l2: int, regime: Regime) -> DraftTree:
+    """A (K, L1, L2) tree drafted in ``regime``, with placeholder tokens: what a verifier is asked to accept.
+
+    I.i.d. branches repeat one token; without replacement, the K draws at the branching node are distinct and each
+    branch then continues as a single path (RSD's drafting).
+    """
+    if regime == Regime.IID:
+        return delayed_tree([0] * l1, [[0] * l2 for _ in range(k)])
+    builder = TreeBuilder()
+    tip = ROOT
+    for _ in range(l1):
+        tip = builder.draw(tip, 0)
+    for b in range(k if l2 > 0 else 0):
+        node = builder.draw(tip, b)
+        for _ in range(l2 - 1):
+            node = builder.draw(node, 0)
+    return builder.build(regime, None)
+
+
 def delayed_tree_size(k: int, l1: int, l2: int) -> int:
     """Drafted tokens of a (K, L1, L2)-delayed tree, duplicates counted: L1 + K * L2."""
     return l1 + k * l2

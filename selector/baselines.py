@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from data_gen.schema import HIDDEN_COLUMNS
+from decode.features import HIDDEN_NAMES
 from selector.data import Normalisation, RootArrays
 from selector.metrics import OfflineMetrics, offline_metrics
 
@@ -48,7 +48,7 @@ class FeatureMap:
 
     @staticmethod
     def _hidden(arrays: RootArrays) -> np.ndarray:
-        return np.concatenate([arrays.hidden[name] for name in HIDDEN_COLUMNS], axis=1)
+        return np.concatenate([arrays.hidden[name] for name in HIDDEN_NAMES], axis=1)
 
     def fit(self, train: RootArrays) -> FeatureMap:
         from sklearn.decomposition import PCA

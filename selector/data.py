@@ -30,7 +30,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from data_gen.schema import HIDDEN_COLUMNS, METADATA_FILE, SCALAR_NAMES, SCHEMA_VERSION, SHARD_GLOB, label_column
+from data_gen.schema import METADATA_FILE, READABLE_VERSIONS, SHARD_GLOB, label_column, trees_column
+from decode.features import HIDDEN_NAMES, SCALAR_NAMES
 
 # KL divergences have a long right tail (probabilities clamped at 1e-9 under top-p give values of 10-20 nats):
 # log1p keeps a few extreme roots from dominating the standardised scale.
@@ -53,7 +54,7 @@ class DatasetInfo:
 
     @property
     def hidden_sizes(self) -> dict[str, int]:
-        return {name: int(self.metadata["hidden_sizes"][name]) for name in HIDDEN_COLUMNS}
+        return {name: int(self.metadata["hidden_sizes"][name]) for name in HIDDEN_NAMES}
 
     @property
     def pair_fingerprint(self) -> str:
@@ -99,6 +100,7 @@ class RootArrays:
     scalars: np.ndarray  # (N, S) float32, raw
     step_ms: np.ndarray  # (N, A) float32
     be: np.ndarray  # (N, A) float32, NaN where the verifier has no label
+    be_trees: np.ndarray | None = None  # (N, s, A) per-tree labels (schema 2), None for a schema-1 data set
     base_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (N,) a_base per row
 
     def __len__(self) -> int:
@@ -118,6 +120,7 @@ class RootArrays:
             scalars=self.scalars[rows],
             step_ms=self.step_ms[rows],
             be=self.be[rows],
+            be_trees=None if self.be_trees is None else self.be_trees[rows],
             base_index=self.base_index[rows] if self.base_index.size else self.base_index,
         )
 
@@ -143,8 +146,9 @@ def inspect_dataset(folder: str | Path, verifier: str) -> DatasetInfo:
     except json.JSONDecodeError as err:
         raise ValueError(f"{meta_path} is not valid JSON: {err}") from err
     version = metadata.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"{meta_path}: schema_version {version!r}, this selector reads version {SCHEMA_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"{meta_path}: schema_version {version!r}, this selector reads versions "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}")
     if list(metadata.get("scalar_names", [])) != list(SCALAR_NAMES):
         raise ValueError(f"{meta_path}: scalar_names differ from decode.features.SCALAR_NAMES {list(SCALAR_NAMES)}")
     for key in ("actions", "hidden_sizes", "verifiers", "sampling"):
@@ -156,7 +160,7 @@ def inspect_dataset(folder: str | Path, verifier: str) -> DatasetInfo:
     shards = tuple(sorted(folder.glob(SHARD_GLOB)))
     if not shards:
         raise ValueError(f"'{folder}' has no shards ({SHARD_GLOB})")
-    required = ["prompt_id", "sampling_index", *HIDDEN_COLUMNS, "scalars", "step_ms", label_column(verifier)]
+    required = ["prompt_id", "sampling_index", *HIDDEN_NAMES, "scalars", "step_ms", label_column(verifier)]
     for shard in shards:
         names = set(pq.read_schema(shard).names)
         missing = [c for c in required if c not in names]
@@ -205,15 +209,22 @@ def load_rows(info: DatasetInfo) -> RootArrays:
     """Read every shard through ``datasets.load_dataset("parquet")`` into numpy arrays (no base_index yet)."""
     import datasets
 
-    columns = ["prompt_id", "sampling_index", *HIDDEN_COLUMNS, "scalars", "step_ms", label_column(info.verifier)]
+    columns = ["prompt_id", "sampling_index", *HIDDEN_NAMES, "scalars", "step_ms", label_column(info.verifier)]
+    per_tree = trees_column(info.verifier)
     with quiet_datasets():
         ds = datasets.load_dataset("parquet", data_files=[str(s) for s in info.shards], split="train")
-    table = ds.select_columns(columns).data.table
+    has_trees = per_tree in ds.column_names
+    table = ds.select_columns(columns + ([per_tree] if has_trees else [])).data.table
     n_actions = len(info.actions)
+    be_trees = None
+    if has_trees:  # schema 2: (N, s·A) tree-major -> (N, s, A)
+        trees = int(info.metadata["trees_per_root"])
+        be_trees = _list_column(table, per_tree, trees * n_actions).reshape(-1, trees, n_actions)
     return RootArrays(
+        be_trees=be_trees,
         prompt_id=np.asarray(table.column("prompt_id").to_pylist(), dtype=object),
         sampling_index=table.column("sampling_index").to_numpy().astype(np.int64),
-        hidden={name: _list_column(table, name, info.hidden_sizes[name]) for name in HIDDEN_COLUMNS},
+        hidden={name: _list_column(table, name, info.hidden_sizes[name]) for name in HIDDEN_NAMES},
         scalars=_list_column(table, "scalars", len(SCALAR_NAMES)),
         step_ms=_list_column(table, "step_ms", n_actions),
         be=_list_column(table, label_column(info.verifier), n_actions),
@@ -296,7 +307,7 @@ class RootDataset(Dataset):
     def __init__(self, arrays: RootArrays):
         valid = arrays.valid
         self.tensors = {
-            **{name: torch.from_numpy(arrays.hidden[name]) for name in HIDDEN_COLUMNS},
+            **{name: torch.from_numpy(arrays.hidden[name]) for name in HIDDEN_NAMES},
             "scalars": torch.from_numpy(arrays.scalars),
             "be": torch.from_numpy(np.where(valid, arrays.be, 0.0).astype(np.float32)),  # 0·π, never NaN·π
             "valid": torch.from_numpy(valid),

@@ -1,27 +1,18 @@
 """Export a trained selector to one ONNX file with metadata and a parity check against onnxruntime.
 
-Inputs (float32, dynamic batch): target_hidden_prev [batch, H_t], draft_hidden_prev [batch, H_d],
-draft_hidden_root [batch, H_d], scalars [batch, 11] RAW (standardisation is inside the graph). Output: scores
-[batch, A], one per action in the order of the metadata's ``ddte.actions``: π(a | root) for the policy objective
-(``ddte.output`` = probability), predicted Ê[τ+1] for the be objective (expected_block_efficiency). Actions that
-never had a label for the verifier score ``ddte.invalid_score``. Decision rule (``ddte.decision``): ``argmax`` of
-the scores (policy) or ``throughput``: argmax of score / step_ms with the decoder's latency model (be).
+The file's inputs, output and metadata are the contract of :mod:`decode.selector_file` (its
+:class:`~decode.selector_file.SelectorMetadata` is filled here and read back by the decoder). Actions that never
+had a label for the verifier score ``invalid_score``.
 
 The file is written to a temporary name beside the output and renamed only after the parity check passed
 (max |torch − onnxruntime| ≤ 1e-5 on random and real rows), so a .onnx on disk is always whole and checked.
 If the checkpoint knows its MLflow run (or --run-id is given), the model is also logged there with
 mlflow.onnx.log_model.
-
-Examples:
-  ddte export --checkpoint runs/selector/specinfer-policy-<run>/best.ckpt --output selector.onnx
-  ddte export --checkpoint best.ckpt --output sel.onnx --tracking-uri sqlite:///mlflow.db --run-id <run>
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -31,10 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddte.cli import UserError
+from decode.selector_file import INPUT_NAMES, OUTPUT_NAME, Fallback, SelectorMetadata
 
-INPUT_NAMES = ("target_hidden_prev", "draft_hidden_prev", "draft_hidden_root", "scalars")
-OUTPUT_NAME = "scores"
 TOLERANCE = 1e-5
 
 
@@ -44,7 +33,7 @@ class ExportResult:
 
     path: Path
     max_abs_diff: float
-    metadata: dict[str, str]
+    metadata: SelectorMetadata
     parity_rows: dict[str, int]
     mlflow_model_uri: str | None = None
 
@@ -68,24 +57,28 @@ def load_selector(checkpoint: str | Path):
     return module.eval()
 
 
-def onnx_metadata(module, run_id: str | None = None) -> dict[str, str]:
-    """The ``metadata_props`` of the exported file (all values are strings; lists and dicts are JSON)."""
+def selector_metadata(module, run_id: str | None = None) -> SelectorMetadata:
+    """The metadata of the exported file, from what the checkpoint carries (``ddte_info``).
+
+    Raises ValueError for a checkpoint trained before the never-lose guard (no fallbacks): retrain it.
+    """
     info = module.ddte_info
-    return {
-        "ddte.schema_version": str(info["schema_version"]),
-        "ddte.actions": json.dumps(info["actions"]),
-        "ddte.scalar_names": json.dumps(info["scalar_names"]),
-        "ddte.hidden_sizes": json.dumps(info["hidden_sizes"]),
-        "ddte.verifier": str(info["verifier"]),
-        "ddte.objective": str(info["objective"]),
-        "ddte.decision": str(info["decision"]),
-        "ddte.pair_fingerprint": str(info.get("pair_fingerprint", "")),
-        "ddte.run_id": str(run_id or info.get("run_id") or ""),
-        "ddte.normalisation": json.dumps(info["normalisation"]),
-        "ddte.data_fingerprint": str(info.get("data_fingerprint", "")),
-        "ddte.output": "probability" if info["objective"] == "policy" else "expected_block_efficiency",
-        "ddte.invalid_score": repr(module.deployed().invalid_score),
-    }
+    if "fallbacks" not in info:
+        raise ValueError("the checkpoint has no never-lose guard (fallback actions and margins): it was trained by "
+                         "an older ddte; retrain it with `ddte train`")
+    return SelectorMetadata(
+        actions=list(info["actions"]),
+        hidden_sizes=dict(info["hidden_sizes"]),
+        verifier=str(info["verifier"]),
+        objective=str(info["objective"]),
+        normalisation=dict(info["normalisation"]),
+        invalid_score=float(module.deployed().invalid_score),
+        fallbacks=[Fallback(**f) for f in info["fallbacks"]],
+        scalar_names=list(info["scalar_names"]),
+        pair_fingerprint=str(info.get("pair_fingerprint", "")),
+        data_fingerprint=str(info.get("data_fingerprint", "")),
+        run_id=str(run_id or info.get("run_id") or ""),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
@@ -191,8 +184,9 @@ def _writable_tmp(output: Path) -> Path:
 
 
 def log_to_mlflow(path: Path, tracking_uri: str, run_id: str, max_abs_diff: float, inputs: dict[str, Any],
-                  outputs: Any) -> str:
-    """Log the ONNX file as an MLflow model (``selector``) under the training run; returns the model URI."""
+                  outputs: Any, registered_name: str | None = None) -> str:
+    """Log the ONNX file as an MLflow model (``selector``) under the training run, and register it as a new version
+    of ``registered_name`` in the model registry; returns the model URI."""
     import mlflow
     import mlflow.onnx
     import onnx
@@ -205,7 +199,7 @@ def log_to_mlflow(path: Path, tracking_uri: str, run_id: str, max_abs_diff: floa
             warnings.simplefilter("ignore")
             signature = infer_signature({k: v[:2] for k, v in inputs.items()}, {OUTPUT_NAME: outputs[:2]})
             info = mlflow.onnx.log_model(onnx.load(str(path)), name="selector", signature=signature,
-                                         save_as_external_data=False)
+                                         save_as_external_data=False, registered_model_name=registered_name)
             mlflow.log_metric("export/max_abs_diff", max_abs_diff)
             return info.model_uri
     finally:
@@ -240,7 +234,7 @@ def export_selector(
     import numpy as np
     import torch
 
-    from selector.train import resolve_tracking_uri
+    from selector.tracking import resolve_tracking_uri
 
     module = load_selector(checkpoint)
     net = module.deployed()  # the network + softmax for the policy objective: what the decoder runs
@@ -252,12 +246,12 @@ def export_selector(
     batch = rand if real is None else {k: np.concatenate([rand[k], real[k]]) for k in INPUT_NAMES}
     explicit_run = bool(run_id or tracking_uri)
     run_id = run_id or module.ddte_info.get("run_id")
-    metadata = onnx_metadata(module, run_id)
+    metadata = selector_metadata(module, run_id)
 
     tmp = _writable_tmp(output)
     try:
         _export_graph(net, tmp, batch)
-        _attach_metadata(tmp, metadata)
+        _attach_metadata(tmp, metadata.to_props())
         diff = check_parity(net, tmp, batch)
         if not diff <= tolerance:
             raise ValueError(f"ONNX parity check failed: max |torch - onnxruntime| = {diff:.3g} > {tolerance:g}")
@@ -275,41 +269,11 @@ def export_selector(
         with torch.no_grad():
             scores = net(*(torch.from_numpy(batch[n]) for n in INPUT_NAMES)).numpy()
         try:
-            result.mlflow_model_uri = log_to_mlflow(output, resolve_tracking_uri(uri), run_id, diff, batch, scores)
+            result.mlflow_model_uri = log_to_mlflow(output, resolve_tracking_uri(uri), run_id, diff, batch, scores,
+                                                    f"ddte-selector-{metadata.verifier}")
         except Exception as err:  # MLflow raises its own and SQLAlchemy/HTTP errors: the .onnx is still good
             message = f"could not log the model to MLflow run {run_id} at {uri}: {type(err).__name__}: {err}"
             if explicit_run:
                 raise ValueError(message.splitlines()[0]) from err
             print(f"warning: {message.splitlines()[0]}", file=sys.stderr)
     return result
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="best.ckpt written by `ddte train`")
-    parser.add_argument("--output", required=True, help="the .onnx file to write (one file, no external data)")
-    parser.add_argument("--data", default=None, help="data set whose rows join the parity check "
-                        "(default: the checkpoint's training data, if it is still there)")
-    parser.add_argument("--tracking-uri", default=None,
-                        help="MLflow tracking URI (default: the one recorded in the checkpoint)")
-    parser.add_argument("--run-id", default=None, help="MLflow run to log the model under (default: the training run)")
-    parser.add_argument("--no-mlflow", action="store_true", help="do not log the model to MLflow")
-    parser.add_argument("--parity-rows", type=int, default=64, help="random (and real) rows in the parity check")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.parity_rows < 1:
-        raise UserError("--parity-rows must be >= 1")
-    try:
-        result = export_selector(args.checkpoint, args.output, tracking_uri=args.tracking_uri, run_id=args.run_id,
-                                 data_dir=args.data, log_mlflow=not args.no_mlflow, parity_rows=args.parity_rows)
-    except (FileNotFoundError, ValueError) as err:
-        raise UserError(str(err).splitlines()[0] if str(err) else type(err).__name__) from err
-    meta = result.metadata
-    n_actions = len(json.loads(meta["ddte.actions"]))
-    print(f"wrote {result.path} ({result.path.stat().st_size / 1024:.0f} KiB): {n_actions} actions, "
-          f"verifier {meta['ddte.verifier']}, objective {meta['ddte.objective']} (decision {meta['ddte.decision']})")
-    print(f"parity vs torch: max abs diff {result.max_abs_diff:.2e} on {result.parity_rows['random']} random + "
-          f"{result.parity_rows['real']} real rows")
-    if result.mlflow_model_uri:
-        print(f"MLflow model: {result.mlflow_model_uri} (run {meta['ddte.run_id']})")
-    return 0

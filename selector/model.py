@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from data_gen.schema import HIDDEN_COLUMNS, SCALAR_NAMES
+from decode.features import HIDDEN_NAMES, SCALAR_NAMES
 
 # Score given to actions that never had a label for this verifier: finite (ONNX parity compares it exactly, and
 # −inf would turn be/step_ms decisions into NaN arithmetic) yet below any real score.
@@ -38,7 +38,7 @@ class SelectorNet(nn.Module):
     """Scores per action from root features.
 
     Args:
-        hidden_sizes: width of each hidden block, keyed by ``HIDDEN_COLUMNS`` names.
+        hidden_sizes: width of each hidden block, keyed by ``HIDDEN_NAMES`` names.
         num_scalars: S, the length of the scalar vector (``SCALAR_NAMES``).
         num_actions: A, one output per action.
         d_proj: projection width per hidden block.
@@ -51,10 +51,10 @@ class SelectorNet(nn.Module):
         super().__init__()
         self.proj = nn.ModuleDict(
             {name: nn.Sequential(nn.Linear(int(hidden_sizes[name]), d_proj), nn.LayerNorm(d_proj))
-             for name in HIDDEN_COLUMNS}
+             for name in HIDDEN_NAMES}
         )
         layers: list[nn.Module] = []
-        width = len(HIDDEN_COLUMNS) * d_proj + num_scalars
+        width = len(HIDDEN_NAMES) * d_proj + num_scalars
         for h in mlp_hidden:
             layers += [nn.Linear(width, h), nn.GELU(), nn.Dropout(dropout)]
             width = h
@@ -84,7 +84,7 @@ class SelectorNet(nn.Module):
                 draft_hidden_root: torch.Tensor, scalars: torch.Tensor) -> torch.Tensor:
         """(B, H_t), (B, H_d), (B, H_d), raw (B, S) -> scores (B, A); never-valid actions get ``INVALID_SCORE``."""
         blocks = (target_hidden_prev, draft_hidden_prev, draft_hidden_root)
-        parts = [self.proj[name](x) for name, x in zip(HIDDEN_COLUMNS, blocks, strict=True)]
+        parts = [self.proj[name](x) for name, x in zip(HIDDEN_NAMES, blocks, strict=True)]
         scores = self.mlp(torch.cat([*parts, self.standardise(scalars)], dim=-1))
         return scores.masked_fill(~self.action_valid, INVALID_SCORE)
 
@@ -239,7 +239,7 @@ class SelectorModule(pl.LightningModule):
     # -------------------------------------------------------------- steps
 
     def _scores(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.net(*(batch[name] for name in HIDDEN_COLUMNS), batch["scalars"])
+        return self.net(*(batch[name] for name in HIDDEN_NAMES), batch["scalars"])
 
     def _loss(self, scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         valid = batch["valid"] & self.net.action_valid

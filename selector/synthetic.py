@@ -21,16 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from data_gen.schema import (
-    HIDDEN_COLUMNS,
-    METADATA_FILE,
-    SCALAR_NAMES,
-    SCHEMA_VERSION,
-    acceptance_column,
-    action_grid,
-    action_key,
-    label_column,
-)
+from data_gen.schema import METADATA_FILE, SCHEMA_VERSION, acceptance_column, label_column, trees_column
+from decode.actions import action_grid, action_key
+from decode.features import HIDDEN_NAMES, SCALAR_NAMES
 from selector.data import quiet_datasets
 
 SAMPLING = ({"temperature": 0.6, "top_p": 1.0}, {"temperature": 1.0, "top_p": 0.9})
@@ -90,7 +83,7 @@ def _rows(n_prompts: int, roots_per_prompt: int, rng: np.random.Generator, hidde
 
     h_t, h_d = hidden
     blocks = {name: rng.normal(0, 1, (n, size)).astype(np.float32)
-              for name, size in zip(HIDDEN_COLUMNS, (h_t, h_d, h_d), strict=True)}
+              for name, size in zip(HIDDEN_NAMES, (h_t, h_d, h_d), strict=True)}
     blocks["target_hidden_prev"][:, 0] = 4.0 * (a - 0.5) + rng.normal(0, 0.2, n)  # the target "knows" a too
     return {
         "prompt_id": [str(p) for p in prompt],
@@ -108,7 +101,7 @@ def _rows(n_prompts: int, roots_per_prompt: int, rng: np.random.Generator, hidde
     }
 
 
-def _features(verifiers: Sequence[str]):
+def _features(verifiers: Sequence[str], per_tree: bool):
     import datasets
 
     floats = datasets.List(datasets.Value("float32"))
@@ -120,29 +113,32 @@ def _features(verifiers: Sequence[str]):
         "trajectory": datasets.Value("int32"),
         "root_position": datasets.Value("int32"),
         "seed": datasets.Value("int64"),
-        **{name: floats for name in HIDDEN_COLUMNS},
+        **{name: floats for name in HIDDEN_NAMES},
         "scalars": floats,
         "step_ms": floats,
     }
     for v in verifiers:
         spec[label_column(v)] = floats
         spec[acceptance_column(v)] = floats
+        if per_tree:
+            spec[trees_column(v)] = floats
     spec["l1_by_depth"] = floats
     return datasets.Features(spec)
 
 
-def _metadata(verifiers, actions, k_max, l_max, hidden, n_prompts, roots_per_prompt, seed) -> dict:
+def _metadata(verifiers, actions, k_max, l_max, hidden, n_prompts, roots_per_prompt, seed, trees,
+              version) -> dict:
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": version,
         "actions": [action_key(a) for a in actions],
         "k_max": k_max,
         "l_max": l_max,
         "verifiers": list(verifiers),
         "scalar_names": list(SCALAR_NAMES),
-        "hidden_sizes": dict(zip(HIDDEN_COLUMNS, (hidden[0], hidden[1], hidden[1]), strict=True)),
+        "hidden_sizes": dict(zip(HIDDEN_NAMES, (hidden[0], hidden[1], hidden[1]), strict=True)),
         "pair": {"fingerprint": "synthetic-pair", "target": "synthetic", "draft": "synthetic", "vocab_size": 0},
         "sampling": [dict(s) for s in SAMPLING],
-        "trees_per_root": 1,
+        "trees_per_root": trees,
         "stride": 16,
         "trajectories": 1,
         "new_tokens": 16 * roots_per_prompt,
@@ -164,11 +160,14 @@ def write_synthetic_dataset(
     l_max: int = 2,
     hidden: tuple[int, int] = (16, 8),
     n_shards: int = 2,
+    trees_per_root: int = 2,
+    schema_version: int = SCHEMA_VERSION,
 ) -> Path:
     """Write ``dataset.json`` and ``n_shards`` parquet shards (prompts split across them) into ``folder``.
 
     Every prompt gets ``roots_per_prompt`` roots, alternating between the two sampling configurations.
-    ``hidden`` is (H_target, H_draft). Returns the folder.
+    ``hidden`` is (H_target, H_draft). Schema 2 stores ``trees_per_root`` noisy per-tree labels whose mean is the
+    label; schema 1 only the label. Returns the folder.
     """
     import datasets
 
@@ -183,16 +182,21 @@ def write_synthetic_dataset(
     for v in verifiers:
         be = _block_efficiency(a, actions, v)
         be = np.where(np.isnan(be), np.nan, np.maximum(1.0, be * (1.0 + rng.normal(0, 0.03, be.shape))))
-        rows[label_column(v)] = be.astype(np.float32)
+        trees = np.maximum(1.0, be[:, None, :] * (1.0 + rng.normal(0, 0.05, (len(be), trees_per_root, be.shape[1]))))
+        trees = trees.astype(np.float32)
+        rows[label_column(v)] = trees.mean(axis=1) if schema_version >= 2 else be.astype(np.float32)
+        if schema_version >= 2:
+            rows[trees_column(v)] = trees.reshape(len(be), -1)
         k_eff = 1.0 + _BRANCH_EFFICIENCY.get(v, 0.5) * (k_max - 1)
         per_depth = 1.0 - (1.0 - a[:, None] * 0.97 ** np.arange(l_max + 1)[None, :]) ** k_eff
         rows[acceptance_column(v)] = per_depth.astype(np.float32)
     rows["l1_by_depth"] = np.repeat(2.0 * (1.0 - a)[:, None], 2 * l_max + 1, axis=1).astype(np.float32)
 
-    meta = _metadata(verifiers, actions, k_max, l_max, hidden, n_prompts, roots_per_prompt, seed)
+    meta = _metadata(verifiers, actions, k_max, l_max, hidden, n_prompts, roots_per_prompt, seed, trees_per_root,
+                     schema_version)
     (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
-    features = _features(verifiers)
+    features = _features(verifiers, schema_version >= 2)
     prompt_chunks = np.array_split(np.arange(n_prompts), max(1, min(n_shards, n_prompts)))
     for chunk_index, prompts in enumerate(prompt_chunks):
         take = np.flatnonzero(np.isin(np.repeat(np.arange(n_prompts), roots_per_prompt), prompts))

@@ -12,11 +12,8 @@ The config is a LightningCLI YAML (default configs/train/default.yaml) with five
                     sqlite:///mlflow.db resolved to an absolute path, artifacts in mlartifacts/ beside it),
                     experiment, run_name, baselines (also fit the sklearn baselines), monitor (checkpoint metric)
 
-Override any key after the options as KEY=VALUE (or --set KEY=VALUE), e.g.
-  ddte train --config configs/train/default.yaml data.data_dir=data/collected data.verifier=traversal \\
-      model.objective=be trainer.max_epochs=40 run.baselines=true
-Lists and dicts take YAML: model.mlp_hidden=[256,32]. After `--`, LightningCLI's own flags work as well
-(ddte train -- --trainer.max_epochs 3). --print-config prints the resolved config and exits.
+Any key is overridden as KEY=VALUE (lists and dicts take YAML: model.mlp_hidden=[256,32]); LightningCLI's own
+``--key value`` flags pass through after ``--``.
 
 Logged to MLflow: the resolved config (artifact config.yaml and params config/...), the data fingerprint, the git
 commit, per epoch the offline metrics of the validation split (throughput ratio vs the best static action per
@@ -26,25 +23,20 @@ plots, the best checkpoint and summary.json. At the end a table of the test metr
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
-import os
-import subprocess
-import sys
 import tempfile
 import time
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ddte.cli import UserError
+from selector.reporting import fit_guard, log_head_room, log_plots
+from selector.tracking import artifact_location, git_commit, quiet_lightning, resolve_tracking_uri
 
 DEFAULT_CONFIG = "configs/train/default.yaml"
-REPO_ROOT = Path(__file__).resolve().parents[1]
 OWN_FLAGS = ("--baselines", "--print-config")
 
 
@@ -63,6 +55,8 @@ class RunOptions:
         monitor_mode: ``max`` or ``min`` for ``monitor``.
         threads: torch CPU threads while training (null: torch's default). The MLP is small: one thread is
             nearly as fast and cannot oversubscribe a shared machine (2 threads beside another job ran 15x slower).
+        parent_run_id: an MLflow run (of the same experiment) to nest this run under, e.g. a pipeline's.
+        progress: print one line per epoch (train and validation loss, validation ratio vs the best static action).
     """
 
     output_dir: str = "runs/selector"
@@ -74,6 +68,8 @@ class RunOptions:
     monitor: str = "val/ratio_vs_static"
     monitor_mode: Literal["max", "min"] = "max"
     threads: int | None = 1
+    parent_run_id: str | None = None
+    progress: bool = True
 
 
 @dataclass
@@ -89,85 +85,28 @@ class TrainResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------------------------------------------- tracking
-
-
-def resolve_tracking_uri(uri: str | None) -> str:
-    """``uri``, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db; a relative sqlite path is made absolute.
-
-    MLflow resolves a relative sqlite path against the current directory of whichever process opens it; an absolute
-    path makes the run findable from anywhere.
-    """
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str(Path(uri[len(prefix):]).resolve())
-    return uri
-
-
-def artifact_location(uri: str) -> str | None:
-    """For a sqlite store: ``mlartifacts/`` beside the database file (as a file: URI); servers choose their own."""
-    prefix = "sqlite:///"
-    if uri.startswith(prefix):
-        return (Path(uri[len(prefix):]).parent / "mlartifacts").as_uri()
-    return None
-
-
-def git_commit() -> str | None:
-    """HEAD of the repository this code lives in, or None (not a checkout, or no git)."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() or None
-
-
-class _DropTips(logging.Filter):
-    """Drops Lightning's advertising lines ("💡 Tip: ... litlogger / litmodels")."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith("💡 Tip")
-
-
-@contextlib.contextmanager
-def _quiet_lightning() -> Iterator[None]:
-    """Silence known noise while training: the Tip lines, torch-pytree FutureWarnings, SQLAlchemy deprecations."""
-    tip_filter = _DropTips()
-    # rank_zero_info logs through these two loggers; a logger-level filter sees records created there.
-    loggers = [logging.getLogger(f"lightning.{pkg}.utilities.rank_zero") for pkg in ("pytorch", "fabric")]
-    for lg in loggers:
-        lg.addFilter(tip_filter)
-    alembic = logging.getLogger("alembic")
-    alembic_level = alembic.level
-    alembic.setLevel(logging.WARNING)  # MLflow's first use of a sqlite store prints a dozen migration lines
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
-            warnings.filterwarnings("ignore", message=r".*noload.*")
-            warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
-            warnings.filterwarnings("ignore", message=r".*smaller than the logging interval.*")
-            warnings.filterwarnings("ignore", message=r".*exists and is not empty.*")  # config.yaml is there first
-            # LightningCLI 2.6 still calls jsonargparse APIs deprecated in 4.49: not ours to fix.
-            warnings.filterwarnings("ignore", message=r"(?s).*(deprecated in v4\.|JsonargparseDeprecationWarning)")
-            # `ddte train` always passes args= while sys.argv holds the subcommand: intended here.
-            warnings.filterwarnings("ignore", message=r".*LightningCLI's args parameter.*")
-            yield
-    finally:
-        for lg in loggers:
-            lg.removeFilter(tip_filter)
-        alembic.setLevel(alembic_level)
-
-
 # ---------------------------------------------------------------------------------------------------- the CLI
 
 
 def _cli_class():
     """LightningCLI subclass (built lazily: `ddte --help` must not import lightning)."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
     from lightning.pytorch.cli import LightningCLI
     from lightning.pytorch.loggers import MLFlowLogger
+
+    class EpochLine(Callback):
+        """One line per epoch (the progress bar is off in CI logs): loss and the validation throughput ratio."""
+
+        def on_validation_epoch_end(self, trainer, module) -> None:
+            if trainer.sanity_checking:
+                return
+            m = trainer.callback_metrics
+            parts = [f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"]
+            for key, label in (("train/loss", "train loss"), ("val/loss", "val loss"),
+                               ("val/ratio_vs_static", "val ratio vs static")):
+                if key in m:
+                    parts.append(f"{label} {float(m[key]):.4f}")
+            print(", ".join(parts), flush=True)
 
     class SelectorCLI(LightningCLI):
         def add_arguments_to_parser(self, parser) -> None:
@@ -185,7 +124,8 @@ def _cli_class():
                 run_name=run.run_name or f"{verifier}-{objective}",
                 tracking_uri=self.tracking_uri,
                 artifact_location=artifact_location(self.tracking_uri),
-                tags={"ddte.verifier": verifier, "ddte.objective": objective},
+                tags={"ddte.verifier": verifier, "ddte.objective": objective,
+                      **({"mlflow.parentRunId": run.parent_run_id} if run.parent_run_id else {})},
             )
             run_id = self.mlflow_logger.run_id  # creates the run now: its id names the checkpoint folder
             self.out_dir = Path(run.output_dir) / f"{verifier}-{objective}-{run_id}"
@@ -194,6 +134,8 @@ def _cli_class():
                 auto_insert_metric_name=False, enable_version_counter=False,
             )
             callbacks = list(self.config_init["trainer"].get("callbacks") or []) + [self.checkpoint]
+            if run.progress:
+                callbacks.append(EpochLine())
             return super().instantiate_trainer(logger=self.mlflow_logger, callbacks=callbacks, **kwargs)
 
     return SelectorCLI
@@ -241,10 +183,10 @@ def make_cli(args: list[str]):
             parser_kwargs={"exit_on_error": False, "prog": "ddte train"},
         )
     except ArgumentError as err:
-        raise ValueError(_one_line(str(err))) from err
+        raise ValueError(one_line(str(err))) from err
 
 
-def _one_line(message: str) -> str:
+def one_line(message: str) -> str:
     """jsonargparse errors span several lines (key, union subtypes, per-type errors, value): keep one line."""
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     if len(lines) <= 1:
@@ -275,15 +217,22 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
 
 
 def _log_run_facts(cli, config_yaml: str, info: dict[str, Any]) -> None:
-    """Config (artifact + params), data fingerprint, git commit, split sizes, static baselines."""
+    """Config (artifact; params for the sections Lightning does not log itself), the data set as the run's input,
+    the environment, data fingerprint, git commit, split sizes, static baselines."""
     import yaml
+
+    from selector.tracking import log_data_set_input, log_environment
 
     logger, run_id = cli.mlflow_logger, cli.mlflow_logger.run_id
     cli.out_dir.mkdir(parents=True, exist_ok=True)
     config_path = cli.out_dir / "config.yaml"
     config_path.write_text(config_yaml)
     logger.experiment.log_artifact(run_id, str(config_path))
-    params = _flatten("config", yaml.safe_load(config_yaml), {})
+    resolved = yaml.safe_load(config_yaml)
+    # model and data hyper-parameters are logged by Lightning under their own names: not twice
+    params = _flatten("config", {k: v for k, v in resolved.items() if k not in ("model", "data")}, {})
+    log_data_set_input(logger.experiment, run_id, info["data_dir"], info["data_fingerprint"])
+    log_environment(logger.experiment, run_id)
     commit = git_commit()
     params.update({
         "data_fingerprint": info["data_fingerprint"],
@@ -299,49 +248,6 @@ def _log_run_facts(cli, config_yaml: str, info: dict[str, Any]) -> None:
         logger.experiment.set_tag(run_id, "mlflow.source.git.commit", commit)
 
 
-def _predict(model, arrays) -> Any:
-    """Scores (N, A) of the model in eval mode on a whole split (small: one pass)."""
-    import torch
-
-    from data_gen.schema import HIDDEN_COLUMNS
-
-    model.eval()
-    with torch.no_grad():
-        inputs = [torch.from_numpy(arrays.hidden[n]) for n in HIDDEN_COLUMNS] + [torch.from_numpy(arrays.scalars)]
-        return model.net(*inputs).numpy()
-
-
-def _log_plots(cli, model, test) -> dict[str, Any]:
-    """Test-split plots as artifacts: predicted vs true Ê (be objective), chosen vs oracle throughput, histogram."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-    import torch
-
-    from selector.metrics import action_histogram_figure, oracle_actions, predicted_vs_true_figure, row_throughput
-    from selector.model import choose_actions
-
-    scores = _predict(model, test)
-    valid = test.valid
-    chosen = choose_actions(torch.from_numpy(scores), torch.from_numpy(np.where(valid, test.step_ms, 1.0)),
-                            torch.from_numpy(valid), model.objective).numpy()
-    oracle = oracle_actions(test.be, test.step_ms)
-    tp = row_throughput(test.be, test.step_ms)
-    figures = {
-        "chosen_actions.png": action_histogram_figure(chosen, model.ddte_info["actions"],
-                                                      "actions chosen on the test split", oracle=oracle),
-        "chosen_vs_oracle_throughput.png": predicted_vs_true_figure(
-            tp[np.arange(len(chosen)), chosen], tp[np.arange(len(chosen)), oracle], "per-root throughput (tokens/ms)",
-            xlabel="oracle action", ylabel="chosen action"),
-    }
-    if model.objective == "be":
-        figures["predicted_vs_true_be.png"] = predicted_vs_true_figure(
-            np.where(valid, scores, np.nan), test.be, "Ê[τ+1] on the test split (valid actions)")
-    for name, fig in figures.items():
-        cli.mlflow_logger.experiment.log_figure(cli.mlflow_logger.run_id, fig, f"plots/{name}")
-        plt.close(fig)
-    return {"chosen": chosen, "oracle": oracle}
-
-
 def _run_baselines(cli, max_samples: int) -> dict[str, dict[str, float]]:
     from selector.baselines import run_baselines
 
@@ -352,7 +258,8 @@ def _run_baselines(cli, max_samples: int) -> dict[str, dict[str, float]]:
     return {r.name: r.metrics["test"].as_dict() | {"run_id": r.run_id} for r in results}
 
 
-def _write_summary(cli, model, test_metrics: dict[str, float], baselines: dict, train_s: float) -> Path:
+def _write_summary(cli, model, test_metrics: dict[str, float], baselines: dict, train_s: float,
+                   head_room: dict) -> Path:
     info = model.ddte_info
     summary = {
         "run_id": cli.mlflow_logger.run_id,
@@ -367,11 +274,13 @@ def _write_summary(cli, model, test_metrics: dict[str, float], baselines: dict, 
         "pair_fingerprint": info["pair_fingerprint"],
         "git_commit": git_commit(),
         "static_actions": info["static_actions"],
+        "fallbacks": info["fallbacks"],
         "sampling": info["sampling"],
         "split_rows": info["split_rows"],
         "split_prompts": info["split_prompts"],
         "train_seconds": round(train_s, 2),
         "test": test_metrics,
+        "head_room": head_room,
         "baselines": baselines,
     }
     path = cli.out_dir / "summary.json"
@@ -405,13 +314,14 @@ def train_selector(config: dict | str | Path | None = None, overrides: Sequence[
         ValueError: bad config, override, data folder or verifier (one line, for the user).
     """
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_quiet_lightning())
+        stack.enter_context(quiet_lightning())
         if not verbose:
             lightning_log = logging.getLogger("lightning.pytorch")
             old_level = lightning_log.level
             lightning_log.setLevel(logging.WARNING)
             stack.callback(lightning_log.setLevel, old_level)
-        args = build_cli_args(_resolve_config(config, stack), overrides)
+        quiet = [] if verbose else ["run.progress=false"]
+        args = build_cli_args(_resolve_config(config, stack), [*overrides, *quiet])
         cli = make_cli(args)
         try:
             return _train(cli)
@@ -453,10 +363,13 @@ def _fit_and_report(cli) -> TrainResult:
     trainer.test(model, datamodule=dm, ckpt_path=best, verbose=False)  # loads the best weights into `model`
     test_metrics = {k[len("test/"):]: float(v) for k, v in trainer.callback_metrics.items()
                     if k.startswith("test/")}
-    _log_plots(cli, model, dm.splits["test"])
+    test_metrics.update(fit_guard(cli, model, dm))
+    head_room = log_head_room(cli, dm)
+    trainer.save_checkpoint(best)  # the best weights, now with the guard in their ddte metadata
+    log_plots(cli, model, dm.splits["test"])
     run = cli.config_init["run"]
     baselines = _run_baselines(cli, run.baseline_max_samples) if run.baselines else {}
-    summary_path = _write_summary(cli, model, test_metrics, baselines, train_s)
+    summary_path = _write_summary(cli, model, test_metrics, baselines, train_s, head_room)
     client, run_id = cli.mlflow_logger.experiment, cli.mlflow_logger.run_id
     client.log_artifact(run_id, best, "checkpoint")
     client.log_artifact(run_id, str(summary_path))
@@ -478,75 +391,47 @@ def format_summary(result: TrainResult) -> str:
         f"selector {s['verifier']} / {s['objective']} — test split: {s['split_rows']['test']} roots, "
         f"{s['split_prompts']['test']} prompts; trained in {s['train_seconds']:.1f} s",
         "",
-        "| sampling | static action | vs best static | vs oracle | regret |",
+        "| sampling | static action | selector vs best static | guarded | vs same-tree oracle (biased) |",
         "|---|---|---|---|---|",
     ]
     for idx, cfg in enumerate(s["sampling"]):
         key = f"ratio_vs_static/cfg{idx}"
         if key not in m:
             continue
-        vs_oracle = m[f"ratio_vs_oracle/cfg{idx}"]
+        guarded = m.get(f"guarded_ratio_vs_static/cfg{idx}", float("nan"))
         lines.append(f"| T={cfg['temperature']} top-p={cfg['top_p']} | {s['static_actions'].get(str(idx), '-')} | "
-                     f"{m[key]:.3f} | {vs_oracle:.3f} | {1 - vs_oracle:.3f} |")
-    lines.append(f"| mean | | {m['ratio_vs_static']:.3f} | {m['ratio_vs_oracle']:.3f} | {m['regret']:.3f} |")
-    lines.append(f"| (best static itself) | | 1.000 | {m['static_vs_oracle']:.3f} | {1 - m['static_vs_oracle']:.3f} |")
+                     f"{m[key]:.3f} | {guarded:.3f} | {m[f'ratio_vs_oracle/cfg{idx}']:.3f} |")
+    lines.append(f"| mean | | {m['ratio_vs_static']:.3f} | {m.get('guarded_ratio_vs_static', float('nan')):.3f} | "
+                 f"{m['ratio_vs_oracle']:.3f} |")
     for name, bm in result.baselines.items():
-        lines.append(f"| baseline {name} | | {bm['ratio_vs_static']:.3f} | {bm['ratio_vs_oracle']:.3f} | "
-                     f"{bm['regret']:.3f} |")
+        lines.append(f"| baseline {name} | | {bm['ratio_vs_static']:.3f} | | {bm['ratio_vs_oracle']:.3f} |")
+    lines += ["", "Head-room over the best static action on the test split (per-root choices; the same-tree oracle is "
+              "biased upward by label noise, the cross-fitted figures choose on one half of the trees and score on "
+              "the other):", "",
+              "| sampling | same-tree oracle (biased) | cross-fitted oracle | cross-fitted per-prompt static |",
+              "|---|---|---|---|"]
+    for idx, cfg in enumerate(s["sampling"]):
+        room = s.get("head_room", {}).get(str(idx))
+        if room:
+            lines.append(f"| T={cfg['temperature']} top-p={cfg['top_p']} | {room['same_tree_oracle']:.3f} | "
+                         f"{_ratio(room['cross_fitted_oracle'])} | {_ratio(room['cross_fitted_prompt_static'])} |")
     lines += ["", f"MLflow run: {result.run_id}  ({result.tracking_uri})",
               f"checkpoint: {result.checkpoint_path}", f"summary:    {result.summary_path}"]
     return "\n".join(lines)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"training config YAML (default {DEFAULT_CONFIG})")
-    parser.add_argument("--set", dest="set_", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key (repeatable), same as a trailing KEY=VALUE")
-    parser.add_argument("--data-dir", default=None, help="shortcut for data.data_dir=...")
-    parser.add_argument("--verifier", default=None, help="shortcut for data.verifier=... (one selector per verifier)")
-    parser.add_argument("--tracking-uri", default=None, help="shortcut for run.tracking_uri=... (any MLflow URI)")
-    parser.add_argument("--baselines", action="store_true", help="also fit the sklearn baselines (run.baselines)")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
-    parser.add_argument("overrides", nargs=argparse.REMAINDER, metavar="KEY=VALUE",
-                        help="config overrides, e.g. model.lr=0.001 trainer.max_epochs=20 (after the options)")
+def _ratio(value: float | None) -> str:
+    return "unavailable (schema-1 data: no per-tree labels)" if value is None else f"{value:.3f}"
 
 
-def _overrides_from_args(args: argparse.Namespace) -> list[str]:
-    items = list(args.set_)
-    for key, value in (("data.data_dir", args.data_dir), ("data.verifier", args.verifier),
-                       ("run.tracking_uri", args.tracking_uri)):
-        if value is not None:
-            items.append(f"{key}={value}")
-    if args.baselines:
-        items.append("run.baselines=true")
-    rest = [o for o in args.overrides if o not in OWN_FLAGS]
-    if "--baselines" in args.overrides:
-        items.append("run.baselines=true")
-    return items + rest
-
-
-def _print_config(config: str, overrides: list[str]) -> int:
-    """Parse (without instantiating) and print the resolved YAML."""
+def print_config(config: str | Path, overrides: Sequence[str]) -> None:
+    """Parse (without instantiating anything) and print the resolved YAML; ValueError for a bad config or key."""
     from jsonargparse import ArgumentError
 
     try:
-        with _quiet_lightning():
+        with quiet_lightning():
             make_cli(build_cli_args(config, overrides) + ["--print_config"])
-    except SystemExit as stop:  # jsonargparse prints, then exits 0
-        return int(stop.code or 0)
+    except SystemExit:  # jsonargparse prints, then exits 0
+        return
     except ArgumentError as err:
-        raise UserError(_one_line(str(err))) from err
-    return 0
-
-
-def run(args: argparse.Namespace) -> int:
-    overrides = _overrides_from_args(args)
-    try:
-        if args.print_config or "--print-config" in args.overrides:
-            return _print_config(args.config, overrides)
-        result = train_selector(args.config, overrides)
-    except (ValueError, FileNotFoundError) as err:
-        raise UserError(_one_line(str(err))) from err
-    print(format_summary(result))
-    sys.stdout.flush()
-    return 0
+        raise ValueError(one_line(str(err))) from err

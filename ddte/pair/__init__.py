@@ -1,5 +1,6 @@
-"""The shipped draft/target pair: stdlib corpus and splits, prompt sets, training recipe and model card measurements.
+"""The shipped draft/target pair: its training recipe and its model card measurements.
 
-Modules: ``corpus`` (files and held-out split), ``prompts`` (``ddte build-prompts``, ``load_prompts``), ``config``
-and ``tokenizer`` (recipe pieces), ``recipe`` (``ddte train-pair``), ``card`` (``ddte pair-card``).
+Modules: ``config`` and ``tokenizer`` (recipe pieces), ``recipe`` (``ddte train-pair``), ``card``
+(``ddte pair-card``). The corpus and its splits, and the prompt sets, are data_gen's (``data_gen.corpus``,
+``data_gen.prompts``).
 """

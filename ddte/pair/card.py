@@ -5,17 +5,20 @@ For a pair directory (default ``models``) this measures, with the models loaded 
   * held-out loss and perplexity of both models on the held-out stdlib modules (blocks of the recipe's seq_len);
   * per-token latency: one token after a 256-token KV cache, and one 32-node tree pass (float additive 4D tree
     mask, depth-based position ids) after the same cache; median of --repeats; and the target/draft ratios;
-  * per-token acceptance 1 - TV(p, q) = sum_v min(p_v, q_v) at T = 1, on the contexts of target-sampled
+  * per-token acceptance 1 - TV(p, q) = sum_v min(p_v, q_v) at T = 1 and T = 0.6, on the contexts of target-sampled
     continuations of held-out prompts (mean, std, percentiles, and the spread of per-prompt means);
+  * the draft's calibration at T = 1 and 0.6: at the nodes of drafted chains, the correlation (and ROC AUC) of its
+    top probability with the acceptance min(1, p/q) of the token it drew;
+  * per-pass latency in the decoding loop: the decoder's own wrappers (HF for the target, the fast forward for the
+    draft) through the latency model's measurement, and the target/draft ratio;
   * one sample of the target at T = 0.8 from a held-out prompt.
 
-It prints a markdown table and writes everything as JSON (--json). Seeded: the same pair, prompts and thread count
-give the same acceptance figures; latencies depend on the machine and its load.
+Seeded: the same pair, prompts and thread count give the same acceptance figures; latencies depend on the machine
+and its load.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -23,15 +26,15 @@ import platform
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ddte.pair.corpus import list_corpus, python_version, select_split
-from ddte.pair.prompts import build_prompts
-
-PERCENTILES = (5, 10, 25, 50, 75, 90, 95)
+from data_gen.corpus import list_corpus, python_version, select_split
+from data_gen.prompts import build_prompts
+from distill.evaluate import PERCENTILES, acceptance_on_target_samples, drafting_calibration, sample_continuation
 
 
 def load_pair(models_dir: Path):
@@ -40,11 +43,9 @@ def load_pair(models_dir: Path):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    from ddte.cli import UserError
-
     for name in ("tokenizer", "target", "draft"):
         if not (models_dir / name).is_dir():
-            raise UserError(f"{models_dir / name} not found: train the pair first (ddte train-pair)")
+            raise ValueError(f"{models_dir / name} not found: train the pair first (ddte train-pair)")
     tok = AutoTokenizer.from_pretrained(models_dir / "tokenizer")
     target = AutoModelForCausalLM.from_pretrained(models_dir / "target", dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(models_dir / "draft", dtype=torch.float32).eval()
@@ -139,62 +140,6 @@ def latency_ms(model, cache_len: int, nodes: int, repeats: int, seed: int = 0) -
     return {"median": statistics.median(times), "min": min(times)}
 
 
-@torch.inference_mode()
-def sample(model, ids: list[int], new_tokens: int, temperature: float, gen: torch.Generator) -> list[int]:
-    """Ancestral sampling at ``temperature`` (no top-k/top-p) with a KV cache; returns the new token ids."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    logits = model(torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0, -1]
-    out: list[int] = []
-    for _ in range(new_tokens):
-        probs = torch.softmax(logits.double() / temperature, dim=-1)
-        token = int(torch.multinomial(probs, 1, generator=gen))
-        out.append(token)
-        logits = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits[0, -1]
-    return out
-
-
-@torch.inference_mode()
-def acceptance(target, draft, tok, prompts: list[str], new_tokens: int, context: int, seed: int) -> dict[str, Any]:
-    """1 - TV(p, q) at T = 1 on every context of target-sampled continuations of ``prompts``.
-
-    For each prompt: sample ``new_tokens`` from the target, run both models once over prompt + continuation, and
-    take sum_v min(p_v, q_v) at the last prompt position and every continuation position but the last.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    values: list[float] = []
-    per_prompt: list[float] = []
-    for prompt in prompts:
-        ids = tok(prompt).input_ids[-(context - new_tokens) :]  # left-truncate to fit the context window
-        seq = ids + sample(target, ids, new_tokens, 1.0, gen)
-        x = torch.tensor([seq])
-        start = len(ids) - 1  # position whose next-token distribution produced the first sampled token
-        p = torch.softmax(target(x).logits[0, start:-1].double(), dim=-1)  # (new_tokens, V)
-        q = torch.softmax(draft(x).logits[0, start:-1].double(), dim=-1)
-        alpha = torch.minimum(p, q).sum(-1).tolist()
-        values.extend(alpha)
-        per_prompt.append(statistics.fmean(alpha))
-    ordered = sorted(values)
-
-    def pct(k: int) -> float:
-        return ordered[min(len(ordered) - 1, round(k / 100 * (len(ordered) - 1)))]
-
-    return {
-        "contexts": len(values),
-        "prompts": len(prompts),
-        "new_tokens_per_prompt": new_tokens,
-        "mean": statistics.fmean(values),
-        "std": statistics.pstdev(values),
-        "percentiles": {f"p{k}": pct(k) for k in PERCENTILES},
-        "per_prompt_mean": {
-            "min": min(per_prompt),
-            "max": max(per_prompt),
-            "std": statistics.pstdev(per_prompt),
-        },
-    }
-
-
 def describe(model) -> dict[str, Any]:
     """Architecture summary of a Llama model."""
     cfg = model.config
@@ -210,7 +155,23 @@ def describe(model) -> dict[str, Any]:
     }
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass
+class CardSettings:
+    """What the card measures and how often (the defaults are the shipped card's)."""
+
+    models: str = "models"
+    threads: int = 1
+    cache_len: int = 256
+    tree_nodes: int = 32
+    repeats: int = 30
+    num_prompts: int = 100
+    max_new_tokens: int = 32
+    heldout_blocks: int | None = None
+    sample_tokens: int = 80
+    seed: int = 0
+
+
+def measure(args: CardSettings) -> dict[str, Any]:
     """Every figure of the card, as a JSON-ready dict."""
     torch.set_num_threads(args.threads)
     models_dir = Path(args.models)
@@ -251,16 +212,37 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         latency[f"ratio_{key}_min"] = latency["target"][f"{key}_min_ms"] / latency["draft"][f"{key}_min_ms"]
     result["latency"] = latency
 
-    records = build_prompts(args.prompts, "heldout", heldout_fraction=heldout_fraction)
+    result["loop_latency"] = loop_latency(models_dir, args.cache_len, args.tree_nodes, args.repeats)
+
+    records = build_prompts(args.num_prompts, "heldout", heldout_fraction=heldout_fraction)
     prompts = [r["prompt"] for r in records]
     context = target.config.max_position_embeddings
-    result["acceptance_T1"] = acceptance(target, draft, tok, prompts, args.new_tokens, context, args.seed)
+    for t in (1.0, 0.6):
+        result[f"acceptance_T{t:g}"] = acceptance_on_target_samples(
+            target, draft, tok, prompts, args.max_new_tokens, context, args.seed, temperature=t)
+        result[f"calibration_T{t:g}"] = drafting_calibration(
+            target, draft, tok, prompts, t, context=context, seed=args.seed)
 
     shortest = min(records, key=lambda r: len(r["prompt"]))
     ids = tok(shortest["prompt"]).input_ids
-    new = sample(target, ids, args.sample_tokens, 0.8, torch.Generator().manual_seed(args.seed))
+    new = sample_continuation(target, ids, args.sample_tokens, 0.8, torch.Generator().manual_seed(args.seed))
     result["sample_T0.8"] = {"prompt_id": shortest["id"], "prompt": shortest["prompt"], "completion": tok.decode(new)}
     return result
+
+
+def loop_latency(models_dir: Path, cache_len: int, tree_nodes: int, repeats: int) -> dict[str, Any]:
+    """Median pass times (ms) with the decoder's own wrappers: the target's HF forward through CachedLM, the
+    draft's fast forward (FastCachedLM), each timed as the latency model times them (decode.latency)."""
+    from decode.latency import measure_latency
+    from decode.pair import load_pair
+
+    pair = load_pair(models_dir / "target", models_dir / "draft", models_dir / "tokenizer")
+    table = measure_latency(pair.target, pair.draft, lengths=[cache_len], sizes=[1, tree_nodes], repeats=repeats)
+    out = {"cache_len": table.lengths[0], "draft_wrapper": type(pair.draft).__name__,
+           "draft_one_token_ms": table.draft_ms[0][0], "draft_tree_ms": table.draft_ms[0][1],
+           "target_one_token_ms": table.target_ms[0][0], "target_tree_ms": table.target_ms[0][1]}
+    out["ratio_one_token"] = out["target_one_token_ms"] / out["draft_one_token_ms"]
+    return out
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -300,6 +282,11 @@ def markdown(result: dict[str, Any]) -> str:
             lat["draft"]["tree_min_ms"], lat["ratio_tree"], lat["ratio_tree_min"],
         ),
     ]
+    loop = result.get("loop_latency")
+    if loop:
+        rows.append("| in the decoding loop, 1 token after {} tokens, ms (draft: {}) | {:.2f} | {:.3f} | {:.1f}× |"
+                    .format(loop["cache_len"], loop["draft_wrapper"], loop["target_one_token_ms"],
+                            loop["draft_one_token_ms"], loop["ratio_one_token"]))
     pcts = acc["percentiles"]
     lines = [
         "\n".join(rows),
@@ -317,6 +304,19 @@ def markdown(result: dict[str, Any]) -> str:
             acc["per_prompt_mean"]["min"], acc["per_prompt_mean"]["max"], acc["per_prompt_mean"]["std"]
         ),
     ]
+    if "acceptance_T0.6" in result:
+        lines.append(f"| mean at T = 0.6 | {result['acceptance_T0.6']['mean']:.3f} ± "
+                     f"{result['acceptance_T0.6']['std']:.3f} |")
+    calibration = [result[k] for k in ("calibration_T1", "calibration_T0.6") if k in result]
+    if calibration:
+        lines += ["", "| draft calibration at drafted-chain nodes | T = " + " | T = ".join(
+            f"{c['temperature']:g}" for c in calibration) + " |", "|---|" + "---|" * len(calibration)]
+        for key, label in (("nodes", "nodes"), ("mean_accept", "mean min(1, p/q) of the drawn token"),
+                           ("corr_top_accept", "corr(top probability, min(1, p/q))"),
+                           ("corr_top_beta", "corr(top probability, 1 − TV)"),
+                           ("auc_top_accept", "AUC of top probability for acceptance")):
+            lines.append(f"| {label} | " + " | ".join(
+                str(c[key]) if key == "nodes" else f"{c[key]:.3f}" for c in calibration) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -329,35 +329,3 @@ def write_json(data: dict[str, Any], path: Path) -> None:
         handle.write("\n")
     os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are ordinary shared files
     os.replace(tmp, path)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", default="models", help="pair directory with tokenizer/, target/, draft/")
-    parser.add_argument("--json", help="write all measurements to this JSON file")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable on a shared CPU)")
-    parser.add_argument("--cache-len", type=int, default=256, help="KV cache length for latency (default 256)")
-    parser.add_argument("--tree-nodes", type=int, default=32, help="nodes of the timed tree pass (default 32)")
-    parser.add_argument("--repeats", type=int, default=30, help="timed calls per latency figure (default 30)")
-    parser.add_argument("--prompts", type=int, default=100, help="held-out prompts for acceptance (default 100)")
-    parser.add_argument("--new-tokens", type=int, default=32, help="sampled tokens per prompt (default 32)")
-    parser.add_argument(
-        "--heldout-blocks", type=int,
-        help="held-out blocks for the loss (default: the recipe's final_eval_blocks, else all)",
-    )
-    parser.add_argument("--sample-tokens", type=int, default=80, help="length of the T=0.8 sample (default 80)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-
-
-def run(args: argparse.Namespace) -> int:
-    from ddte.cli import UserError
-
-    for name in ("threads", "cache_len", "tree_nodes", "repeats", "prompts", "new_tokens", "sample_tokens"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
-    result = measure(args)
-    if args.json:
-        write_json(result, Path(args.json))
-    print(markdown(result))
-    print("T = 0.8 sample from", result["sample_T0.8"]["prompt_id"])
-    print(result["sample_T0.8"]["completion"])
-    return 0

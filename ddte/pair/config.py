@@ -11,20 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ddte.yamlconfig import apply_override, build_dataclass
-
-
-@dataclass
-class ModelShape:
-    """Llama architecture sizes of one model (vocabulary and context come from the top level)."""
-
-    hidden_size: int = 384
-    intermediate_size: int = 1536
-    num_hidden_layers: int = 6
-    num_attention_heads: int = 6
-    num_key_value_heads: int = 6
+from decode.yamlconfig import load_yaml_config
+from distill.config import ModelShape
 
 
 @dataclass
@@ -55,7 +43,7 @@ class ModelRecipe:
 
 @dataclass
 class CorpusConfig:
-    """Which stdlib files are used (see ``ddte.pair.corpus``)."""
+    """Which stdlib files are used (see ``data_gen.corpus``)."""
 
     heldout_fraction: float = 0.1
     max_files: int | None = None
@@ -85,20 +73,30 @@ class PairConfig:
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> PairConfig:
-    """Read a YAML config (or the defaults when ``path`` is None), apply overrides, validate against the schema."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle) or {}
-    for assignment in overrides or []:
-        apply_override(data, assignment)
-    config = build_dataclass(PairConfig, data)
+    """Read a YAML config (or the defaults when ``path`` is None), apply overrides, validate against the schema.
+
+    Raises ValueError naming the first bad key.
+    """
+    config = load_yaml_config(PairConfig, path, overrides)
     if config.storage_dtype not in ("float32", "float16", "bfloat16"):
         raise ValueError(f"storage_dtype must be float32, float16 or bfloat16, got {config.storage_dtype!r}")
+    positive = {"context_length": config.context_length, "tokenizer.vocab_size": config.tokenizer.vocab_size}
     for name in ("target", "draft"):
-        train = getattr(config, name).train
+        recipe: ModelRecipe = getattr(config, name)
+        train, shape = recipe.train, recipe.shape
         if train.seq_len > config.context_length:
             raise ValueError(f"{name}.train.seq_len ({train.seq_len}) exceeds context_length ({config.context_length})")
+        for key in ("steps", "batch_size", "seq_len", "eval_every", "eval_blocks"):
+            positive[f"{name}.train.{key}"] = getattr(train, key)
+        for key, value in dataclasses.asdict(shape).items():
+            positive[f"{name}.shape.{key}"] = value
+        if not (train.lr > 0 and 0 <= train.min_lr_ratio <= 1 and train.warmup_steps >= 0 and train.grad_clip > 0):
+            raise ValueError(f"{name}.train: need lr > 0, 0 <= min_lr_ratio <= 1, warmup_steps >= 0, grad_clip > 0")
+    for key, value in positive.items():
+        if value < 1:
+            raise ValueError(f"{key} must be >= 1, got {value}")
+    if not 0 < config.corpus.heldout_fraction < 1:
+        raise ValueError(f"corpus.heldout_fraction must be in (0, 1), got {config.corpus.heldout_fraction}")
     return config
 
 

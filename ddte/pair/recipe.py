@@ -9,13 +9,11 @@ into the output directory:
   recipe.json        resolved config, corpus counts, python version, seeds, wall times, final losses
   loss_curve.png     train and held-out loss of both models against training tokens
 
-Override any key with --set, e.g. ``--set target.train.steps=100 --set draft.seed=7``. Runs are seeded: the same
-config, Python version (corpus) and thread count give the same weights.
+Runs are seeded: the same config, Python version (corpus) and thread count give the same weights.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -27,13 +25,13 @@ from typing import Any
 
 import torch
 
-from ddte.pair.config import ModelRecipe, PairConfig, TrainSchedule, config_to_dict, load_config
-from ddte.pair.corpus import SourceFile, corpus_summary, list_corpus, python_version, select_split, subset
+from data_gen.corpus import SourceFile, corpus_summary, list_corpus, python_version, select_split, subset
+from ddte.pair.config import ModelRecipe, PairConfig, TrainSchedule, config_to_dict
 from ddte.pair.tokenizer import BOS, EOS, train_bpe, wrap_for_transformers
+from distill.saving import round_to_storage, save_model
 
 DEFAULT_CONFIG = "configs/pair/default.yaml"
 PRODUCTS = ("tokenizer", "target", "draft", "recipe.json", "loss_curve.png")
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def encode_stream(tok, files: list[SourceFile]) -> torch.Tensor:
@@ -161,28 +159,6 @@ def train_model(name: str, model, stream: torch.Tensor, heldout: torch.Tensor, s
         "stopped_early_by_max_minutes": stopped_early,
         "curve": curve,
     }
-
-
-def round_to_storage(model, storage_dtype: str) -> None:
-    """Round the weights through the storage dtype (in place, kept fp32) so evaluation sees the shipped weights."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.to(_DTYPES[storage_dtype]).float())
-
-
-def save_model(model, hf_tokenizer, directory: Path, storage_dtype: str) -> None:
-    """``save_pretrained`` (safetensors) in the storage dtype, with the tokenizer alongside.
-
-    config.json keeps ``"dtype": "float32"`` so ``from_pretrained`` (dtype "auto" in transformers 5) upcasts the
-    half-precision file to fp32; pass ``dtype=torch.float16`` to keep it small in memory instead.
-    """
-    model.to(_DTYPES[storage_dtype]).save_pretrained(directory)
-    model.float()
-    config_path = directory / "config.json"
-    cfg = json.loads(config_path.read_text())
-    cfg["dtype"] = "float32"
-    config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    hf_tokenizer.save_pretrained(directory)
 
 
 def plot_curves(results: dict[str, dict[str, Any]], path: Path) -> None:
@@ -319,46 +295,3 @@ def run_recipe(config: PairConfig, only: str | None = None) -> dict[str, Any]:
         (staging / "recipe.json").write_text(json.dumps(meta, indent=1) + "\n")
         _install(staging, out_dir)
     return meta
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"YAML recipe (default: {DEFAULT_CONFIG})")
-    parser.add_argument("--out-dir", help="output directory (overrides the config's out_dir)")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config key, dotted, value parsed as YAML; repeatable (e.g. target.train.steps=100)",
-    )
-    parser.add_argument(
-        "--only", choices=("target", "draft"),
-        help="retrain only this model, keeping the other from a previous run of the same config in the output dir",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    from ddte.cli import UserError
-
-    if not Path(args.config).is_file():
-        raise UserError(f"config file not found: {args.config}")
-    overrides = list(args.overrides) + ([f"out_dir={args.out_dir}"] if args.out_dir else [])
-    try:
-        config = load_config(args.config, overrides)
-    except (ValueError, yaml_error()) as err:
-        raise UserError(f"bad config: {err}") from err
-    try:
-        meta = run_recipe(config, only=args.only)
-    except ValueError as err:
-        raise UserError(str(err)) from err
-    for name in ("target", "draft"):
-        m = meta["models"][name]
-        print(
-            f"{name}: {m['parameters'] / 1e6:.2f} M params, {m['tokens']} tokens in {m['wall_s']} s, "
-            f"held-out loss {m['final_heldout_loss']:.3f} (ppl {m['final_heldout_perplexity']:.1f})"
-        )
-    print(f"wrote {', '.join(PRODUCTS)} to {config.out_dir}")
-    return 0
-
-
-def yaml_error() -> type[Exception]:
-    import yaml
-
-    return yaml.YAMLError

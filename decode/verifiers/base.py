@@ -1,13 +1,40 @@
-"""The verifier interface, its result type and the registry of verifiers by name."""
+"""The verifier interface and its result type.
+
+A verifier declares, besides its rule, what its callers need to know about it, so that no caller tests its name or
+type (after HF's ``CandidateGenerator``, whose subclasses declare their capabilities):
+
+* ``draft_regime``: how the decoder must draft for it (i.i.d. draws, or per-node without replacement for RSD);
+* ``label_rule``: how data collection computes its exact labels from shared union trees (:class:`LabelRule`).
+
+The registry of verifiers by name is :data:`decode.verifiers.VERIFIERS`; this module imports no verifier.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 
 from decode.rng import RandomSource
-from decode.tree import DraftTree
+from decode.tree import DraftTree, Regime, probe_tree
+
+
+class LabelRule(StrEnum):
+    """How exact labels of every action come out of a root's union trees (data_gen/labels.py).
+
+    ``REACH``: a top-down verifier; reach probabilities from its solver's exact branching, shared by all actions.
+    ``TRAVERSAL``: Traversal's fold walk with folds cached across a root's trees.
+    ``PATHS``: GBV's path nodes (order, q̃, BV sums) cached across a root's trees.
+    ``TREE``: the verifier's own exact expectation on each action tree, built explicitly (always correct).
+    ``NONE``: union trees do not sample this verifier's draft regime; it cannot be labelled from them.
+    """
+
+    REACH = "reach"
+    TRAVERSAL = "traversal"
+    PATHS = "paths"
+    TREE = "tree"
+    NONE = "none"
 
 
 class UnsupportedTreeError(ValueError):
@@ -53,6 +80,17 @@ class Verifier:
     """
 
     name: str = ""
+    draft_regime: Regime = Regime.IID
+    label_rule: LabelRule = LabelRule.TREE
+    _INHERITED_RULES = (LabelRule.REACH, LabelRule.TREE, LabelRule.NONE)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        # A fast label rule leans on the internals of the class that declares it. A subclass that changes a hook
+        # (the exact suite's negative controls do) must not inherit it silently: unless it declares its own rule,
+        # it gets the always-correct per-tree rule. REACH goes through the subclass's own solver, so it carries over.
+        super().__init_subclass__(**kwargs)
+        if "label_rule" not in cls.__dict__ and cls.label_rule not in cls._INHERITED_RULES:
+            cls.label_rule = LabelRule.TREE
 
     def supports(self, tree: DraftTree) -> bool:
         """Whether this verifier is lossless on the tree's drafting regime."""
@@ -66,6 +104,10 @@ class Verifier:
             )
 
     regime_help: str = ""
+
+    def supports_action(self, k: int, l1: int, l2: int) -> bool:
+        """Whether this verifier is lossless on the (K, L1, L2) trees the decoder drafts for it."""
+        return self.supports(probe_tree(k, l1, l2, self.draft_regime))
 
     def verify(self, tree: DraftTree, p: torch.Tensor, q: torch.Tensor, rng: RandomSource) -> VerifyResult:
         """Run one verification round."""
@@ -89,31 +131,3 @@ class Verifier:
 def _check_shapes(tree: DraftTree, p: torch.Tensor, q: torch.Tensor) -> None:
     if p.dim() != 2 or p.shape != q.shape or p.shape[0] != tree.num_nodes:
         raise ValueError(f"p and q must both be (n={tree.num_nodes}, V); got {tuple(p.shape)} and {tuple(q.shape)}")
-
-
-_REGISTRY: dict[str, type[Verifier]] = {}
-
-
-def register(cls: type[Verifier]) -> type[Verifier]:
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def verifier_names() -> list[str]:
-    """Names of all registered verifiers."""
-    _load_all()
-    return list(_REGISTRY)
-
-
-def get_verifier(name: str) -> Verifier:
-    """A verifier instance by name (case-insensitive); raises KeyError listing the known names."""
-    _load_all()
-    key = name.lower()
-    if key not in _REGISTRY:
-        raise KeyError(f"unknown verifier '{name}'; known: {', '.join(_REGISTRY)}")
-    return _REGISTRY[key]()
-
-
-def _load_all() -> None:
-    # Importing the modules registers their verifiers.
-    from decode.verifiers import block, gbv, ot, traversal  # noqa: F401

@@ -17,7 +17,7 @@ import torch
 
 from decode.rng import RandomSource
 from decode.tree import ROOT, DraftTree, Regime
-from decode.verifiers.base import Verifier, make_result, register
+from decode.verifiers.base import Verifier, make_result
 from decode.verifiers.otlp import as_index, residual, sample_residual
 
 RowFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -95,7 +95,6 @@ def single_path_nodes(tree: DraftTree) -> tuple[list[int], list[int]]:
     return nodes, [tree.tokens[v] for v in nodes[1:]]
 
 
-@register
 class BlockVerifier(Verifier):
     """Block verification: optimal among verifiers reading only on-path distributions of one draft."""
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from decode.tree import ROOT
-from decode.verifiers.base import register
+from decode.verifiers.base import LabelRule
 from decode.verifiers.block import BlockPlan, BlockVerifier
 from decode.verifiers.otlp import as_index, residual
 
@@ -125,6 +125,7 @@ class GreedyBlockVerifier(BlockVerifier):
     """GBV: greedy path selection under one total order, then BV with the skewed draft q̃."""
 
     name = "gbv"
+    label_rule = LabelRule.PATHS
     regime_help = "K i.i.d. root paths of one length ((K, 0, L) trees) and single paths"
 
     def supports(self, tree):
@@ -175,5 +176,3 @@ class GreedyBlockVerifier(BlockVerifier):
 
         return nodes, BlockPlan(p_tok, q_tok, rows, slack)
 
-
-register(GreedyBlockVerifier)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import torch
 
 from decode.tree import ROOT, DraftTree, Regime
-from decode.verifiers.base import Verifier, make_result, register
+from decode.verifiers.base import LabelRule, Verifier, make_result
 from decode.verifiers.otlp import NaiveSolver, NSSSolver, OTLPSolver, RSDSolver, SpecInferSolver, SpecTrSolver
 
 
 class OTVerifier(Verifier):
     solver: OTLPSolver
+    label_rule = LabelRule.REACH
 
     def _verify(self, tree, p, q, rng):
         node = ROOT
@@ -54,7 +55,6 @@ class _IIDOnly:
         return tree.regime == Regime.IID
 
 
-@register
 class NSSVerifier(OTVerifier):
     """Naive speculative sampling: sample p at each node, descend while on the tree. Any tree."""
 
@@ -66,7 +66,6 @@ class NSSVerifier(OTVerifier):
         return True
 
 
-@register
 class NaiveTreeVerifier(_IIDOnly, OTVerifier):
     """Standard speculative sampling per node on the first draw (= standard SD on a single path)."""
 
@@ -74,7 +73,6 @@ class NaiveTreeVerifier(_IIDOnly, OTVerifier):
     solver = NaiveSolver()
 
 
-@register
 class SpecInferVerifier(_IIDOnly, OTVerifier):
     """Recursive rejection sampling with replacement over the multiset of draws."""
 
@@ -82,7 +80,6 @@ class SpecInferVerifier(_IIDOnly, OTVerifier):
     solver = SpecInferSolver()
 
 
-@register
 class SpecTrVerifier(_IIDOnly, OTVerifier):
     """SpecTr's K-SEQ solver at every node."""
 
@@ -90,13 +87,14 @@ class SpecTrVerifier(_IIDOnly, OTVerifier):
     solver = SpecTrSolver()
 
 
-@register
 class RSDVerifier(OTVerifier):
     """Recursive rejection sampling without replacement, for per-node without-replacement trees."""
 
     name = "rsd"
     solver = RSDSolver()
     regime_help = "without-replacement trees and single paths"
+    draft_regime = Regime.WITHOUT_REPLACEMENT
+    label_rule = LabelRule.NONE  # union trees draw i.i.d. branches, never RSD's without-replacement siblings
 
     def supports(self, tree):
         return tree.regime == Regime.WITHOUT_REPLACEMENT or (tree.regime == Regime.IID and tree.is_single_path)

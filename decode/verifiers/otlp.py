@@ -12,6 +12,7 @@ and vector arithmetic in the dtype given (float64 in the exact tests).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -51,10 +52,26 @@ def accept_prob(p_x: float, q_x: float) -> float:
     return 1.0 if p_x >= q_x else p_x / q_x
 
 
+def _p_of_draw(p_t: float, q_t: float) -> float:
+    return p_t
+
+
 class OTLPSolver:
-    """Base class: one rule for turning k i.i.d. draws into one p-distributed token."""
+    """Base class: one rule for turning k i.i.d. draws into one p-distributed token.
+
+    ``single_draw(p_t, q_t)``, when set, is the closed form of P(output = t | the only draw is t): most nodes of a
+    delayed tree have one draw, and data collection takes this instead of :meth:`branching`. It is declared by the
+    built-in solvers and not inherited: a subclass that changes the rule (a negative control) keeps its own
+    ``branching``.
+    """
 
     name: str = ""
+    single_draw: Callable[[float, float], float] | None = None
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "single_draw" not in cls.__dict__:
+            cls.single_draw = None
 
     def sample(self, p: torch.Tensor, q: torch.Tensor, draws: list[int], rng: RandomSource) -> int:
         raise NotImplementedError
@@ -68,6 +85,7 @@ class NSSSolver(OTLPSolver):
     """Naive speculative sampling: draw from p, ignore q (valid for any tree)."""
 
     name = "nss"
+    single_draw = staticmethod(_p_of_draw)
 
     def sample(self, p, q, draws, rng):
         return rng.categorical(p)
@@ -81,6 +99,7 @@ class NaiveSolver(OTLPSolver):
     """Standard speculative sampling on the first draw; the residual sample may land on another draw."""
 
     name = "naive"
+    single_draw = staticmethod(accept_prob)  # one draw: every rule but NSS is standard speculative sampling
 
     def sample(self, p, q, draws, rng):
         if not draws:
@@ -109,6 +128,7 @@ class SpecInferSolver(OTLPSolver):
     """
 
     name = "specinfer"
+    single_draw = staticmethod(accept_prob)  # one draw: every rule but NSS is standard speculative sampling
 
     def _next_draft(self, q_cur: torch.Tensor, rejected: int) -> torch.Tensor:
         """The draft the next draw is tested against: unchanged, since draws are i.i.d. (with replacement)."""
@@ -246,6 +266,7 @@ class SpecTrSolver(OTLPSolver):
     """SpecTr's K-SEQ: accept draw i w.p. min(1, p/(ρ* q)) in order, else sample the K-SEQ residual."""
 
     name = "spectr"
+    single_draw = staticmethod(accept_prob)  # one draw: every rule but NSS is standard speculative sampling
 
     def rho(self, p, q, k: int) -> float:
         return spectr_rho(p, q, k)

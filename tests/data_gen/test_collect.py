@@ -7,30 +7,23 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
 
-from data_gen.cli import collect
+from data_gen.collection import collect
 from data_gen.config import load_collect_config
-from data_gen.schema import action_grid
 from ddte.cli import main
+from decode.actions import Action, action_grid
 from decode.latency import LatencyTable
 from decode.pair import DEFAULT_TOKENIZER
-from tests.engine.tiny import tiny_llama
+from tests.factories import collect_overrides, tiny_llama
 
 
 def _overrides(folder: Path, out: Path, **extra) -> list[str]:
-    base = {
-        "pair": str(folder / "pair.yaml"), "output": str(out), "prompts.source": str(folder / "prompts.jsonl"),
-        "prompts.max_tokens": 20, "new_tokens": 12, "stride": 6, "k_max": 2, "l_max": 2, "trees_per_root": 2,
-        "prompts_per_shard": 2, "workers": 1, "device": "cpu", "threads": 1,
-        "latency.file": str(folder / "latency.json"),
-        "sampling.temperatures": "[0.7, 1.0]", "verifiers": "[specinfer, traversal, gbv]",
-    }
-    base.update(extra)
-    return [f"{k}={v}" for k, v in base.items()]
+    return collect_overrides(folder, out, **extra)
 
 
 def _rows(out: Path) -> list[dict]:
@@ -68,13 +61,29 @@ def test_collect_writes_rows_and_metadata(tiny_pair, tmp_path):
             assert all(1.0 - 1e-6 <= v <= 5.0 + 1e-6 for v in row[name])
         assert row["be_specinfer"][0] == pytest.approx(1.0)  # (1, 0, 0): nothing drafted
         assert row["be_specinfer"] != row["be_traversal"] or row["be_specinfer"][1] == pytest.approx(2.0)
+        for name in ("specinfer", "traversal", "gbv"):  # per-tree labels (s = 2 trees) average to the stored mean
+            trees = np.array(row[f"be_trees_{name}"], dtype=float).reshape(2, 18)
+            np.testing.assert_allclose(trees.mean(axis=0), np.array(row[f"be_{name}"], dtype=float),
+                                       rtol=1e-5, equal_nan=True)
+        accept, beta = (np.array(row[c]).reshape(2, 4) for c in ("trunk_accept", "trunk_beta"))
+        assert ((0 <= accept) & (accept <= 1 + 1e-6)).all() and ((0 <= beta) & (beta <= 1 + 1e-6)).all()
+    assert meta["schema_version"] == 2
+    assert meta["trunk_columns"] == ["trunk_accept", "trunk_beta", "trunk_draft_hidden", "trunk_draft_entropy",
+                                     "trunk_draft_top"]
+    for row in rows:  # the draft's state at trunk depths 0..L_max of each of the 2 trees; depth 0 is the root
+        hidden = np.array(row["trunk_draft_hidden"]).reshape(2, 3, 16)
+        np.testing.assert_allclose(hidden[:, 0], np.tile(row["draft_hidden_root"], (2, 1)), rtol=1e-5, atol=1e-6)
+        entropy, top = (np.array(row[c]).reshape(2, 3) for c in ("trunk_draft_entropy", "trunk_draft_top"))
+        assert (entropy >= -1e-6).all() and ((0 < top) & (top <= 1 + 1e-6)).all()
+        np.testing.assert_allclose(entropy[:, 0], row["scalars"][2], rtol=1e-4)  # entropy_q_root
+    assert meta["tree_columns"] == ["be_trees_specinfer", "be_trees_traversal", "be_trees_gbv"]
 
 
 def test_resume_after_interruption_gives_the_same_rows(tiny_pair, tmp_path, monkeypatch):
     full = tmp_path / "full"
     collect(load_collect_config(None, _overrides(tiny_pair, full)), progress=False)
     part = tmp_path / "part"
-    import data_gen.cli as cli_module
+    import data_gen.workers as cli_module
 
     real_write, calls = cli_module.write_shard, []
 
@@ -117,7 +126,7 @@ def test_two_worker_processes_write_the_same_rows_as_one(tiny_pair, tmp_path):
 def test_target_rows_equal_a_prefill_of_each_node(tiny_pair, chunk):
     """The per-sample tree passes (split into chunks) give every internal node the p of its whole prefix."""
     from data_gen.collect import Collector
-    from decode.labels import grow_union_forest
+    from data_gen.union import grow_union_forest
     from decode.models import CachedLM, load_causal_lm
     from decode.sampling import SamplingConfig, distributions
     from decode.verifiers import get_verifier
@@ -165,14 +174,14 @@ def test_features_match_the_decoder(tiny_pair):
     ids = [5, 17, 300, 42, 9, 77, 1000]
 
     class Keep(StaticPolicy):
-        wants_features = True
+        needs_root_features = True
 
         def choose(self, root):
             self.features = getattr(self, "features", None) or root.features
             return super().choose(root)
 
     target, draft = pair()
-    policy = Keep(action=__import__("decode.drafting", fromlist=["Action"]).Action(2, 1, 1))
+    policy = Keep(action=Action(2, 1, 1))
     SpeculativeDecoder(target, draft, get_verifier("specinfer"), sampling, latency=latency).generate(
         ids, 3, policy, TorchRandom(0)
     )

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from data_gen.schema import action_grid
-from decode.drafting import Action
-from decode.labels import _explicit_labels, grow_union_forest, label_forest
-from decode.synthetic import SyntheticPair
+from data_gen.labels import label_forest, tree_labels
+from data_gen.union import grow_union_forest
+from ddte.bench.synthetic import SyntheticPair
+from decode.actions import Action, action_grid
 from decode.verifiers import get_verifier
-from tests.exact.harness import ToyPair, enumerate_runs, sample_delayed
+from tests.decode.exact.harness import ToyPair, enumerate_runs, sample_delayed
 
 ALL = ["nss", "naive", "specinfer", "spectr", "traversal", "gbv"]
 
@@ -43,7 +43,7 @@ def test_top_down_labels_equal_explicit_trees(seed):
     actions = action_grid(3, 3)
     labels = label_forest(forest, p, q, [get_verifier(n) for n in ALL[:4]], actions)
     for name in ALL[:4]:
-        explicit = _explicit_labels(get_verifier(name), forest, p, q, actions)
+        explicit = tree_labels(get_verifier(name), forest, p, q, actions).mean(axis=0)
         np.testing.assert_allclose(labels.be[name], explicit, rtol=0, atol=1e-12)
 
 
@@ -110,7 +110,7 @@ def test_labels_are_unbiased(name, action):
 
 def test_unbiasedness_check_catches_a_biased_sampler(monkeypatch):
     """Negative control: fresh branches that copy the trunk's tokens are not i.i.d.; the 4-SE check must fail."""
-    import decode.labels as labels_module
+    import data_gen.union as labels_module
 
     pair = ToyPair(vocab=3, seed=11)
     verifier = get_verifier("specinfer")
@@ -142,7 +142,7 @@ def test_unbiasedness_check_catches_a_biased_sampler(monkeypatch):
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_shared_work_labels_equal_the_verifiers_own_expectation(seed, sparse, name):
-    """Traversal's scalar walk (decode.label_traversal) and GBV's shared path nodes give each tree's own
+    """Traversal's scalar fold walk (data_gen/label_traversal.py) and GBV's shared path nodes give each tree's own
     expectation, also when the target gives drafted tokens probability 0 (weights of 0, early-outs)."""
     pair = SyntheticPair(vocab=6 + seed, seed=seed, scale=2.0 + seed)
     forest, p, q = _forest(pair, samples=3, k_max=4, l_max=4, seed=seed)
@@ -162,20 +162,21 @@ def test_shared_work_labels_equal_the_verifiers_own_expectation(seed, sparse, na
             ok = verifier.supports(tree)
             per_sample.append(verifier.expected_block_efficiency(tree, p[index], q[index]) if ok else math.nan)
         reference.append(np.mean(per_sample))
-    labels = _explicit_labels(verifier, forest, p, q, actions)
+    labels = tree_labels(verifier, forest, p, q, actions).mean(axis=0)
     assert np.isfinite(labels).sum() > len(actions) // 3
     np.testing.assert_allclose(labels, reference, rtol=0, atol=1e-12)
 
 
 def _walk_whole_tree(tree, p, q) -> float:
     """E[τ+1] of a whole tree by the collector's scalar Traversal walk (the root as the walk's top)."""
-    from decode.label_traversal import NodeRows, walk_subtree
+    from decode.verifiers.traversal import FoldState, NodeRows, expected_walk
 
     nodes = range(tree.num_nodes)
     children = {u: list(tree.children[u]) for u in nodes}
     parents = {u: tree.parents[u] for u in nodes if u > 0}
-    total, alive, _ = walk_subtree(0, 1.0, children, parents, dict(enumerate(tree.depths)), tree.tokens,
-                                   NodeRows(p.numpy(), q.numpy()))
+    state = FoldState(0, 1.0, children, parents, dict(enumerate(tree.depths)), tree.tokens,
+                      NodeRows(p.numpy(), q.numpy()))
+    total, alive = expected_walk(state)
     return total + alive
 
 
@@ -195,3 +196,26 @@ def test_scalar_traversal_walk_on_without_replacement_trees():
         q = torch.tensor(rng.dirichlet(np.full(vocab, 0.5), size=tree.num_nodes))
         fast = _walk_whole_tree(tree, p, q)
         assert fast == pytest.approx(verifier.expected_block_efficiency(tree, p, q), abs=1e-12)
+
+
+def test_per_tree_labels_and_trunk_acceptances():
+    """Each union tree's own labels, whose mean is the stored label; the trunk acceptances by definition."""
+    pair = SyntheticPair(vocab=10, seed=4, scale=2.0)
+    forest, p, q = _forest(pair, samples=3, k_max=3, l_max=3, seed=4)
+    actions = action_grid(3, 3)
+    labels = label_forest(forest, p, q, [get_verifier(n) for n in ("specinfer", "traversal")], actions)
+    for name, trees in labels.be_trees.items():
+        assert trees.shape == (3, len(actions))
+        np.testing.assert_allclose(trees.mean(axis=0), labels.be[name], rtol=0, atol=1e-12)
+        for s in range(3):  # tree s's value is the verifier's exact expectation on tree s alone
+            tree, nodes = forest.action_tree(s, Action(2, 1, 2))
+            index = torch.tensor(nodes)
+            want = get_verifier(name).expected_block_efficiency(tree, p[index], q[index])
+            assert trees[s, actions.index(Action(2, 1, 2))] == pytest.approx(want, abs=1e-12)
+    assert labels.trunk_accept.shape == labels.trunk_beta.shape == (3, 6)
+    for s, sample in enumerate(forest.samples):
+        for j in range(6):
+            node, child = sample.trunk[j], sample.trunk[j + 1]
+            token = forest.tokens[child]
+            assert labels.trunk_accept[s, j] == pytest.approx(min(1.0, float(p[node, token] / q[node, token])))
+            assert labels.trunk_beta[s, j] == pytest.approx(float(torch.minimum(p[node], q[node]).sum()))

@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import yaml
 
-from data_gen.cli import collect
-from data_gen.config import load_collect_config
-from data_gen.schema import SCALAR_NAMES, action_grid
 from ddte.cli import main
+from decode.actions import action_grid
+from decode.features import SCALAR_NAMES
 from decode.latency import LatencyTable
 from selector.data import inspect_dataset, load_rows
-from tests.data_gen.test_collect import _overrides, _rows
-from tests.engine.tiny import tiny_llama
+from tests.data_gen.test_collect import _rows
+from tests.factories import tiny_llama
 
 # Another machine: every pass twice as slow as the collection's table, and non-linear in the block size.
 OTHER = LatencyTable([8, 16, 32], [1, 2, 3, 5], [[2.0, 3.5, 3.0, 4.0], [2.5, 4.0, 3.5, 4.5], [3.0, 4.5, 4.0, 5.0]],
@@ -25,10 +24,8 @@ OTHER = LatencyTable([8, 16, 32], [1, 2, 3, 5], [[2.0, 3.5, 3.0, 4.0], [2.5, 4.0
 
 
 @pytest.fixture(scope="module")
-def collected(tiny_pair, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("relabel") / "data"
-    collect(load_collect_config(None, _overrides(tiny_pair, out)), progress=False)
-    return out
+def collected(tiny_collected) -> Path:
+    return tiny_collected
 
 
 def _relabel(args: list[str], capsys) -> tuple[int, str]:
@@ -41,7 +38,7 @@ def test_step_times_and_pass_time_features_follow_the_new_table(collected, tmp_p
     table_file.write_text(OTHER.to_json())
     before = {p.name: p.read_bytes() for p in collected.iterdir()}
     out = tmp_path / "relabelled"
-    code, err = _relabel([str(collected), str(out), f"latency.file={table_file}"], capsys)
+    code, err = _relabel(["--data", str(collected), "--output", str(out), f"latency.file={table_file}"], capsys)
     assert code == 0, err
     assert {p.name: p.read_bytes() for p in collected.iterdir()} == before  # the source is never touched
     old_rows, new_rows = _rows(collected), _rows(out)
@@ -71,7 +68,7 @@ def test_step_times_and_pass_time_features_follow_the_new_table(collected, tmp_p
 
 def test_measures_on_this_machine_with_the_collection_pair(collected, tmp_path, capsys):
     out, saved = tmp_path / "here", tmp_path / "here.json"
-    args = ["--save-latency", str(saved), str(collected), str(out),
+    args = ["--save-latency", str(saved), "--data", str(collected), "--output", str(out),
             "latency.file=null", "latency.lengths=[8,24]", "latency.sizes=null", "latency.repeats=1"]
     code, err = _relabel(args, capsys)
     assert code == 0, err
@@ -86,8 +83,8 @@ def test_measures_on_this_machine_with_the_collection_pair(collected, tmp_path, 
 def test_bad_input_is_refused_without_writing(collected, tiny_pair, tmp_path, capsys):
     taken = tmp_path / "taken"
     taken.mkdir()
-    code, err = _relabel([str(collected), str(taken)], capsys)
-    assert code == 2 and "exists" in err and not list(taken.iterdir())
+    code, err = _relabel([str(collected), str(taken)], capsys)  # the deprecated positional form still works
+    assert code == 2 and "exists" in err and not list(taken.iterdir()) and "deprecated" in err
 
     code, err = _relabel([str(tmp_path), str(tmp_path / "x")], capsys)
     assert code == 2 and "not a collected data set" in err
@@ -96,7 +93,7 @@ def test_bad_input_is_refused_without_writing(collected, tiny_pair, tmp_path, ca
     assert code == 2 and "latency.repeats" in err
 
     other = tmp_path / "other-pair"
-    tiny_llama(7, vocab=4096, hidden=48).save_pretrained(other / "target")  # the fingerprint hashes configs
+    tiny_llama(7, vocab=4096, hidden=48).save_pretrained(other / "target")  # another pair, another fingerprint
     tiny_llama(8, vocab=4096, hidden=16).save_pretrained(other / "draft")
     pair = yaml.safe_load((tiny_pair / "pair.yaml").read_text())
     (other / "pair.yaml").write_text(yaml.safe_dump({**pair, "target": str(other / "target"),

@@ -11,12 +11,13 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from selector.export import INPUT_NAMES, export_selector, load_selector, random_inputs
+from decode.selector_file import INPUT_NAMES, SelectorMetadata
+from selector.export import export_selector, load_selector, random_inputs
 
 KEYS = {
-    "ddte.schema_version", "ddte.actions", "ddte.scalar_names", "ddte.hidden_sizes", "ddte.verifier",
-    "ddte.objective", "ddte.decision", "ddte.pair_fingerprint", "ddte.run_id", "ddte.normalisation",
-    "ddte.data_fingerprint",
+    "ddte.feature_schema", "ddte.metadata_version", "ddte.actions", "ddte.scalar_names", "ddte.hidden_sizes",
+    "ddte.verifier", "ddte.objective", "ddte.decision", "ddte.pair_fingerprint", "ddte.run_id",
+    "ddte.normalisation", "ddte.data_fingerprint", "ddte.fallbacks",
 }
 
 
@@ -59,8 +60,9 @@ def test_metadata_round_trips(exported, trained):
     from_onnx = {p.key: p.value for p in onnx.load(str(exported.path)).metadata_props}
     from_ort = ort.InferenceSession(str(exported.path), providers=["CPUExecutionProvider"]) \
         .get_modelmeta().custom_metadata_map
-    assert KEYS <= set(from_onnx) and from_onnx == dict(from_ort) == exported.metadata
-    assert from_onnx["ddte.schema_version"] == "1"
+    assert KEYS <= set(from_onnx) and from_onnx == dict(from_ort) == exported.metadata.to_props()
+    assert SelectorMetadata.from_props(from_onnx) == exported.metadata  # the reader rebuilds what the writer wrote
+    assert (from_onnx["ddte.feature_schema"], from_onnx["ddte.metadata_version"]) == ("1", "2")
     assert json.loads(from_onnx["ddte.actions"])[:3] == ["1,0,0", "1,0,1", "1,0,2"]
     assert len(json.loads(from_onnx["ddte.scalar_names"])) == 11
     assert json.loads(from_onnx["ddte.hidden_sizes"])["target_hidden_prev"] == 16
@@ -72,6 +74,10 @@ def test_metadata_round_trips(exported, trained):
     assert norm["log1p"] == ["kl_p_q_prev", "kl_q_p_prev"] and len(norm["mean"]) == len(norm["std"]) == 11
     assert from_onnx["ddte.data_fingerprint"] == trained.summary["data_fingerprint"]
     assert (from_onnx["ddte.output"], from_onnx["ddte.invalid_score"]) == ("probability", "0.0")
+    fallbacks = json.loads(from_onnx["ddte.fallbacks"])
+    assert [(f["temperature"], f["top_p"]) for f in fallbacks] == [(0.6, 1.0), (1.0, 0.9)]  # the data's configs
+    assert [f["action"] for f in fallbacks] == list(trained.summary["static_actions"].values())
+    assert all(f["margin"] is None or f["margin"] >= 0 for f in fallbacks)
 
 
 def test_logged_to_the_training_run_as_an_onnx_model(exported, trained):
@@ -81,3 +87,5 @@ def test_logged_to_the_training_run_as_an_onnx_model(exported, trained):
     models = client.search_logged_models(experiment_ids=[experiment_id])
     assert any(m.source_run_id == trained.run_id and m.name == "selector" for m in models)
     assert client.get_run(trained.run_id).data.metrics["export/max_abs_diff"] <= 1e-5
+    versions = client.search_model_versions("name = 'ddte-selector-specinfer'")  # registered in the model registry
+    assert any(v.run_id == trained.run_id for v in versions)

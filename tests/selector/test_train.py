@@ -10,8 +10,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from selector.train import format_summary, resolve_tracking_uri
-
-from .conftest import TINY_CONFIG
+from tests.factories import TINY_TRAIN_CONFIG as TINY_CONFIG
 
 
 def _run(trained):
@@ -34,15 +33,19 @@ def test_mlflow_run_holds_metrics_params_and_artifacts(trained):
     main = frame[frame.run_id == trained.run_id].iloc[0]
     assert main["params.git_commit"]  # the repository is a git checkout
     assert len(main["params.data_fingerprint"]) == 64
-    assert main["params.config/model/objective"] == "policy"
-    assert main["params.lr"] == "0.003"  # hyper-parameters from save_hyperparameters
+    assert "params.config/model/objective" not in main.index  # each hyper-parameter logged once, by Lightning
+    assert main["params.objective"] == "policy" and main["params.lr"] == "0.003"
+    assert main["params.config/trainer/max_epochs"] == "8"  # the sections Lightning does not log itself
     for key in ("val/ratio_vs_static", "val/ratio_vs_oracle", "val/regret", "val/ratio_vs_static/cfg1",
                 "test/ratio_vs_static", "test/regret", "train_seconds"):
         assert f"metrics.{key}" in main.index and main[f"metrics.{key}"] == main[f"metrics.{key}"]  # not NaN
     run = _run(trained)
     assert len(MlflowClient(trained.tracking_uri).get_metric_history(trained.run_id, "val/regret")) == 8
     artifacts = {a.path for a in MlflowClient(trained.tracking_uri).list_artifacts(trained.run_id)}
-    assert {"config.yaml", "summary.json", "checkpoint", "plots"} <= artifacts
+    assert {"config.yaml", "summary.json", "checkpoint", "plots", "environment.json"} <= artifacts
+    inputs = run.inputs.dataset_inputs  # the data set, as the run's input
+    assert len(inputs) == 1 and inputs[0].dataset.digest == main["params.data_fingerprint"][:36]
+    assert run.data.tags["env/torch"].startswith("2.13")
     plots = {a.path for a in MlflowClient(trained.tracking_uri).list_artifacts(trained.run_id, "plots")}
     assert {"plots/chosen_actions.png", "plots/chosen_vs_oracle_throughput.png"} <= plots
     assert run.info.status == "FINISHED"
@@ -98,9 +101,9 @@ def test_be_objective_on_gbv_never_picks_unlabelled_actions(trained_be_gbv, tmp_
     plots = {a.path for a in MlflowClient(trained_be_gbv.tracking_uri).list_artifacts(trained_be_gbv.run_id, "plots")}
     assert "plots/predicted_vs_true_be.png" in plots
     result = export_selector(trained_be_gbv.checkpoint_path, tmp_path / "gbv.onnx", log_mlflow=False)
-    assert result.metadata["ddte.decision"] == "throughput" and result.metadata["ddte.verifier"] == "gbv"
-    assert result.metadata["ddte.output"] == "expected_block_efficiency"
-    assert float(result.metadata["ddte.invalid_score"]) == INVALID_SCORE
+    assert result.metadata.decision == "throughput" and result.metadata.verifier == "gbv"
+    assert result.metadata.output == "expected_block_efficiency"
+    assert result.metadata.invalid_score == INVALID_SCORE
     module = load_selector(trained_be_gbv.checkpoint_path)
     actions = module.ddte_info["actions"]
     delayed = [i for i, a in enumerate(actions) if a[0] != "1" and all(int(v) > 0 for v in a.split(","))]
@@ -124,3 +127,28 @@ def test_config_may_be_a_dict(tmp_path):
         assert yaml.safe_load(path.read_text()) == config
         assert build_cli_args(path, ["model.lr=0.1"])[-1] == "--model.lr=0.1"
     assert not path.exists()  # the temporary YAML lives only as long as the call
+
+
+def test_schema_1_data_trains_and_says_cross_fitting_is_unavailable(tmp_path):
+    """A data set written before per-tree labels (schema 1) still trains a selector; its head-room figures that need
+    per-tree labels are reported as unavailable, never as a number."""
+    from selector.synthetic import write_synthetic_dataset
+    from selector.train import format_summary, train_selector
+
+    data = write_synthetic_dataset(tmp_path / "v1", n_prompts=10, roots_per_prompt=6, schema_version=1)
+    result = train_selector(TINY_CONFIG, [f"data.data_dir={data}", f"run.output_dir={tmp_path / 'runs'}",
+                                          f"run.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+                                          "trainer.max_epochs=1"], verbose=False)
+    rooms = result.summary["head_room"].values()
+    assert rooms and all(r["cross_fitted_oracle"] is None and r["same_tree_oracle"] > 0 for r in rooms)
+    assert "unavailable (schema-1 data" in format_summary(result)
+
+
+def test_schema_2_training_logs_the_cross_fitted_head_room(trained):
+    from mlflow.tracking import MlflowClient
+
+    metrics = MlflowClient(trained.tracking_uri).get_run(trained.run_id).data.metrics
+    for c in (0, 1):
+        assert 0.5 < metrics[f"headroom/cross_fitted_oracle/cfg{c}"] < 2.0
+        assert f"headroom/same_tree_oracle/cfg{c}" in metrics and f"guard/val_ratio/cfg{c}" in metrics
+    assert all(f["action"] for f in trained.summary["fallbacks"])

@@ -1,0 +1,94 @@
+"""How much a per-root choice could win over the best static action, measured honestly (cross-fitted).
+
+Each root r has, per sampled union tree t, the exact Ê[τ+1] of every action a: ``be[r, t, a]``, and the step time
+``step[r, a]``. A rule that picks ``chosen[r]`` has the stream throughput Σ_r be[r, chosen_r] / Σ_r step[r, chosen_r].
+
+* **best static**: the one action with the highest stream throughput over the roots.
+* **same-tree oracle** (biased): per root, the argmax of mean-over-trees be / step, scored on the same trees. It is
+  the maximum of ~324 noisy estimates, so it reads high even when every root has the same best action.
+* **cross-fitted oracle**: choose per root on one half of the trees, score on the other half, both ways, averaged.
+  The choice never sees the trees it is scored on, so noise cannot inflate it. The static baseline of each half is
+  chosen on the other half the same way.
+* **per-prompt static, cross-fitted**: one action per prompt, chosen and scored the same cross-fitted way.
+
+Every figure is a ratio to the best static action scored on the same trees. Roots need at least two trees for the
+cross-fitted figures (a schema-1 data set keeps only the mean: they are then unavailable, and say so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+def stream_throughput(be: np.ndarray, step: np.ndarray, chosen: np.ndarray) -> float:
+    """Σ be[r, chosen_r] / Σ step[r, chosen_r] for ``be``, ``step`` ``(N, A)`` and ``chosen`` ``(N,)``."""
+    rows = np.arange(len(chosen))
+    return float(be[rows, chosen].sum() / step[rows, chosen].sum())
+
+
+def best_static(be: np.ndarray, step: np.ndarray) -> int:
+    """Index of the action with the highest stream throughput, among actions labelled on every root."""
+    usable = np.isfinite(be).all(axis=0)
+    if not usable.any():
+        raise ValueError("no action has a label on every root")
+    throughput = np.where(usable, np.nansum(be, axis=0) / step.sum(axis=0), -np.inf)
+    return int(np.argmax(throughput))
+
+
+def per_root_best(be: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """``(N,)`` the argmax of be / step per root over labelled actions."""
+    return np.argmax(np.where(np.isfinite(be), be / step, -np.inf), axis=1)
+
+
+def per_group_static(be: np.ndarray, step: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """``(N,)`` each root's group's best static action (e.g. one action per prompt)."""
+    chosen = np.zeros(len(be), dtype=np.int64)
+    for g in np.unique(groups):
+        rows = groups == g
+        chosen[rows] = best_static(be[rows], step[rows])
+    return chosen
+
+
+@dataclass(frozen=True)
+class HeadRoom:
+    """Throughput ratios to the best static action (see the module docstring); None where unavailable."""
+
+    roots: int
+    trees: int
+    best_static: int
+    same_tree_oracle: float
+    cross_fitted_oracle: float | None
+    cross_fitted_prompt_static: float | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def head_room(be_trees: np.ndarray | None, be_mean: np.ndarray, step: np.ndarray, prompts: np.ndarray) -> HeadRoom:
+    """All the figures for one set of roots (one verifier, one sampling configuration).
+
+    Args:
+        be_trees: ``(N, s, A)`` per-tree labels, or None (a schema-1 data set: means only).
+        be_mean: ``(N, A)`` the mean over trees (NaN: no label).
+        step: ``(N, A)`` step times.
+        prompts: ``(N,)`` prompt id of each root.
+    """
+    static = best_static(be_mean, step)
+    static_rows = np.full(len(be_mean), static)
+    base = stream_throughput(np.nan_to_num(be_mean), step, static_rows)
+    same = stream_throughput(np.nan_to_num(be_mean), step, per_root_best(be_mean, step)) / base
+    trees = 1 if be_trees is None else be_trees.shape[1]
+    if be_trees is None or trees < 2:
+        return HeadRoom(len(be_mean), trees, static, same, None, None)
+    half = trees // 2
+    first, second = be_trees[:, :half].mean(axis=1), be_trees[:, half : 2 * half].mean(axis=1)
+    oracle, prompt_static = [], []
+    for choose_on, score_on in ((first, second), (second, first)):
+        scored = np.nan_to_num(score_on)
+        static_here = np.full(len(be_mean), best_static(choose_on, step))
+        reference = stream_throughput(scored, step, static_here)
+        oracle.append(stream_throughput(scored, step, per_root_best(choose_on, step)) / reference)
+        prompt_static.append(stream_throughput(scored, step, per_group_static(choose_on, step, prompts)) / reference)
+    return HeadRoom(len(be_mean), trees, static, same, float(np.mean(oracle)), float(np.mean(prompt_static)))

@@ -1,0 +1,243 @@
+"""Prompt sets: built from the stdlib corpus's modules (held-out for evaluation, training for data collection), or
+read from JSONL, parquet, a ``datasets`` file spec or a data set in the offline HF cache.
+
+A prompt is the text of a module up to and including the header of a function or class and its docstring, i.e. the
+point where the body's code should begin. It starts at the module's first line when that fits in ``--max-chars``,
+otherwise at the latest line that keeps it within the limit (``start_line`` records which). Every record has the
+``prompt`` plus provenance: module path, line numbers, the def/class name, python version and split.
+
+Only held-out modules are used unless ``--split train`` is given explicitly (for data collection): held-out prompts
+never contain text from a training module. The output is deterministic: candidates are ordered by a stable hash
+within each module and taken round-robin across modules in sorted order, so every module contributes.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from data_gen.corpus import HELDOUT_FRACTION, SPLITS, SourceFile, list_corpus, python_version, select_split
+
+DEFAULT_COUNT = 200
+DEFAULT_MAX_CHARS = 1200  # ~360 tokens of the pair's BPE: leaves room for a continuation in a 512-token context
+DATASET_BUILDERS = ("json", "parquet", "csv", "text")
+
+
+def _anchors(source: str) -> Iterator[tuple[int, int, str]]:
+    """(header line, docstring end line, "def name"/"class name") for each documented def/class, 1-based lines."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return  # not parseable by this interpreter: no prompts from it
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        if ast.get_docstring(node, clean=False) is None:
+            continue
+        doc = node.body[0]
+        kind = "class" if isinstance(node, ast.ClassDef) else "def"
+        yield node.lineno, doc.end_lineno or doc.lineno, f"{kind} {node.name}"
+
+
+def _window(lines: list[str], end_line: int, max_chars: int) -> int | None:
+    """The first line (1-based) of the longest line-aligned window ending at ``end_line`` within ``max_chars``."""
+    total, start = 0, end_line + 1
+    for index in range(end_line - 1, -1, -1):
+        if total + len(lines[index]) > max_chars:
+            break
+        total += len(lines[index])
+        start = index + 1
+    return start if start <= end_line else None
+
+
+def module_prompts(module: SourceFile, max_chars: int = DEFAULT_MAX_CHARS) -> list[dict[str, Any]]:
+    """Every prompt candidate of one module, in source order, with provenance."""
+    source = module.read()
+    lines = source.splitlines(keepends=True)
+    records = []
+    for header_line, end_line, anchor in sorted(set(_anchors(source))):
+        start = _window(lines, end_line, max_chars)
+        if start is None or start > header_line:
+            continue  # the header and docstring alone exceed max_chars
+        text = "".join(lines[start - 1 : end_line])
+        if not text.endswith("\n"):
+            text += "\n"  # a docstring on the file's last line without a newline: the body starts on a new line
+        records.append(
+            {
+                "prompt": text,
+                "module": module.relpath,
+                "split": module.split,
+                "start_line": start,
+                "header_line": header_line,
+                "end_line": end_line,
+                "anchor": anchor,
+                "python_version": python_version(),
+                "id": f"{module.relpath}:{header_line}",
+            }
+        )
+    return records
+
+
+def _stable_key(record: dict[str, Any]) -> str:
+    return hashlib.sha256(record["id"].encode("utf-8")).hexdigest()
+
+
+def build_prompts(
+    count: int = DEFAULT_COUNT,
+    split: str = "heldout",
+    max_chars: int = DEFAULT_MAX_CHARS,
+    heldout_fraction: float = HELDOUT_FRACTION,
+    files: list[SourceFile] | None = None,
+) -> list[dict[str, Any]]:
+    """Up to ``count`` prompt records from the modules of ``split``; deterministic for a given corpus."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    files = list_corpus(heldout_fraction=heldout_fraction) if files is None else files
+    per_module = [sorted(module_prompts(m, max_chars), key=_stable_key) for m in select_split(files, split)]
+    per_module = [records for records in per_module if records]
+    chosen: list[dict[str, Any]] = []
+    depth = 0
+    while len(chosen) < count and any(len(r) > depth for r in per_module):
+        chosen.extend(records[depth] for records in per_module if len(records) > depth)
+        depth += 1
+    return chosen[:count]
+
+
+def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
+    """Write records as JSONL atomically (a temp file in the same directory, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are ordinary shared files
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from err
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{number}: expected a JSON object per line")
+            rows.append(row)
+    return rows
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as err:  # pyarrow raises several types for a corrupt or non-parquet file
+        raise ValueError(f"{path}: cannot read as parquet ({err})") from err
+
+
+def _read_dataset(builder: str, path: Path) -> list[dict[str, Any]]:
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(builder, data_files=str(path), split="train").to_list()
+    except Exception as err:  # datasets wraps parse errors in its own exception types
+        raise ValueError(f"{builder}:{path}: cannot load with datasets ({err})") from err
+
+
+def _read_rows(source: str) -> list[dict[str, Any]]:
+    """Rows of a JSONL/JSON-lines file, a parquet file, or a ``builder:path`` datasets spec."""
+    builder, _, rest = source.partition(":")
+    if rest and builder in DATASET_BUILDERS:
+        path = Path(rest)
+        if not path.is_file():
+            raise ValueError(f"prompt file not found: {path} (from {source!r})")
+        return _read_dataset(builder, path)
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"prompt file not found: {source}")
+    if path.suffix in (".jsonl", ".json"):
+        return _read_jsonl(path)
+    if path.suffix == ".parquet":
+        return _read_parquet(path)
+    raise ValueError(
+        f"unknown prompt source format: {source} (expected .jsonl, .json, .parquet or one of "
+        f"{', '.join(b + ':PATH' for b in DATASET_BUILDERS)})"
+    )
+
+
+def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = None) -> list[str]:
+    """The ``field`` strings of a prompt set, in file order, at most ``limit`` of them.
+
+    ``source`` is a ``.jsonl``/``.json`` (JSON lines) file, a ``.parquet`` file, or a datasets spec such as
+    ``json:path`` or ``parquet:path``. Raises ValueError for a missing file, a missing or non-string field, or an
+    empty result.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    rows = _read_rows(str(source))
+    if not rows:
+        raise ValueError(f"no prompts in {source}")
+    prompts = []
+    for index, row in enumerate(rows):
+        if field not in row:
+            available = ", ".join(sorted(row)) or "none"
+            raise ValueError(f"{source}: row {index} has no field {field!r} (fields: {available})")
+        value = row[field]
+        if not isinstance(value, str):
+            raise ValueError(f"{source}: row {index} field {field!r} is {type(value).__name__}, not a string")
+        prompts.append(value)
+        if limit is not None and len(prompts) >= limit:
+            break
+    if not any(p.strip() for p in prompts):
+        raise ValueError(f"{source}: every {field!r} value is empty")
+    return prompts
+
+
+def load_prompt_texts(source: str, field: str = "prompt", limit: int | None = None, split: str = "train") -> list[str]:
+    """Prompt texts from any source the collect config names (``prompts.source``).
+
+    ``builtin:train`` / ``builtin:heldout`` (the stdlib prompt builder's splits), a file :func:`load_prompts`
+    reads, or ``hf:NAME`` for a ``datasets`` data set (``split`` and ``field`` apply; offline, it must be in the HF
+    cache). Raises ValueError with one line for every problem.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"prompts.limit must be at least 1, got {limit}")
+    if source.startswith("builtin:"):
+        texts = [r["prompt"] for r in build_prompts(count=limit or 10**6, split=source.split(":", 1)[1])]
+    elif source.startswith("hf:"):
+        texts = _hub_prompts(source[3:], split, field, limit)
+    else:
+        texts = load_prompts(source, field=field, limit=limit)
+    if not texts:
+        raise ValueError(f"no prompts from {source}")
+    return texts
+
+
+def _hub_prompts(name: str, split: str, field: str, limit: int | None) -> list[str]:
+    from datasets import load_dataset
+
+    try:
+        data = load_dataset(name, split=split)
+    except Exception as err:  # datasets raises many types; offline misses are the usual cause
+        where = f"data set {name!r} split {split!r}"
+        raise ValueError(f"cannot load {where} (offline, it must be in the HF cache): {err}") from err
+    if field not in data.column_names:
+        raise ValueError(f"data set {name!r} has no field {field!r} (fields: {', '.join(data.column_names)})")
+    texts = [str(x) for x in data[field][: limit or len(data)]]
+    if not texts:
+        raise ValueError(f"data set {name!r} split {split!r} is empty")
+    return texts

@@ -1,0 +1,97 @@
+"""Look at a collected data set: the paper's Figure-1 view, the best static actions and the honest head-room.
+
+Prints, per sampling configuration: the mean ‖p − q‖₁ by trunk depth and each top-down verifier's acceptance
+rate by depth (with K_max draws at that depth), then per verifier the best static action (highest throughput
+Σ Ê[τ+1] / Σ T̂ over the roots) with its block efficiency. Writes analysis.json and PNG plots.
+
+With --expansion it also measures expansion decided while drafting (selector/expansion.py): per-node threshold
+rules on the draft's confidence, a learned per-node acceptance head, a rule that knows each node's exact β, a
+root-time selector (--selector) and the per-tree oracle, all cross-fitted by prompt, as ratios to the best static
+action.
+
+Examples:
+  ddte analyze --data data/collect/default --output results/analyze
+  ddte analyze --data data/collect/default --expansion --selector specinfer=models/selectors/specinfer.onnx
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ddte.commands.common import UserError, user_errors
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("legacy_data", nargs="?", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--data", default=None, help="a folder written by ddte collect")
+    parser.add_argument("--output", default=None, help="folder for analysis.json and plots (default: DATA/analysis)")
+    parser.add_argument("--trees", type=int, default=None,
+                        help="use only each root's first N union trees, as if collected with trees_per_root=N")
+    parser.add_argument("--expansion", action="store_true",
+                        help="also measure per-node expansion rules offline (needs trunk states: schema 2)")
+    parser.add_argument("--selector", action="append", default=[], metavar="VERIFIER=FILE.onnx",
+                        help="a root-time selector to compare with (repeatable)")
+    parser.add_argument("--folds", type=int, default=5, help="prompt folds of the cross-fitting (--expansion)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from data_gen.analyze import analyze, format_report, load_columns, plot
+
+    if args.legacy_data:
+        print("warning: `ddte analyze DATA` is deprecated and will be removed in the next release; use --data DATA",
+              file=sys.stderr)
+    data = args.data or args.legacy_data
+    if data is None:
+        raise UserError("give --data DIR (a folder written by ddte collect)")
+    folder = Path(data)
+    with user_errors():
+        metadata, columns = load_columns(folder)
+    if args.trees is not None and not 1 <= args.trees <= int(metadata.get("trees_per_root", 1)):
+        raise UserError(f"--trees must be in 1..{metadata.get('trees_per_root', 1)} (the data set's trees per root)")
+    result = analyze(metadata, columns, args.trees)
+    print(format_report(result))
+    out = Path(args.output) if args.output else folder / "analysis"
+    with user_errors(OSError, prefix=f"cannot write to {out}: "):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "analysis.json").write_text(json.dumps(result, indent=1))
+        paths = plot(result, out)
+    print(f"\nwrote {out / 'analysis.json'} and {', '.join(str(p) for p in paths)}")
+    if args.expansion:
+        if args.folds < 2:
+            raise UserError("--folds must be >= 2")
+        selectors = dict(item.split("=", 1) for item in args.selector if "=" in item)
+        if len(selectors) != len(args.selector):
+            raise UserError("--selector takes VERIFIER=FILE.onnx")
+        with user_errors():
+            table, result = expansion_report(folder, metadata, selectors, args.folds)
+        print("\n" + table)
+        (out / "expansion.json").write_text(json.dumps(result, indent=1))
+        print(f"\nwrote {out / 'expansion.json'}")
+    return 0
+
+
+def expansion_report(folder: Path, metadata: dict, selectors: dict[str, str], folds: int) -> tuple[str, dict]:
+    """The per-node expansion table (markdown) for the verifiers with a root-time selector, or all verifiers."""
+    from selector.expansion import evaluate_expansion, load_episodes, selector_root_choices
+
+    verifiers = list(selectors) or list(metadata["verifiers"])
+    lines = ["| T | verifier | best static | root-time selector | top-probability rule | entropy rule | learned "
+             "per-node | exact-β rule (oracle) | per-tree oracle (hindsight) | corr(top, β) | corr(learned, β) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    result = {}
+    for verifier in verifiers:
+        _, episodes, rows = load_episodes(folder, verifier)
+        choices = selector_root_choices(selectors[verifier], folder, verifier) if verifier in selectors else None
+        for c, data in episodes.items():
+            root = None if choices is None else choices[rows[c]]
+            r = evaluate_expansion(data, metadata["l_max"], metadata["k_max"], folds, root)
+            result[f"{verifier}/T{metadata['sampling'][c]['temperature']:g}"] = r
+            root_text = "-" if root is None else f"{r['root_time']:.3f}"
+            lines.append(f"| {metadata['sampling'][c]['temperature']:g} | {verifier} | 1.000 | {root_text} | "
+                         f"{r['top']:.3f} | {r['entropy']:.3f} | {r['learned']:.3f} | {r['beta']:.3f} | "
+                         f"{r['oracle']:.3f} | {r['corr_with_beta']['top']:.2f} | "
+                         f"{r['corr_with_beta']['learned']:.2f} |")
+    return "\n".join(lines), result

@@ -1,0 +1,121 @@
+"""Benchmark decoding methods side by side on held-out prompts: tokens/s, speedup, block efficiency.
+
+Methods:
+  ar                      the target alone, HF transformers `generate` (the baseline of every speedup)
+  hf-assisted             HF assisted generation with the same pair and sampling (`assistant_model`)
+  VERIFIER@K,L1,L2        ddte with a static delayed tree, e.g. traversal@2,2,4
+  VERIFIER@adaptive       ddte with HF's +2/-1 draft-length schedule on a single path
+  VERIFIER@entropy        ddte with the entropy stop rule on a single path of up to 8 tokens
+  VERIFIER@selector=FILE  ddte with a trained selector (ddte export) choosing the tree at every step
+  VERIFIER@policy=FILE    ddte with the policy a `ddte pipeline` policy file chooses (also: --policy-file FILE)
+
+Static shapes that draft the same tree ((1,a,b), (K,a+b,0), ...) are benched once, under their canonical name.
+The methods run interleaved, prompt by prompt in a rotating order, so the CPU's drift over minutes reaches every
+method alike; each first runs one warm-up prompt. Tokens/s is total new tokens over total wall time, prefill
+included; ± is the standard deviation over prompts. Prompts default to the held-out stdlib modules (never seen in
+training). Several --temperature values give one block of rows per temperature. Selector rows also report the
+median network call (µs) and the share of wall time spent in the policy (features + call + decision).
+
+Example:
+  ddte bench --num-prompts 20 --max-new-tokens 128 --methods ar hf-assisted traversal@2,2,4 --output bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ddte.commands.common import (
+    UserError,
+    add_pair_arguments,
+    add_threads_argument,
+    apply_threads,
+    check_output_file,
+    deprecated,
+    load_pair_from_args,
+    user_errors,
+)
+
+DEFAULT_METHODS = [
+    "ar", "hf-assisted", "traversal@adaptive", "traversal@entropy",
+    "traversal@1,6,0", "traversal@4,0,3", "traversal@2,2,3",
+    "specinfer@2,2,3", "spectr@2,2,3", "nss@2,2,3", "specinfer@4,0,3",
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_pair_arguments(parser)
+    parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help="methods to compare (see above)")
+    parser.add_argument("--policy-file", default=None, metavar="policy.json",
+                        help="also bench VERIFIER@policy=FILE for every verifier the file names")
+    parser.add_argument("--prompts", default=None, help="JSONL/parquet file or datasets spec (default: held-out)")
+    parser.add_argument("--field", default="prompt", help="text field of --prompts")
+    parser.add_argument("--num-prompts", type=int, default=10, help="prompts to run")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per prompt (different seeds)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt")
+    deprecated(parser, "--new-tokens", "--max-new-tokens", "max_new_tokens", type=int)
+    parser.add_argument("--temperature", type=float, nargs="+", default=[1.0], help="one or more temperatures")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold in (0, 1]")
+    parser.add_argument("--seed", type=int, default=0, help="base seed of every prompt's run")
+    add_threads_argument(parser)
+    parser.add_argument("--output", default=None, help="write rows + settings + environment as JSON here")
+    parser.add_argument("--plot", default=None, help="figure PNG (default: beside --output)")
+
+
+def check_arguments(args: argparse.Namespace) -> list[str]:
+    """Every option checked before any model loads; returns the canonical, de-duplicated methods."""
+    from ddte.bench.methods import parse_method, unique_methods
+
+    if args.num_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
+        raise UserError("--num-prompts, --repeats and --max-new-tokens must be >= 1")
+    if any(not t >= 0 for t in args.temperature) or not 0 < args.top_p <= 1:
+        raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
+    methods = list(args.methods)
+    if args.policy_file:
+        from decode.deployment import load_deployment
+
+        with user_errors(prefix="--policy-file: "):
+            deployment = load_deployment(args.policy_file)
+        for verifier in dict.fromkeys(c.verifier for c in deployment.choices):
+            methods.append(f"{verifier}@policy={args.policy_file}")
+    with user_errors():
+        for method in methods:
+            parse_method(method)
+    methods, dropped = unique_methods(methods)
+    if dropped:
+        print(f"note: {', '.join(dropped)} draft the same trees as a method already listed; benched once",
+              file=sys.stderr)
+    return methods
+
+
+def run(args: argparse.Namespace) -> int:
+    from ddte.bench.methods import BenchSettings, bench_prompts, encode_prompts, environment, run_bench
+    from ddte.bench.report import format_table, plot
+
+    methods = check_arguments(args)
+    output = check_output_file(args.output) if args.output else None
+    plot_path = check_output_file(args.plot, "--plot") if args.plot else None
+    apply_threads(args.threads)
+    pair = load_pair_from_args(args)
+    with user_errors():
+        prompts = encode_prompts(pair, bench_prompts(args.prompts, args.field, args.num_prompts), args.max_new_tokens)
+        settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p)
+        rows = run_bench(methods, pair, prompts, settings, args.temperature)
+    temps = ", ".join(f"{t:g}" for t in args.temperature)
+    title = (f"{len(prompts)} held-out prompts × {args.repeats} repeat(s), {args.max_new_tokens} new tokens, "
+             f"T = {temps}, top-p {args.top_p:g}")
+    print(title)
+    print(format_table(rows))
+    if output is not None:
+        settings_out = {k: v for k, v in vars(args).items() if not k.startswith("_")} | {"methods": methods}
+        payload = {"settings": settings_out, "environment": environment(pair.target.device), "rows": rows}
+        tmp = f"{output}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(payload, f, indent=2, default=str)
+        os.replace(tmp, output)
+        plot_path = plot_path or output.with_suffix(".png")
+    if plot_path is not None:
+        plot(rows, plot_path, title)
+    return 0

@@ -1,0 +1,56 @@
+"""Collect the selector's training set: for every root of sampled target trajectories, the root features and, for
+every (K, L1, L2) action and verifier, the exact expected block efficiency Ê[τ+1] of each sampled union tree and
+the latency model's step time T̂. Rows go to parquet shards in the output folder (docs/dataset.md).
+
+Examples:
+  ddte collect --config configs/collect/default.yaml
+  ddte collect --config configs/collect/default.yaml prompts.limit=20 trees_per_root=2 --output data/small
+  ddte collect --config configs/collect/default.yaml --resume            # continue an interrupted run
+  ddte collect --config configs/collect/default.yaml --shard 3/8          # worker 3 of 8 (one per GPU/node)
+
+Any config key can be overridden as KEY=VALUE (dotted for sections: prompts.limit=50,
+sampling.temperatures=[0.6,1.0]). Many machines: run one `--shard i/N` per worker on a shared output folder,
+e.g. a SLURM array (`--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`) or torchrun
+(`--shard $RANK/$WORLD_SIZE`); the first worker's dataset.json (and its latency table) is shared by all.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ddte.commands.common import add_overrides_argument, user_errors
+
+DEFAULT_CONFIG = "configs/collect/default.yaml"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_overrides_argument(parser, "prompts.limit=20")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="collect YAML")
+    parser.add_argument("--output", default=None, help="output folder (overrides the config's output)")
+    parser.add_argument("--resume", action="store_true", help="continue a run in --output: skip finished shards")
+    parser.add_argument("--shard", default="0/1", help="i/N: collect only prompts with index %% N == i")
+    parser.add_argument("--device", default=None, choices=("cpu", "cuda", "auto"),
+                        help="where the models run (overrides the config)")
+    parser.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
+                        help="model dtype (overrides the config)")
+    parser.add_argument("--seed", type=int, default=None, help="overrides the config's seed")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per worker (overrides the config)")
+    parser.add_argument("--workers", type=int, default=None, help="local worker processes (overrides the config)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from data_gen.collection import collect, parse_shard
+    from data_gen.config import load_collect_config
+
+    overrides = list(args.overrides)
+    for key in ("output", "device", "dtype", "seed", "workers", "threads"):
+        if getattr(args, key) is not None:
+            overrides.append(f"{key}={getattr(args, key)}")
+    with user_errors():
+        config = load_collect_config(args.config, overrides)
+        shard, num_shards = parse_shard(args.shard)
+    with user_errors(ValueError, OSError, KeyError, RuntimeError):
+        summary = collect(config, shard, num_shards, resume=args.resume, progress=not args.no_progress)
+    print(summary.line())
+    return 0

@@ -1,0 +1,149 @@
+"""What every command shell shares: the one user-facing error type, the flag conventions and their helpers.
+
+Conventions, the same in every subcommand (tests/ddte/test_cli.py checks them):
+
+* ``--output`` names what a command writes (a file or a folder);
+* ``--data`` names a collected data set it reads;
+* ``KEY=VALUE`` positionals override config keys (dotted for sections);
+* ``--threads`` sets torch's CPU threads, default 1 (one thread gives stable speed figures and never
+  oversubscribes a shared machine; 0 = torch's default);
+* ``--max-new-tokens``, ``--num-prompts``, ``--temperature``, ``--top-p``, ``--seed``, ``--device``, ``--dtype``
+  mean the same thing wherever they appear.
+
+Older spellings stay for one release as deprecated aliases that print a warning. Libraries raise plain
+exceptions; :func:`user_errors` turns the expected ones into :class:`UserError`, which ``ddte`` prints as one line
+with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+
+class UserError(Exception):
+    """A problem with the user's input: printed as one line, exit code 2, no traceback."""
+
+
+@contextlib.contextmanager
+def user_errors(*kinds: type[BaseException], prefix: str = "") -> Iterator[None]:
+    """Turn library exceptions of ``kinds`` (default ValueError, OSError, KeyError) into a one-line UserError."""
+    kinds = kinds or (ValueError, OSError, KeyError)
+    try:
+        yield
+    except UserError:
+        raise
+    except kinds as err:
+        raise UserError(prefix + one_line(err)) from err
+
+
+def one_line(err: BaseException) -> str:
+    """The first line of an exception's message (KeyError's quotes removed; the type name if it has none)."""
+    text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    if isinstance(err, OSError) and err.strerror:
+        text = f"{err.filename}: {err.strerror}" if err.filename else err.strerror
+    text = str(text).strip().splitlines()[0] if str(text).strip() else type(err).__name__
+    return text
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of an option: stores into the new option's destination and warns once."""
+
+    def __init__(self, option_strings, dest, new: str = "", append: bool = False, **kwargs) -> None:
+        self.new, self.append = new, append
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"warning: {option_string} is deprecated and will be removed in the next release; use {self.new}",
+              file=sys.stderr)
+        if self.append:
+            setattr(namespace, self.dest, list(getattr(namespace, self.dest, None) or []) + [values])
+        else:
+            setattr(namespace, self.dest, values)
+
+
+def deprecated(parser: argparse.ArgumentParser, old: str, new: str, dest: str, **kwargs) -> None:
+    """Register ``old`` as a hidden deprecated alias of ``new``, storing into ``dest`` (``append=True``: repeatable,
+    collected in a list)."""
+    parser.add_argument(old, dest=dest, action=DeprecatedAlias, new=new, help=argparse.SUPPRESS, **kwargs)
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (0: torch's own choice)")
+
+
+def apply_threads(threads: int) -> None:
+    if threads < 0:
+        raise UserError(f"--threads must be >= 0, got {threads}")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def add_overrides_argument(parser: argparse.ArgumentParser, example: str) -> None:
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
+                        help=f"config overrides, dotted for sections (e.g. {example})")
+
+
+def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
+    """--pair / --target / --draft / --tokenizer / --device / --dtype: which models, on what."""
+    from decode.pair import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    parser.add_argument("--pair", default=None, help="pair YAML with keys target, draft, tokenizer "
+                        "(instead of --target/--draft/--tokenizer)")
+    parser.add_argument("--target", default=str(DEFAULT_TARGET), help="target model directory")
+    parser.add_argument("--draft", default=str(DEFAULT_DRAFT), help="draft model directory")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the target)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="where the models run")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="model dtype (auto: float32 on CPU, bfloat16 on CUDA)")
+    parser.add_argument("--draft-forward", default="fast", choices=("fast", "hf"),
+                        help="the draft's forward: ddte's fast Llama path (same logits) or HF's")
+
+
+def load_pair_from_args(args: argparse.Namespace):
+    """The pair named by --pair, or by --target/--draft/--tokenizer; UserError when it cannot be loaded."""
+    from decode.pair import load_pair, read_pair_config
+
+    fast = getattr(args, "draft_forward", "fast") == "fast"
+    with user_errors():
+        if args.pair:
+            paths = read_pair_config(args.pair)
+            return load_pair(paths["target"], paths["draft"], args.tokenizer or paths.get("tokenizer"), args.device,
+                             args.dtype, fast)
+        return load_pair(args.target, args.draft, args.tokenizer, args.device, args.dtype, fast)
+
+
+def check_output_file(path: str | Path, what: str = "--output") -> Path:
+    """Refuse, before any work, an output file that cannot be written: its folder is created if missing."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{what} {path} is a folder; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as err:
+        raise UserError(f"{what} {path}: a parent of it is a file, not a folder") from err
+    except OSError as err:
+        raise UserError(f"{what} {path}: cannot create its folder ({err.strerror})") from err
+    if not os.access(path.parent, os.W_OK):
+        raise UserError(f"{what} {path}: its folder is not writable")
+    return path
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's default after its help (unless it has none or says it already); examples kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is argparse.SUPPRESS or default is False or default == []
+                or "default" in text or action.option_strings == [] and action.nargs in ("*", "?")):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else default
+        return f"{text} (default: {shown})"

@@ -1,0 +1,56 @@
+"""Measure the pair for its model card: every number in models/README.md comes from here.
+
+For a pair folder (default models/) this measures, with the models in fp32 on CPU: architecture, parameters and
+training figures (from recipe.json); held-out loss and perplexity; per-token latency after a 256-token cache and
+for a 32-node tree pass, with the target/draft ratios; acceptance 1 − TV(p, q) at T = 1 on target-sampled
+continuations of held-out prompts; one T = 0.8 sample. It prints a markdown table and writes everything as JSON.
+
+Examples:
+  ddte pair-card --output models/card.json
+  ddte pair-card --models /tmp/pair --num-prompts 10 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ddte.commands.common import UserError, add_threads_argument, check_output_file, deprecated, user_errors
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", default="models", help="pair folder with tokenizer/, target/, draft/")
+    parser.add_argument("--output", default=None, help="write all measurements to this JSON file")
+    deprecated(parser, "--json", "--output", "output")
+    add_threads_argument(parser)
+    parser.add_argument("--cache-len", type=int, default=256, help="KV cache length for latency")
+    parser.add_argument("--tree-nodes", type=int, default=32, help="nodes of the timed tree pass")
+    parser.add_argument("--repeats", type=int, default=30, help="timed calls per latency figure")
+    parser.add_argument("--num-prompts", type=int, default=100, help="held-out prompts for acceptance")
+    deprecated(parser, "--prompts", "--num-prompts", "num_prompts", type=int)
+    parser.add_argument("--max-new-tokens", type=int, default=32, help="sampled tokens per prompt")
+    deprecated(parser, "--new-tokens", "--max-new-tokens", "max_new_tokens", type=int)
+    parser.add_argument("--heldout-blocks", type=int, default=None,
+                        help="held-out blocks for the loss (default: the recipe's final_eval_blocks, else all)")
+    parser.add_argument("--sample-tokens", type=int, default=80, help="length of the T=0.8 sample")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ddte.pair.card import CardSettings, markdown, measure, write_json
+
+    for name in ("threads", "cache_len", "tree_nodes", "repeats", "num_prompts", "max_new_tokens", "sample_tokens"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    output = check_output_file(args.output) if args.output else None
+    settings = CardSettings(args.models, args.threads, args.cache_len, args.tree_nodes, args.repeats,
+                            args.num_prompts, args.max_new_tokens, args.heldout_blocks, args.sample_tokens, args.seed)
+    with user_errors():
+        result = measure(settings)
+    if output is not None:
+        write_json(result, Path(output))
+    print(markdown(result))
+    print("T = 0.8 sample from", result["sample_T0.8"]["prompt_id"])
+    print(result["sample_T0.8"]["completion"])
+    return 0

@@ -1,0 +1,40 @@
+"""The main job: collect -> train -> export -> bench -> decide, on the shipped pair, ending with the results table.
+
+Collects roots on training prompts, trains one selector per verifier with its never-lose guard, exports them to
+ONNX, benches each against its static candidate (its best static action on the training data) on held-out
+prompts in one interleaved run, and writes what to deploy per verifier and temperature to policy.json. Every
+stage's settings are checked before the first one starts; nothing is created on a refusal.
+
+Examples:
+  ddte pipeline --config configs/pipeline/default.yaml
+  ddte pipeline --output runs/small 'collect.overrides=[prompts.limit=8]' bench.num_prompts=4
+  ddte generate "def f(x):" --policy-file runs/pipeline/policy.json      # deploy what it chose
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ddte.commands.common import add_overrides_argument, user_errors
+
+DEFAULT_CONFIG = "configs/pipeline/default.yaml"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_overrides_argument(parser, "bench.num_prompts=4")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="pipeline YAML")
+    parser.add_argument("--output", default=None, help="output folder (overrides the config's output)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ddte.pipeline import load_pipeline_config, run_pipeline
+
+    overrides = list(args.overrides) + ([f"output={args.output}"] if args.output else [])
+    with user_errors():
+        config = load_pipeline_config(args.config, overrides)
+    with user_errors(ValueError, OSError, RuntimeError):
+        result = run_pipeline(config)
+    print(result.results_markdown)
+    print(f"\ndeploy with: ddte generate ... --policy-file {Path(result.deployment_path)}")
+    return 0

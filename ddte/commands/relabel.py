@@ -1,0 +1,70 @@
+"""Relabel a collected data set's costs for another machine: the step time T̂ of every action, and the pass-time
+features, from a latency table measured here (or read from a file). Everything else is copied as it is.
+
+Ê[τ+1] depends only on the two models' distributions, while T̂ depends on the hardware that runs them: labels
+collected on one machine can train a selector for another. The measurement uses the data set's own collect config
+(its pair, latency grid, device and threads) with any KEY=VALUE overrides; the pair must be the one the data set
+was collected with. The output folder is written under a temporary name and renamed when complete.
+
+Examples:
+  ddte relabel --data data/collect/default --output data/collect/here                 # measure on this machine
+  ddte relabel --data data/collect/default --output data/collect/dense latency.sizes=null
+  ddte relabel --data data/collect/default --output data/gpu latency.file=gpu.json    # a table measured elsewhere
+  ddte relabel --data data/collect/default --output data/gpu --save-latency gpu.json device=cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ddte.commands.common import UserError, user_errors
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("items", nargs="*", metavar="KEY=VALUE",
+                        help="overrides of the data set's collect config, e.g. device=cuda latency.file=t.json")
+    parser.add_argument("--data", default=None, help="a folder written by `ddte collect`")
+    parser.add_argument("--output", default=None, help="new folder for the relabelled data set (must not exist)")
+    parser.add_argument("--save-latency", default=None, metavar="FILE", help="also write the latency table as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def split_items(args: argparse.Namespace) -> tuple[Path, Path, list[str]]:
+    """(data, output, overrides); the old positional form `relabel SOURCE OUTPUT KEY=VALUE...` still works."""
+    paths = [i for i in args.items if "=" not in i]
+    overrides = [i for i in args.items if "=" in i]
+    if paths:
+        print("warning: `ddte relabel SOURCE OUTPUT` is deprecated and will be removed in the next release; use "
+              "--data SOURCE --output OUTPUT", file=sys.stderr)
+    data = args.data or (paths.pop(0) if paths else None)
+    output = args.output or (paths.pop(0) if paths else None)
+    if data is None or output is None or paths:
+        raise UserError("give --data DIR and --output DIR (and KEY=VALUE overrides)")
+    return Path(data), Path(output), overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    from data_gen.relabel import check_same_pair, read_source, relabel, relabel_config, relabel_latency
+
+    source, output, overrides = split_items(args)
+    with user_errors():
+        metadata = read_source(source)
+    if output.exists():
+        raise UserError(f"{output} exists; relabelling writes a new folder")
+    with user_errors():
+        config = relabel_config(metadata, overrides)
+        check_same_pair(metadata, config)
+    start = time.perf_counter()
+    if not config.latency.file:
+        print("measuring the latency model on this machine ...", file=sys.stderr, flush=True)
+    with user_errors():
+        latency = relabel_latency(config)
+        if args.save_latency:
+            Path(args.save_latency).write_text(latency.to_json(), encoding="utf-8")
+        rows = relabel(source, output, metadata, latency, config, progress=not args.no_progress)
+    print(f"relabelled {rows} roots into {output} in {time.perf_counter() - start:.1f} s "
+          f"(step times from a {len(latency.lengths)}×{len(latency.sizes)} latency table on {latency.device})")
+    return 0

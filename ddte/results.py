@@ -1,0 +1,76 @@
+"""The pipeline's results.md: what to deploy and why, the honest head-room, and the offline figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def results_markdown(bench: dict, trained: dict, candidates: dict, choices: list, timings: dict[str, float],
+                     data_dir: Path, parent_run: str = "") -> str:
+    """The decision table (selector vs its static candidate), the head-room, and the offline figures."""
+    rows = bench["rows"]
+    settings = bench["settings"]["bench"]
+    n_runs = len(rows[0]["per_prompt"]) if rows else 0
+    lines = [
+        f"Data set: {data_dir} · stage times: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in timings.items()),
+        f"Bench: {settings['num_prompts']} held-out prompts × {settings['repeats']} repeat(s) = {n_runs} runs per "
+        f"method, {settings['max_new_tokens']} new tokens each, methods interleaved; ± is the std over runs; "
+        f"speed-ups are vs AR (HF generate) in the same run. MLflow: parent run {parent_run}, bench run "
+        f"{bench.get('mlflow_run_id', '-')}.",
+        "",
+        "| T | verifier | static candidate (training split) | static tokens/s | static vs AR | static BE | "
+        "selector tokens/s | selector / static | selector policy share | deploy |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for choice in choices:
+        at_t = {r["method"]: r for r in rows if r["temperature"] == choice.temperature}
+        action = candidates[choice.verifier][choice.temperature]
+        static = at_t[f"{choice.verifier}@{action}"]
+        selector = next((r for m, r in at_t.items() if m.startswith(f"{choice.verifier}@selector=")), None)
+        if selector is None:
+            measured = "= static (guard off) | 1.000 | 0 %"
+        else:
+            measured = (f"{selector['tokens_per_s']:.1f} | {selector['tokens_per_s'] / static['tokens_per_s']:.3f} | "
+                        f"{_fmt(selector.get('policy_share'), '.1%')}")
+        lines.append(
+            f"| {choice.temperature:g} | {choice.verifier} | {action} | {static['tokens_per_s']:.1f} ± "
+            f"{_fmt(static.get('tokens_per_s_stdev_over_prompts'))} | {_fmt(static.get('speedup'), '.2f')}× | "
+            f"{_fmt(static.get('block_efficiency'), '.2f')} | {measured} | {choice.policy} |"
+        )
+    ar = {r["temperature"]: r["tokens_per_s"] for r in rows if r["method"] == "ar"}
+    if ar:
+        lines += ["", "AR tokens/s: " + ", ".join(f"T={t:g}: {v:.1f}" for t, v in sorted(ar.items()))]
+    lines += ["", *head_room_lines(data_dir, list(trained)), "",
+              "Offline, on the data set's test prompts (the selector never saw their trees; the guard's margin was "
+              "fitted on the validation prompts):"]
+    for verifier, result in trained.items():
+        m = result.metrics
+        lines.append(
+            f"- {verifier}: selector {m.get('ratio_vs_static', float('nan')):.3f}× best static, guarded "
+            f"{m.get('guarded_ratio_vs_static', float('nan')):.3f}×; MLflow run {result.run_id}"
+        )
+    return "\n".join(lines)
+
+
+def head_room_lines(data_dir: Path, verifiers: list[str]) -> list[str]:
+    """How much any per-root choice could win over the best static action on the collected data (honest figures)."""
+    from data_gen.analyze import analyze, load_columns
+
+    result = analyze(*load_columns(data_dir))
+    lines = ["Head-room on the collected roots, vs the best static action (data_gen/headroom.py; the same-tree oracle "
+             "chooses and scores on the same trees and is biased upward by label noise; the cross-fitted figures "
+             "choose on half of each root's trees and score on the other half):", "",
+             "| T | verifier | best static | same-tree oracle (biased) | cross-fitted oracle | "
+             "cross-fitted per-prompt static |", "|---|---|---|---:|---:|---:|"]
+    for entry in result["by_sampling"]:
+        for verifier in verifiers:
+            room = entry["head_room"][verifier]
+            lines.append(f"| {entry['sampling']['temperature']:g} | {verifier} | "
+                         f"{entry['best_static'][verifier]['action']} | {room['same_tree_oracle']:.3f} | "
+                         f"{_fmt(room['cross_fitted_oracle'], '.3f')} | "
+                         f"{_fmt(room['cross_fitted_prompt_static'], '.3f')} |")
+    return lines
+
+
+def _fmt(value, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)

@@ -1,0 +1,98 @@
+"""The action contract: a delayed-tree shape (K, L1, L2), its text form, its canonical form and the action grid.
+
+Data sets, selectors, the decoder and the benches all name actions; this module is the one place that says what
+an action is, how it is written (``"K,L1,L2"``), which actions draft the same tree, and in which order the grid
+lists them (K outermost, then L1, then L2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Action:
+    """A delayed-tree shape: a trunk of ``l1`` tokens, then ``k`` branches of ``l2`` tokens.
+
+    ``(k, l, 0)`` and ``(1, l1, l2)`` are single paths; ``(k, 0, 0)`` drafts nothing. With ``stop_entropy`` set
+    (single paths only), drafting stops early at the first node whose draft entropy exceeds it (an AdaEDL-style
+    rule): the length is then a stopping time of the draft's own distributions, which keeps every verifier
+    lossless (tests/exact/test_stopping.py).
+    """
+
+    k: int
+    l1: int
+    l2: int
+    stop_entropy: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.k, int) and isinstance(self.l1, int) and isinstance(self.l2, int)):
+            raise ValueError(f"an action is three integers K,L1,L2; got {self.k},{self.l1},{self.l2}")
+        if self.k < 1 or self.l1 < 0 or self.l2 < 0:
+            raise ValueError(f"an action needs K >= 1 and L1, L2 >= 0; got ({self.k}, {self.l1}, {self.l2})")
+        if self.stop_entropy is not None and self.k > 1 and self.l2 > 0:
+            raise ValueError("an entropy stop rule applies to single paths only (K = 1 or L2 = 0)")
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        """From 'K,L1,L2'."""
+        parts = text.replace(" ", "").split(",")
+        try:
+            k, l1, l2 = (int(x) for x in parts)
+        except ValueError as err:
+            raise ValueError(f"an action is 'K,L1,L2' (three integers), got '{text}'") from err
+        return cls(k, l1, l2)
+
+    @property
+    def depth(self) -> int:
+        """Longest drafted path: L1 + L2 (L1 when K branches are empty)."""
+        return self.l1 + self.l2
+
+    @property
+    def size(self) -> int:
+        """Drafted tokens, duplicates counted: L1 + K·L2."""
+        return self.l1 + self.k * self.l2
+
+    @property
+    def is_single_path(self) -> bool:
+        """K = 1 or L2 = 0: one path of ``depth`` tokens."""
+        return self.k == 1 or self.l2 == 0
+
+    def canonical(self) -> Action:
+        """The one representative of the actions that draft the same tree law.
+
+        (1, a, b), (K, a + b, 0) and (K, a, 0)-style single paths all draft one path of their depth, so they map to
+        (1, depth, 0); a real tree (K > 1 and L2 > 0) is its own representative.
+        """
+        if self.is_single_path:
+            return Action(1, self.depth, 0, self.stop_entropy)
+        return self
+
+    def clipped(self, max_depth: int) -> Action:
+        """The same shape with its depth cut to ``max_depth`` (trunk first), e.g. near the context limit."""
+        l1 = min(self.l1, max_depth)
+        return Action(self.k, l1, min(self.l2, max_depth - l1), self.stop_entropy)
+
+    @property
+    def key(self) -> str:
+        """'K,L1,L2', the form actions take in metadata and on the command line."""
+        return f"{self.k},{self.l1},{self.l2}"
+
+    def __str__(self) -> str:
+        rule = f" stop@H>{self.stop_entropy:g}" if self.stop_entropy is not None else ""
+        return f"({self.k},{self.l1},{self.l2}){rule}"
+
+
+def action_grid(k_max: int = 4, l_max: int = 8) -> list[Action]:
+    """Every (K, L1, L2) with K in 1..k_max and L1, L2 in 0..l_max, K outermost, then L1, then L2."""
+    return [Action(k, l1, l2) for k in range(1, k_max + 1) for l1 in range(l_max + 1) for l2 in range(l_max + 1)]
+
+
+def action_key(action: Action) -> str:
+    """'K,L1,L2' (the same as ``action.key``)."""
+    return action.key
+
+
+def parse_actions(keys: list[str]) -> list[Action]:
+    """Actions from their 'K,L1,L2' keys, in order."""
+    return [Action.parse(k) for k in keys]

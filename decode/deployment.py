@@ -1,0 +1,104 @@
+"""The deployment file (``policy.json``): which policy to run, per verifier and sampling configuration.
+
+``ddte pipeline`` benches each selector against the static candidates and writes this file; ``ddte generate`` and
+``ddte bench`` load it with one flag (``--policy-file``). Each choice is either a static action or a selector file
+(a path relative to the policy file), with the measured ratio that justified it. This module is the file's one
+reader and writer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FORMAT = "ddte-deployment/1"
+
+
+@dataclass
+class Choice:
+    """What to run for one verifier at one sampling configuration.
+
+    Attributes:
+        policy: ``static`` or ``selector``.
+        action: the static action ``"K,L1,L2"`` (the selector's fallback when ``policy`` is ``selector``).
+        selector: the selector file, relative to the policy file (``selector`` only).
+        tokens_per_s, static_tokens_per_s: measured in the deciding bench (same run, interleaved).
+        reason: one sentence on why this policy was chosen.
+    """
+
+    verifier: str
+    temperature: float
+    top_p: float
+    policy: str
+    action: str
+    selector: str | None = None
+    tokens_per_s: float | None = None
+    static_tokens_per_s: float | None = None
+    reason: str = ""
+
+
+@dataclass
+class Deployment:
+    """Every choice, the verifier to use when none is named, and the pair they were measured on."""
+
+    choices: list[Choice]
+    verifier: str
+    pair_fingerprint: str = ""
+    source: dict = field(default_factory=dict)
+    path: Path | None = None
+
+    def choice_for(self, verifier: str, temperature: float, top_p: float) -> Choice:
+        """The choice of this verifier at the nearest measured sampling configuration."""
+        mine = [c for c in self.choices if c.verifier == verifier]
+        if not mine:
+            known = sorted({c.verifier for c in self.choices})
+            raise ValueError(f"no choice for verifier '{verifier}' (the file has {', '.join(known)})")
+        return min(mine, key=lambda c: (abs(c.temperature - temperature), abs(c.top_p - top_p)))
+
+    def policy_for(self, verifier: str, sampling, pair):
+        """The policy this file chooses for ``verifier`` under ``sampling`` on ``pair`` (checked against it)."""
+        from decode.actions import Action
+        from decode.policies import StaticPolicy
+        from decode.selector_policy import OnnxSelectorPolicy
+
+        if self.pair_fingerprint and self.pair_fingerprint != pair.fingerprint():
+            raise ValueError(f"{self.path}: measured on another pair (fingerprint {self.pair_fingerprint[:12]}…)")
+        choice = self.choice_for(verifier, sampling.temperature, sampling.top_p)
+        if choice.policy == "selector":
+            base = self.path.parent if self.path is not None else Path.cwd()
+            return OnnxSelectorPolicy.for_pair(base / choice.selector, verifier, pair, sampling)
+        return StaticPolicy(Action.parse(choice.action))
+
+    def write(self, path: str | Path) -> Path:
+        """Write atomically (temporary file, then rename)."""
+        path = Path(path)
+        payload = {"format": FORMAT, "verifier": self.verifier, "pair_fingerprint": self.pair_fingerprint,
+                   "source": self.source, "choices": [asdict(c) for c in self.choices]}
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=1)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+        return path
+
+
+def load_deployment(path: str | Path) -> Deployment:
+    """Read a policy file; ValueError with one line if it is missing or malformed."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read ({err.strerror})") from err
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not JSON ({err.msg})") from err
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a ddte policy file (format {FORMAT!r} expected)")
+    try:
+        choices = [Choice(**c) for c in data["choices"]]
+        return Deployment(choices, str(data["verifier"]), str(data.get("pair_fingerprint", "")),
+                          dict(data.get("source", {})), path)
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"{path}: malformed policy file ({err})") from err

@@ -1,0 +1,177 @@
+"""A cheaper forward for small Llama-family drafts: the same math as HF's, a fraction of the per-call overhead.
+
+A 0.8 M-parameter draft computes almost nothing per token; HF's forward spends ~0.5 ms per call on framework work
+(cache objects, mask construction, hooks, output dataclasses). :class:`FastCachedLM` reads the HF model's weights
+(QKV and gate/up fused into one matrix each, rotary tables precomputed) and runs a handful of torch ops per layer
+on key/value tensors it owns. The slot layout, tree attention and rollback are :class:`~decode.models.CachedLM`'s
+(shared :mod:`decode.slots` bookkeeping): only the key/value store and the forward differ. Logits equal the HF
+forward's to float rounding (tests: ≤ 1e-5), including after tree blocks, commits and crops.
+
+The target keeps HF's forward: it is where the compute is, and its baseline (HF ``generate``) must see the same
+model code as ddte's loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from decode.models import CachedLM
+
+_INITIAL_SLOTS = 256
+
+
+def fast_path_unsupported(model) -> str | None:
+    """Why :class:`FastCachedLM` cannot run ``model`` exactly (None when it can)."""
+    config = model.config
+    if getattr(config, "model_type", None) != "llama":
+        return f"model_type {getattr(config, 'model_type', None)!r} is not llama"
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"rope_type {rope.get('rope_type')!r} is not the default"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} is not silu"
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        return "attention or MLP biases"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp != 1"
+    return None
+
+
+class FastCachedLM(CachedLM):
+    """:class:`CachedLM` with a plain-torch Llama forward and its own key/value tensors (see the module docstring).
+
+    ``model`` keeps the HF module (for anything that needs it, e.g. HF assisted generation as a baseline).
+    """
+
+    def __init__(self, model, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> None:
+        reason = fast_path_unsupported(model)
+        if reason is not None:
+            raise ValueError(f"the fast forward does not support this model: {reason}")
+        super().__init__(model, device, dtype)
+        self._load_weights()
+
+    # --- weights --------------------------------------------------------------------------------------
+    def _load_weights(self) -> None:
+        cfg, inner = self.config, self.model.model
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eps = cfg.rms_norm_eps
+        with torch.no_grad():
+            self.embed = inner.embed_tokens.weight.detach()
+            self.layers = []
+            for layer in inner.layers:
+                att, mlp = layer.self_attn, layer.mlp
+                self.layers.append({
+                    "ln1": layer.input_layernorm.weight.detach(),
+                    "wqkv": torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).detach(),
+                    "wo": att.o_proj.weight.detach(),
+                    "ln2": layer.post_attention_layernorm.weight.detach(),
+                    "wgu": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+                    "wd": mlp.down_proj.weight.detach(),
+                })
+            self.final_norm = inner.norm.weight.detach()
+            self.lm_head = self.model.lm_head.weight.detach()
+            theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 1e4))
+            inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+            positions = torch.arange(2 * self.context_limit + 1, dtype=torch.float32)  # tree depths stay below
+            freqs = torch.outer(positions, inv_freq)
+            emb = torch.cat([freqs, freqs], dim=-1)  # HF's layout: rotate_half pairs i with i + head_dim / 2
+            self.cos = emb.cos().to(self.device, self.dtype)
+            self.sin = emb.sin().to(self.device, self.dtype)
+        self._q_width, self._kv_width = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+
+    # --- the key/value store --------------------------------------------------------------------------
+    def _new_cache(self) -> None:
+        layers = len(self.model.model.layers)
+        shape = (layers, self.config.num_key_value_heads, _INITIAL_SLOTS, self._head_dim_of_config())
+        self._keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def _head_dim_of_config(self) -> int:
+        cfg = self.config
+        return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+    def _reserve(self, slots: int) -> None:
+        """Grow the key/value tensors (doubling) to hold ``slots`` slots."""
+        capacity = self._keys.shape[2]
+        if slots <= capacity:
+            return
+        while capacity < slots:
+            capacity *= 2
+        grown = (*self._keys.shape[:2], capacity, self._keys.shape[3])
+        for name in ("_keys", "_values"):
+            old = getattr(self, name)
+            new = torch.zeros(grown, dtype=self.dtype, device=self.device)
+            new[:, :, : old.shape[2]] = old
+            setattr(self, name, new)
+
+    def _move_slots(self, source: torch.Tensor, first: int) -> None:
+        k = source.numel()
+        self._keys[:, :, first : first + k] = self._keys.index_select(2, source)
+        self._values[:, :, first : first + k] = self._values.index_select(2, source)
+
+    def _truncate(self, length: int) -> None:
+        pass  # rows past the slot count are dead; they are overwritten by the next block
+
+    # --- the forward ----------------------------------------------------------------------------------
+    def _forward(self, ids, allowed: np.ndarray | None, pos: np.ndarray | None, output_hidden: bool):
+        """Logits ``(n, V)`` (and final normed hidden states ``(n, H)``) of ``ids`` after the cached slots."""
+        n, start = len(ids), self.length
+        self._reserve(start + n)
+        with torch.inference_mode():
+            index = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+            positions = torch.arange(start, start + n, device=self.device) if pos is None \
+                else torch.from_numpy(pos).to(self.device)
+            cos, sin = self.cos[positions].unsqueeze(0), self.sin[positions].unsqueeze(0)  # (1, n, d)
+            mask = self._mask(allowed, n, start)
+            x = self.embed[index]  # (n, H)
+            for i, w in enumerate(self.layers):
+                x = x + self._attention(i, F.rms_norm(x, x.shape[-1:], w["ln1"], self.eps), w, cos, sin, mask,
+                                        start, n)
+                gate, up = F.linear(F.rms_norm(x, x.shape[-1:], w["ln2"], self.eps), w["wgu"]).chunk(2, dim=-1)
+                x = x + F.linear(F.silu(gate) * up, w["wd"])
+            hidden = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
+            logits = F.linear(hidden, self.lm_head).float()
+            return (logits, hidden.float()) if output_hidden else logits
+
+    def _mask(self, allowed: np.ndarray | None, n: int, start: int) -> torch.Tensor | None:
+        """Additive ``(1, n, start + n)`` mask; None where plain causal attention is exact (one token, or a prefill)."""
+        if allowed is None:
+            if n == 1 or start == 0:
+                return None
+            allowed = np.concatenate([np.ones((n, start), dtype=bool), np.tri(n, dtype=bool)], axis=1)
+        blocked = torch.from_numpy(~allowed).to(self.device)
+        return torch.zeros(blocked.shape, dtype=self.dtype, device=self.device).masked_fill_(
+            blocked, self._mask_min).unsqueeze(0)
+
+    def _attention(self, i: int, h: torch.Tensor, w: dict, cos, sin, mask, start: int, n: int) -> torch.Tensor:
+        """Self-attention of layer i for the block's n tokens over the cached slots and themselves."""
+        d = self.head_dim
+        qkv = F.linear(h, w["wqkv"])  # (n, (heads + 2 kv_heads) · d)
+        q = qkv[:, : self._q_width].view(n, self.n_heads, d).transpose(0, 1)  # (heads, n, d)
+        k = qkv[:, self._q_width : self._q_width + self._kv_width].view(n, self.n_kv, d).transpose(0, 1)
+        v = qkv[:, self._q_width + self._kv_width :].view(n, self.n_kv, d).transpose(0, 1)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        self._keys[i, :, start : start + n] = k
+        self._values[i, :, start : start + n] = v
+        keys, values = self._keys[i, :, : start + n], self._values[i, :, : start + n]  # (kv_heads, start + n, d)
+        if self.n_kv != self.n_heads:  # grouped-query attention: each kv head serves heads / kv_heads queries
+            keys = keys.repeat_interleave(self.n_heads // self.n_kv, dim=0)
+            values = values.repeat_interleave(self.n_heads // self.n_kv, dim=0)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and n > 1)
+        return F.linear(out.transpose(0, 1).reshape(n, self._q_width), w["wo"])
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding as HF applies it: x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def cached_lm(model, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, fast: bool = True):
+    """A :class:`FastCachedLM` where the fast forward supports the model (and ``fast``), else a :class:`CachedLM`."""
+    if fast and fast_path_unsupported(model) is None:
+        return FastCachedLM(model, device, dtype)
+    return CachedLM(model, device, dtype)

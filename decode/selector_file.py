@@ -1,0 +1,151 @@
+"""The exported selector's file contract: ONNX input and output names and the metadata, written and read here only.
+
+After nanoGPT's config-in-the-checkpoint: :class:`SelectorMetadata` is one dataclass that the exporter
+(``selector/export.py``) fills and serialises with :meth:`SelectorMetadata.to_props`, and that the decoder
+(``decode/selector_policy.py``) rebuilds with :meth:`SelectorMetadata.from_props` and checks against its pair. No
+other module spells a ``ddte.*`` key.
+
+Inputs, float32 with a dynamic batch axis: the three hidden blocks of :data:`decode.features.HIDDEN_NAMES` and the
+RAW scalar vector (standardisation is inside the graph). Output ``scores`` ``[batch, A]``, one per action in
+``actions`` order: π(a | root) for the ``policy`` objective, predicted Ê[τ+1] for ``be``.
+
+The never-lose guard (metadata version 2): per sampling configuration, a ``fallback`` action (the best static
+action of the training split) and a ``margin`` fitted on validation prompts. The decoder leaves the fallback only
+where the decision value of the best action exceeds the fallback's by more than the margin (relative). A margin of
+``null`` (JSON) means the selector never beat its fallback on validation: the decoder then drafts the fallback
+without computing features or calling the network.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+from decode.features import FEATURE_SCHEMA_VERSION, HIDDEN_NAMES, SCALAR_NAMES
+
+INPUT_NAMES = (*HIDDEN_NAMES, "scalars")
+OUTPUT_NAME = "scores"
+METADATA_VERSION = 2  # 1: files written before the never-lose guard (no fallback or margin)
+PREFIX = "ddte."
+OBJECTIVES = {"policy": ("argmax", "probability"), "be": ("throughput", "expected_block_efficiency")}
+
+
+class SelectorFileError(ValueError):
+    """A selector file that cannot be used: unreadable, not a ddte selector, or for another pair or schema."""
+
+
+@dataclass
+class Fallback:
+    """The guard of one sampling configuration: the static action and the relative margin needed to leave it.
+
+    ``margin`` None: never leave the fallback (the selector did not beat it on validation prompts).
+    """
+
+    temperature: float
+    top_p: float
+    action: str
+    margin: float | None
+
+
+@dataclass
+class SelectorMetadata:
+    """Everything a decoder needs besides the weights; serialised to ONNX ``metadata_props`` as ``ddte.<field>``."""
+
+    actions: list[str]
+    hidden_sizes: dict[str, int]
+    verifier: str
+    objective: str
+    normalisation: dict
+    invalid_score: float
+    fallbacks: list[Fallback] = field(default_factory=list)
+    scalar_names: list[str] = field(default_factory=lambda: list(SCALAR_NAMES))
+    feature_schema: int = FEATURE_SCHEMA_VERSION
+    metadata_version: int = METADATA_VERSION
+    pair_fingerprint: str = ""
+    data_fingerprint: str = ""
+    run_id: str = ""
+
+    @property
+    def decision(self) -> str:
+        """``argmax`` of the scores (policy) or ``throughput``: argmax of scores / T̂ (be)."""
+        return OBJECTIVES[self.objective][0]
+
+    @property
+    def output(self) -> str:
+        return OBJECTIVES[self.objective][1]
+
+    def fallback_for(self, temperature: float, top_p: float) -> Fallback:
+        """The guard of the sampling configuration nearest to (temperature, top_p)."""
+        if not self.fallbacks:
+            raise SelectorFileError("the selector has no fallback action")
+        return min(self.fallbacks, key=lambda f: (abs(f.temperature - temperature), abs(f.top_p - top_p)))
+
+    def to_props(self) -> dict[str, str]:
+        """ONNX ``metadata_props``: every value a string, lists and dicts as JSON."""
+        out = {}
+        for name, value in asdict(self).items():
+            out[PREFIX + name] = value if isinstance(value, str) else json.dumps(value)
+        out[PREFIX + "decision"] = self.decision  # derived, written for readers of the file
+        out[PREFIX + "output"] = self.output
+        return out
+
+    @classmethod
+    def from_props(cls, props: dict[str, str], where: str = "selector") -> SelectorMetadata:
+        """Rebuild from ``metadata_props``; SelectorFileError names what is missing or malformed."""
+        if PREFIX + "actions" not in props:
+            raise SelectorFileError(f"{where}: not a ddte selector (no {PREFIX}actions in its metadata)")
+        version = _json(props, "metadata_version", where) if PREFIX + "metadata_version" in props else 1
+        if version != METADATA_VERSION:
+            raise SelectorFileError(
+                f"{where}: selector metadata version {version}, this decoder reads {METADATA_VERSION} "
+                "(files written before the never-lose guard carry no fallback action: retrain and re-export, "
+                "`ddte train` then `ddte export`)"
+            )
+        values = {}
+        for f in fields(cls):
+            key = PREFIX + f.name
+            if key in props:
+                values[f.name] = props[key] if f.type == "str" else _json(props, f.name, where)
+            elif f.type != "str":  # provenance strings may be empty or absent; everything else is required
+                raise SelectorFileError(f"{where}: metadata lacks {key}")
+        try:
+            values["fallbacks"] = [Fallback(**f) for f in values["fallbacks"]]
+            meta = cls(**values)
+        except TypeError as err:
+            raise SelectorFileError(f"{where}: malformed metadata ({err})") from err
+        if meta.objective not in OBJECTIVES:
+            raise SelectorFileError(f"{where}: unknown objective {meta.objective!r}")
+        return meta
+
+    def check_compatible(self, where: str, verifier: str, hidden_sizes: dict[str, int],
+                         pair_fingerprint: str | None) -> None:
+        """Refuse a selector made for another feature schema, pair, verifier or hidden sizes."""
+        if self.feature_schema != FEATURE_SCHEMA_VERSION:
+            raise SelectorFileError(
+                f"{where}: feature schema {self.feature_schema}, this decoder computes {FEATURE_SCHEMA_VERSION}")
+        if list(self.scalar_names) != list(SCALAR_NAMES):
+            raise SelectorFileError(
+                f"{where}: scalar features {self.scalar_names} differ from this decoder's {list(SCALAR_NAMES)}")
+        if dict(self.hidden_sizes) != dict(hidden_sizes):
+            raise SelectorFileError(f"{where}: trained on hidden sizes {self.hidden_sizes}, but this pair has "
+                                    f"{dict(hidden_sizes)}")
+        if self.verifier != verifier:
+            raise SelectorFileError(
+                f"{where}: trained for verifier '{self.verifier}', not '{verifier}' (one selector per verifier)")
+        if pair_fingerprint is not None and self.pair_fingerprint != pair_fingerprint:
+            stored = self.pair_fingerprint or "none"
+            raise SelectorFileError(f"{where}: trained on another pair (fingerprint {stored[:12]}…, this pair "
+                                    f"{pair_fingerprint[:12]}…)")
+        for fallback in self.fallbacks:
+            if fallback.action not in self.actions:
+                raise SelectorFileError(f"{where}: fallback action {fallback.action} is not one of its actions")
+            if fallback.margin is not None and not (math.isfinite(fallback.margin) and fallback.margin >= 0):
+                raise SelectorFileError(f"{where}: bad margin {fallback.margin!r}")
+
+
+def _json(props: dict[str, str], name: str, where: str):
+    try:
+        return json.loads(props[PREFIX + name])
+    except (KeyError, json.JSONDecodeError) as err:
+        raise SelectorFileError(f"{where}: metadata {PREFIX}{name} is missing or not JSON") from err

@@ -1,0 +1,99 @@
+"""Typed YAML configs: a dataclass is the schema, the YAML mirrors it key for key, ``key=value`` overrides on top.
+
+Unknown keys are errors, so a typo in a config or an override never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check and convert one YAML value to its annotated type (int/float/str/bool/list[...], optionally None)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        annotation = next(a for a in options if a is not type(None))
+        origin = typing.get_origin(annotation)
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        if not isinstance(value, list):
+            value = [value]  # a scalar override for a list key means a one-element list
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if annotation is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if annotation in (str, bool) and isinstance(value, annotation):
+        return value
+    raise ValueError(f"{key}: expected {getattr(annotation, '__name__', annotation)}, got {value!r}")
+
+
+def build_dataclass(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Instantiate dataclass ``cls`` from a nested dict, rejecting unknown keys."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown config key(s): {', '.join(prefix + k for k in unknown)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = build_dataclass(hint, value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, hint, prefix + name)
+    return cls(**kwargs)
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one ``dotted.key=value`` override in place; the value is parsed as YAML (``null``, ``[1, 2]``)."""
+    if "=" not in assignment:
+        raise ValueError(f"override {assignment!r} is not of the form key=value")
+    key, raw = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"override {key!r}: {part!r} is not a section")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem", None) or "not valid YAML"
+        raise ValueError(f"override {assignment!r}: the value is not valid YAML ({where})") from err
+    # YAML reads "1e-3" as a string (no dot in the mantissa); a float is what any numeric key wants.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in "eE.") else value
+        except ValueError:
+            pass
+    node[parts[-1]] = value
+
+
+def load_yaml_config(cls: type[T], path: str | Path | None, overrides: list[str] | None = None) -> T:
+    """Read a YAML file (or start from the defaults when ``path`` is None), apply overrides, build ``cls``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config file {str(path)!r} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            raise ValueError(f"config file {str(path)!r} is not valid YAML: {err}") from err
+    for assignment in overrides or []:
+        apply_override(data, assignment)
+    return build_dataclass(cls, data)

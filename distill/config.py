@@ -1,0 +1,110 @@
+"""Typed configuration of ``ddte distill`` (``configs/distill/*.yaml``; every key overridable as ``key=value``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from decode.yamlconfig import load_yaml_config
+from distill.divergences import DIVERGENCES
+
+
+@dataclass
+class ModelShape:
+    """Llama architecture sizes of one model (vocabulary and context come from elsewhere): a draft built from
+    scratch here (``init: scratch``), either model of the pair recipe."""
+
+    hidden_size: int = 384
+    intermediate_size: int = 1536
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 6
+    num_key_value_heads: int = 6
+
+
+@dataclass
+class DistillData:
+    """What the draft learns from: stdlib training-split text, and sequences it samples itself (on-policy)."""
+
+    seq_len: int = 128  # tokens per fixed-data window
+    batch_size: int = 16
+    heldout_fraction: float = 0.1  # the corpus split of the pair's recipe: held-out modules are never trained on
+    max_files: int | None = None  # cap on corpus files per split (tests)
+    onpolicy_fraction: float = 0.5  # after the warm start, this share of the batches is sampled by the draft
+    target_fraction: float = 0.0  # and this share is continued by the target: the contexts decoding drafts from
+    onpolicy_prefix: int = 48  # real tokens before the draft's own continuation
+    onpolicy_tokens: int = 48  # tokens the draft samples per sequence
+    onpolicy_temperature: float = 1.0
+    warm_start_steps: int = 100  # fixed data only before on-policy batches start
+    val_blocks: int = 32  # held-out windows of seq_len for the validation acceptance
+
+
+@dataclass
+class DistillSchedule:
+    steps: int = 1500
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    val_every: int = 250
+    seed: int = 0
+    threads: int | None = 2
+
+
+@dataclass
+class Tracking:
+    tracking_uri: str | None = None  # null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db (absolute)
+    experiment: str = "ddte-distill"
+    run_name: str | None = None
+
+
+@dataclass
+class DistillConfig:
+    """The whole job: which pair, where the draft starts, the divergence, the data and the schedule."""
+
+    target: str = "models/target"
+    draft: str | None = "models/draft"  # the draft to start from (null with init: scratch)
+    tokenizer: str | None = "models/tokenizer"
+    init: str = "draft"  # draft (continue from `draft`) or scratch (a new draft of `shape`)
+    shape: ModelShape = field(default_factory=lambda: ModelShape(128, 512, 1, 2, 2))
+    output: str = "runs/distill/draft"
+    overwrite: bool = False
+    divergence: str = "jsd"
+    temperatures: list[float] = field(default_factory=lambda: [0.6, 1.0])  # the loss is averaged over these
+    storage_dtype: str = "float16"
+    data: DistillData = field(default_factory=DistillData)
+    train: DistillSchedule = field(default_factory=DistillSchedule)
+    tracking: Tracking = field(default_factory=Tracking)
+
+
+def load_distill_config(path: str | Path | None, overrides: list[str] | None = None) -> DistillConfig:
+    """Read, override and check a distill config; ValueError naming the first bad key."""
+    config = load_yaml_config(DistillConfig, path, overrides)
+    data, train = config.data, config.train
+    checks = [
+        (config.divergence in DIVERGENCES, f"divergence must be one of {', '.join(DIVERGENCES)}"),
+        (config.init in ("draft", "scratch"), "init must be draft or scratch"),
+        (config.init == "scratch" or bool(config.draft), "init: draft needs a draft directory"),
+        (bool(config.temperatures) and all(t > 0 for t in config.temperatures), "temperatures must be > 0"),
+        (config.storage_dtype in ("float32", "float16", "bfloat16"), "storage_dtype: float32, float16 or bfloat16"),
+        (data.seq_len >= 2 and data.batch_size >= 1 and data.val_blocks >= 1, "data: seq_len >= 2, batch_size and "
+         "val_blocks >= 1"),
+        (0.0 <= data.onpolicy_fraction and 0.0 <= data.target_fraction
+         and data.onpolicy_fraction + data.target_fraction <= 1.0,
+         "data.onpolicy_fraction and data.target_fraction must be >= 0 with a sum <= 1"),
+        (data.onpolicy_prefix >= 1 and data.onpolicy_tokens >= 1 and data.onpolicy_temperature > 0,
+         "data: onpolicy_prefix and onpolicy_tokens >= 1, onpolicy_temperature > 0"),
+        (data.warm_start_steps >= 0, "data.warm_start_steps must be >= 0"),
+        (0.0 < data.heldout_fraction < 1.0, "data.heldout_fraction must be in (0, 1)"),
+        (train.steps >= 1 and train.val_every >= 1, "train: steps and val_every must be >= 1"),
+        (train.lr > 0 and 0 <= train.min_lr_ratio <= 1 and train.warmup_steps >= 0 and train.grad_clip > 0,
+         "train: lr > 0, 0 <= min_lr_ratio <= 1, warmup_steps >= 0, grad_clip > 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+    for key, value in dataclasses.asdict(config.shape).items():
+        if value < 1:
+            raise ValueError(f"shape.{key} must be >= 1, got {value}")
+    return config

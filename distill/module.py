@@ -1,0 +1,119 @@
+"""The distillation step as a LightningModule: the draft learns the target's next-token laws (DistillSpec).
+
+Each training batch holds windows of training-split text. After the warm start, a configured share of batches is
+*on-policy*: the draft continues each window's first ``onpolicy_prefix`` tokens with ``onpolicy_tokens`` of its
+own samples, and the loss is taken only where the draft predicts from its own drawn tokens, the contexts it meets
+when it drafts. Another share (``target_fraction``) is continued by the target instead: the contexts a draft
+starts from in decoding, where every accepted token is the target's. The target, frozen, gives p on the fly; the
+loss is the chosen divergence between p_T and q_T, averaged over positions and over the configured temperatures T
+(both laws at the same T, as decoding uses them).
+Validation reports β = 1 − TV on held-out windows at each temperature.
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning.pytorch as pl
+import torch
+
+from distill.divergences import DIVERGENCES, acceptance
+
+
+class DistillModule(pl.LightningModule):
+    """Trains ``draft`` (a registered submodule) against a frozen ``target`` (kept out of the module's parameters,
+    optimizer and checkpoints)."""
+
+    def __init__(self, draft, target, divergence: str, temperatures: list[float], data, schedule) -> None:
+        super().__init__()
+        self.draft = draft
+        object.__setattr__(self, "_target", target.eval().requires_grad_(False))
+        self.divergence = DIVERGENCES[divergence]
+        self.temperatures = list(temperatures)
+        self.data, self.schedule = data, schedule
+        self._coin = torch.Generator().manual_seed(schedule.seed + 1)
+        self._val: dict[float, list[torch.Tensor]] = {}
+        self.target_seconds = 0.0
+
+    # -------------------------------------------------------------- the loss
+
+    def _loss(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, dict[float, torch.Tensor]]:
+        """Mean divergence over positions ``start ..`` (row i predicts token i + 1) and temperatures; β per T."""
+        import time
+
+        clock = time.perf_counter()
+        with torch.no_grad():
+            target_logits = self._target(input_ids=ids).logits[:, start:-1].float()  # (B, n, V)
+        self.target_seconds += time.perf_counter() - clock
+        draft_logits = self.draft(input_ids=ids).logits[:, start:-1].float()
+        losses, betas = [], {}
+        for t in self.temperatures:
+            p = torch.softmax(target_logits / t, dim=-1)
+            log_q = torch.log_softmax(draft_logits / t, dim=-1)
+            losses.append(self.divergence(p, log_q).mean())
+            betas[t] = acceptance(p, log_q.exp()).detach()
+        return torch.stack(losses).mean(), betas
+
+    def _on_policy(self, windows: torch.Tensor, sampler=None) -> torch.Tensor:
+        """``(B, prefix + tokens)``: each window's prefix continued by ``sampler``'s samples (the draft's own by
+        default; the target's for decode-time contexts), without gradient."""
+        sampler = self.draft if sampler is None else sampler
+        prefix = windows[:, : self.data.onpolicy_prefix]
+        was_training = self.draft.training
+        self.draft.eval()
+        with torch.no_grad():
+            out = sampler.generate(
+                prefix, do_sample=True, temperature=self.data.onpolicy_temperature, top_k=None, top_p=None,
+                max_new_tokens=self.data.onpolicy_tokens, min_new_tokens=self.data.onpolicy_tokens,
+                pad_token_id=self.draft.config.pad_token_id, attention_mask=torch.ones_like(prefix),
+            )
+        self.draft.train(was_training)
+        return out
+
+    # -------------------------------------------------------------- lightning
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        coin = float(torch.rand(1, generator=self._coin))
+        warm = self.global_step < self.data.warm_start_steps
+        on_policy = not warm and coin < self.data.onpolicy_fraction
+        by_target = not warm and not on_policy and coin < self.data.onpolicy_fraction + self.data.target_fraction
+        if on_policy or by_target:  # the loss only where the sampled continuation is predicted
+            ids = self._on_policy(batch, self._target if by_target else None)
+            start = self.data.onpolicy_prefix - 1
+        else:
+            ids, start = batch, 0
+        loss, betas = self._loss(ids, start)
+        size = ids.shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        self.log("train/on_policy", float(on_policy), batch_size=size)
+        self.log("train/target_sampled", float(by_target), batch_size=size)
+        for t, beta in betas.items():
+            self.log(f"train/acceptance_T{t:g}", beta.mean(), prog_bar=t == max(self.temperatures), batch_size=size)
+        return loss
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        loss, betas = self._loss(batch, 0)
+        self.log("val/loss", loss, batch_size=batch.shape[0])
+        for t, beta in betas.items():
+            self._val.setdefault(t, []).append(beta.reshape(-1))
+
+    def on_validation_epoch_end(self) -> None:
+        for t, parts in self._val.items():
+            self.log(f"val/acceptance_T{t:g}", torch.cat(parts).mean(), prog_bar=True)
+        self._val = {}
+
+    def configure_optimizers(self):
+        schedule = self.schedule
+        decay = [p for p in self.draft.parameters() if p.ndim >= 2]
+        no_decay = [p for p in self.draft.parameters() if p.ndim < 2]
+        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": schedule.weight_decay},
+                                       {"params": no_decay, "weight_decay": 0.0}], lr=schedule.lr, betas=(0.9, 0.95))
+
+        def factor(step: int) -> float:  # linear warmup, then cosine to min_lr_ratio
+            if step < schedule.warmup_steps:
+                return (step + 1) / schedule.warmup_steps
+            progress = min(1.0, (step - schedule.warmup_steps) / max(1, schedule.steps - schedule.warmup_steps))
+            return schedule.min_lr_ratio + (1 - schedule.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,166 @@
+"""One distillation job: load the pair, train the draft against the target, track it in MLflow, write the draft.
+
+The output folder is staged under a temporary name beside it and renamed only when the draft, its tokenizer files
+and ``distill.json`` are all written, so a folder on disk is always whole. Every problem with the input (a missing
+directory, two vocabularies, a bad config value, an output that exists) is a ValueError raised before training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from distill.config import DistillConfig
+
+PRODUCTS = ("config.json", "model.safetensors", "distill.json")
+
+
+@dataclass
+class DistillResult:
+    output: Path
+    run_id: str
+    tracking_uri: str
+    before: dict[str, float]
+    after: dict[str, float]
+    summary: dict
+
+
+def check_output(config: DistillConfig) -> Path:
+    """The output folder: new, or an existing one with ``overwrite``; never under a file."""
+    output = Path(config.output)
+    blocking = next((p for p in output.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ValueError(f"output {output}: {blocking} is a file, not a folder")
+    if output.exists() and not config.overwrite:
+        raise ValueError(f"output {output} exists: choose another, or set overwrite=true")
+    return output
+
+
+def load_models(config: DistillConfig):
+    """(tokenizer, target, draft): fp32 on CPU, sharing one vocabulary; ValueError otherwise."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from decode.models import check_same_vocab, load_causal_lm
+    from decode.pair import find_tokenizer
+
+    target = load_causal_lm(config.target, "cpu", torch.float32)
+    tokenizer = find_tokenizer(Path(config.target), config.tokenizer)
+    if tokenizer is None:
+        raise ValueError(f"no tokenizer found for {config.target}: set tokenizer=DIR")
+    if config.init == "draft":
+        draft = load_causal_lm(config.draft, "cpu", torch.float32)
+    else:
+        shape = config.shape
+        torch.manual_seed(config.train.seed)
+        draft = LlamaForCausalLM(LlamaConfig(
+            vocab_size=target.config.vocab_size, max_position_embeddings=target.config.max_position_embeddings,
+            tie_word_embeddings=True, pad_token_id=target.config.pad_token_id,
+            bos_token_id=target.config.bos_token_id, eos_token_id=target.config.eos_token_id,
+            **dataclasses.asdict(shape),
+        )).float()
+    check_same_vocab(target.config, draft.config)
+    if len(tokenizer) > target.config.vocab_size:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens, more than the models' {target.config.vocab_size}")
+    return tokenizer, target, draft.train()
+
+
+def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
+    """Run the job (see the module docstring); returns where the draft went and what it reached."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import MLFlowLogger
+    from torch.utils.data import DataLoader
+
+    from distill.data import RandomWindows, corpus_files, evenly_spaced_windows, token_stream
+    from distill.module import DistillModule
+    from distill.saving import round_to_storage
+    from selector.tracking import artifact_location, git_commit, quiet_lightning, resolve_tracking_uri
+
+    output = check_output(config)
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    tokenizer, target, draft = load_models(config)
+    train_files, heldout_files = corpus_files(config.data.heldout_fraction, config.data.max_files)
+    train_stream, heldout_stream = token_stream(tokenizer, train_files), token_stream(tokenizer, heldout_files)
+    val_blocks = evenly_spaced_windows(heldout_stream, config.data.seq_len, config.data.val_blocks)
+    windows = RandomWindows(train_stream, config.data.seq_len, config.data.batch_size, config.train.seed)
+    module = DistillModule(draft, target, config.divergence, config.temperatures, config.data, config.train)
+
+    uri = resolve_tracking_uri(config.tracking.tracking_uri)
+    logger = MLFlowLogger(experiment_name=config.tracking.experiment, tracking_uri=uri,
+                          run_name=config.tracking.run_name or f"distill-{config.divergence}",
+                          artifact_location=artifact_location(uri), tags={"ddte.divergence": config.divergence})
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=config.train.steps, val_check_interval=config.train.val_every,
+        check_val_every_n_epoch=None, logger=logger, enable_checkpointing=False, enable_progress_bar=progress,
+        enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=10,
+        gradient_clip_val=config.train.grad_clip,
+    )
+    val_loader = DataLoader(val_blocks, batch_size=config.data.batch_size)
+    torch.manual_seed(config.train.seed)  # the draft's own samples (on-policy batches) are seeded too
+    with quiet_lightning():
+        before = _validate(trainer, module, val_loader)
+        start = time.perf_counter()
+        trainer.fit(module, DataLoader(windows, batch_size=None), val_loader)
+        seconds = time.perf_counter() - start
+        round_to_storage(draft, config.storage_dtype)  # evaluate what is shipped
+        after = _validate(trainer, module, val_loader)
+    summary = {
+        "config": dataclasses.asdict(config), "before": before, "after": after, "train_seconds": round(seconds, 1),
+        "target_forward_seconds": round(module.target_seconds, 1), "steps": trainer.global_step,
+        "tokens": {"train": int(train_stream.numel()), "heldout": int(heldout_stream.numel())},
+        "parameters": sum(p.numel() for p in draft.parameters()), "run_id": logger.run_id, "git_commit": git_commit(),
+    }
+    _write(draft, tokenizer, config, output, summary)
+    client = logger.experiment
+    for key, value in _flatten("config", summary["config"]).items():
+        client.log_param(logger.run_id, key, value)
+    client.log_artifacts(logger.run_id, str(output), "draft")
+    client.log_metric(logger.run_id, "train_seconds", seconds)
+    client.set_terminated(logger.run_id)
+    return DistillResult(output, logger.run_id, uri, before, after, summary)
+
+
+def _validate(trainer, module, loader) -> dict[str, float]:
+    metrics = trainer.validate(module, loader, verbose=False)[0]
+    return {k.removeprefix("val/"): float(v) for k, v in metrics.items()}
+
+
+def _write(draft, tokenizer, config: DistillConfig, output: Path, summary: dict) -> None:
+    """The draft (safetensors, storage dtype), its tokenizer files and distill.json, staged then renamed."""
+    from distill.saving import save_model
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}-", dir=output.parent))
+    try:
+        save_model(draft, tokenizer, staging, config.storage_dtype)
+        (staging / "distill.json").write_text(json.dumps(summary, indent=1) + "\n")
+        for path in staging.iterdir():  # ordinary shared files, whatever the writers' temporary modes
+            path.chmod(0o644)
+        staging.chmod(0o755)
+        if output.exists():  # overwrite: the old folder goes only once the new one is whole
+            old = output.with_name(f".{output.name}-old-{time.time_ns()}")
+            output.rename(old)
+            staging.rename(output)
+            shutil.rmtree(old)
+        else:
+            staging.rename(output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _flatten(prefix: str, value, out: dict | None = None) -> dict:
+    out = {} if out is None else out
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}/{k}", v, out)
+    else:
+        out[prefix] = value
+    return out

@@ -1,0 +1,325 @@
+"""Expansion decided while drafting, measured offline: per-node rules and a learned per-node model, cross-fitted.
+
+At trunk depth d = 0, 1, … a per-node policy sees the draft's state at that node and decides: go on with the trunk,
+or halt and draft a terminal there: stop (the single path (1, d, 0)) or branch into K i.i.d. branches of L2 tokens
+(the tree (K, d, L2)). Its decision at node d may use only the draft's own draws and laws up to d, so the halting
+depth is a stopping time of the draft's filtration and every verifier of delayed trees stays exact.
+
+Every rule here is a threshold rule ``R(signal, θ, floor, cap, terminal)``: continue while d < floor, or while
+d < cap and signal_d ≥ θ; at the halting depth d* draft the terminal. The signals:
+
+* ``top``: the draft's top probability at the node (or minus its ``entropy``): the draft's own confidence;
+* ``learned``: β̂_d, a ridge regression of the node's acceptance β = 1 − TV(p, q) on the draft's hidden state,
+  entropy, top probability, depth and the root scalars (a learned acceptance head, after SpecDec++);
+* ``beta``: the exact β_d (an oracle: it needs the target's law, which a policy may not see while drafting).
+
+Each union tree of the data set is one drafting episode: its trunk is a real draw of the draft, so the action a rule
+picks on it is scored with that tree's own exact Ê[τ+1] (the per-tree labels of schema 2) and the latency model's
+T̂. Rule parameters, the static action and the learned head are fitted on the other folds of prompts and scored on
+the held-out fold (cross-fitted by prompt); the scored trees never influence the choice made on them. Figures are
+stream throughputs Σ Ê / Σ T̂ over every (root, tree), as ratios to the best static action.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from decode.actions import Action
+
+
+@dataclass
+class EpisodeData:
+    """One verifier at one sampling configuration: every (root, tree) episode.
+
+    Attributes:
+        be: ``(N, s, A)`` per-tree Ê[τ+1]; step: ``(N, A)`` T̂; prompts: ``(N,)`` prompt ids.
+        top, entropy: ``(N, s, D)`` the draft's top probability and entropy at trunk depths 0..D-1 (D = L_max + 1).
+        beta: ``(N, s, D)`` the exact 1 − TV at those nodes.
+        features: ``(N, s, D, F)`` what the learned head sees at each node.
+        actions: the action list (column order of ``be`` and ``step``).
+    """
+
+    be: np.ndarray
+    step: np.ndarray
+    prompts: np.ndarray
+    top: np.ndarray
+    entropy: np.ndarray
+    beta: np.ndarray
+    features: np.ndarray
+    actions: list[Action] = field(default_factory=list)
+
+    def take(self, rows: np.ndarray) -> EpisodeData:
+        return EpisodeData(self.be[rows], self.step[rows], self.prompts[rows], self.top[rows], self.entropy[rows],
+                           self.beta[rows], self.features[rows], self.actions)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A halting rule and its terminal: (K, L2) branches at the halting depth, or K = 1 (stop there)."""
+
+    theta: float
+    floor: int
+    cap: int
+    k: int
+    l2: int
+
+    def describe(self) -> str:
+        terminal = "stop" if self.k == 1 else f"branch K={self.k}, L2={self.l2}"
+        return f"θ={self.theta:.3g}, floor {self.floor}, cap {self.cap}, then {terminal}"
+
+
+def halting_depth(signal: np.ndarray, theta: float, floor: int, cap: int) -> np.ndarray:
+    """``(N, s)`` the first depth d where ``d >= cap`` or (``d >= floor`` and ``signal_d < θ``)."""
+    depth = signal.shape[-1]
+    d = np.arange(depth)
+    halt = (d >= cap) | ((d >= floor) & (signal < theta))  # (N, s, D)
+    halt[..., min(cap, depth - 1)] = True
+    return halt.argmax(axis=-1)
+
+
+class _Index:
+    """Column of each (K, L1, L2) in the data set's action list, by canonical tree."""
+
+    def __init__(self, actions: list[Action]) -> None:
+        self.column = {a.canonical(): i for i, a in enumerate(actions)}
+
+    def __call__(self, k: int, l1: int, l2: int) -> int:
+        return self.column[Action(k, l1, l2).canonical()]
+
+
+def rule_throughput(data: EpisodeData, signal: np.ndarray, rule: Rule, index: _Index) -> tuple[float, float]:
+    """(Σ Ê, Σ T̂) of a rule over every episode."""
+    columns = _columns(index, rule, halting_depth(signal, rule.theta, rule.floor, rule.cap))  # (N, s)
+    rows = np.arange(len(data.be))[:, None]
+    trees = np.arange(data.be.shape[1])[None, :]
+    be = data.be[rows, trees, columns]
+    step = np.broadcast_to(data.step[rows, columns], be.shape)
+    return float(np.nansum(be)), float(step.sum())
+
+
+def candidate_rules(signal: np.ndarray, l_max: int, k_max: int, thetas: int = 16) -> list[Rule]:
+    """The rule grid: θ at quantiles of the signal, floors 0..2, caps 1..L_max, every terminal."""
+    values = np.unique(np.quantile(signal[np.isfinite(signal)], np.linspace(0.02, 0.98, thetas)))
+    terminals = [(1, 0)] + [(k, l2) for k in range(2, k_max + 1) for l2 in range(1, l_max + 1)]
+    return [Rule(float(t), f, c, k, l2) for t in values for f in (0, 1, 2) for c in range(1, l_max + 1) if f <= c
+            for k, l2 in terminals]
+
+
+def best_rule(data: EpisodeData, signal: np.ndarray, rules: list[Rule], index: _Index) -> Rule:
+    """The rule with the highest stream throughput on ``data`` (where every action it can pick has a label)."""
+    best, best_value = rules[0], -np.inf
+    cache: dict[tuple, np.ndarray] = {}
+    rows = np.arange(len(data.be))[:, None]
+    trees = np.arange(data.be.shape[1])[None, :]
+    for rule in rules:
+        key = (rule.theta, rule.floor, rule.cap)
+        if key not in cache:
+            cache[key] = halting_depth(signal, *key)
+        depth = cache[key]
+        columns = _columns(index, rule, depth)
+        be = data.be[rows, trees, columns]
+        if np.isnan(be).any():
+            continue  # an action this verifier has no label for (e.g. GBV on delayed trees)
+        value = be.sum() / np.broadcast_to(data.step[rows, columns], be.shape).sum()
+        if value > best_value:
+            best, best_value = rule, value
+    return best
+
+
+def _columns(index: _Index, rule: Rule, depth: np.ndarray) -> np.ndarray:
+    """The action column each episode drafts: the rule's terminal at its halting depth."""
+    lookup = np.array([index(rule.k, d, rule.l2 if rule.k > 1 else 0) for d in range(rule.cap + 1)])
+    return lookup[depth]
+
+
+def static_best(data: EpisodeData) -> int:
+    """The action with the highest stream throughput over every episode (labelled everywhere)."""
+    be = data.be.sum(axis=(0, 1))
+    step = data.step.sum(axis=0) * data.be.shape[1]
+    return int(np.nanargmax(np.where(np.isfinite(be), be / step, -np.inf)))
+
+
+def fit_beta_head(data: EpisodeData, alpha: float = 10.0):
+    """A ridge regression of β at every trunk node on its features (hidden state, entropy, top, depth, root)."""
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    x = data.features.reshape(-1, data.features.shape[-1])
+    y = data.beta.reshape(-1)
+    keep = np.isfinite(y)
+    return make_pipeline(StandardScaler(), Ridge(alpha=alpha)).fit(x[keep], y[keep])
+
+
+def predict_beta(head, data: EpisodeData) -> np.ndarray:
+    shape = data.features.shape[:-1]
+    return head.predict(data.features.reshape(-1, data.features.shape[-1])).reshape(shape)
+
+
+def out_of_fold_beta(data: EpisodeData, folds: int = 3) -> np.ndarray:
+    """β̂ at every node of ``data``, each predicted by a head fitted on the other prompts (in-sample with a single
+    prompt): the signal the rules are tuned on must be as noisy as the one they will be scored on."""
+    groups = folds_by_prompt(data.prompts, folds, seed=1)
+    if len(groups) < 2:
+        return predict_beta(fit_beta_head(data), data)
+    out = np.zeros_like(data.beta)
+    for rows in groups:
+        rest = np.setdiff1d(np.arange(len(data.be)), rows)
+        out[rows] = predict_beta(fit_beta_head(data.take(rest)), data.take(rows))
+    return out
+
+
+def folds_by_prompt(prompts: np.ndarray, folds: int, seed: int = 0) -> list[np.ndarray]:
+    """Row indices of ``folds`` groups of whole prompts."""
+    unique = np.array(sorted(set(prompts.tolist())), dtype=object)
+    order = unique[np.random.default_rng(seed).permutation(len(unique))]
+    groups = np.array_split(order, min(folds, len(unique)))
+    return [np.flatnonzero(np.isin(prompts, g)) for g in groups if len(g)]
+
+
+def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5,
+                       root_choice: np.ndarray | None = None) -> dict:
+    """Cross-fitted stream-throughput ratios to the best static action of: the rules on ``top``, ``entropy``,
+    ``learned`` β̂ and exact ``beta``, a root-time choice (``root_choice``, ``(N,)`` action indices, if given) and
+    the per-tree oracle (hindsight, for scale). Also the correlation of each signal with β on the scored nodes."""
+    index = _Index(data.actions)
+    totals: dict[str, list[float]] = {}
+    signals_all: dict[str, list[np.ndarray]] = {"top": [], "learned": [], "beta": []}
+    rules_seen: dict[str, list[str]] = {}
+    for test_rows in folds_by_prompt(data.prompts, folds):
+        train_rows = np.setdiff1d(np.arange(len(data.be)), test_rows)
+        train, test = data.take(train_rows), data.take(test_rows)
+        static = static_best(train)
+        _add(totals, "static", _static_sums(test, static))
+        head = fit_beta_head(train)
+        learned_train = out_of_fold_beta(train)
+        signals = {
+            "top": (train.top, test.top),
+            "entropy": (-train.entropy, -test.entropy),
+            "learned": (learned_train, predict_beta(head, test)),
+            "beta": (train.beta, test.beta),
+        }
+        for name, (fit_on, score_on) in signals.items():
+            rule = best_rule(train, fit_on, candidate_rules(fit_on, l_max, k_max), index)
+            rules_seen.setdefault(name, []).append(rule.describe())
+            _add(totals, name, rule_throughput(test, score_on, rule, index))
+            if name in signals_all:
+                signals_all[name].append(score_on)
+        if root_choice is not None:
+            _add(totals, "root_time", _root_sums(test, root_choice[test_rows]))
+        _add(totals, "oracle", _oracle_sums(test))
+        signals_all.setdefault("beta_true", []).append(test.beta)
+    static_tp = totals["static"][0] / totals["static"][1]
+    out = {name: (be / step) / static_tp for name, (be, step) in totals.items()}
+    beta_true = np.concatenate([b.reshape(-1) for b in signals_all["beta_true"]])
+    out["corr_with_beta"] = {name: float(np.corrcoef(np.concatenate([s.reshape(-1) for s in parts]), beta_true)[0, 1])
+                             for name, parts in signals_all.items() if name in ("top", "learned")}
+    out["rules"] = rules_seen
+    return out
+
+
+def _add(totals: dict, name: str, sums: tuple[float, float]) -> None:
+    be, step = totals.get(name, [0.0, 0.0])
+    totals[name] = [be + sums[0], step + sums[1]]
+
+
+def _static_sums(data: EpisodeData, action: int) -> tuple[float, float]:
+    return float(data.be[:, :, action].sum()), float(data.step[:, action].sum() * data.be.shape[1])
+
+
+def _root_sums(data: EpisodeData, chosen: np.ndarray) -> tuple[float, float]:
+    rows = np.arange(len(chosen))
+    be = data.be[rows, :, chosen]  # (N, s)
+    return float(np.nansum(be)), float((data.step[rows, chosen] * data.be.shape[1]).sum())
+
+
+def _oracle_sums(data: EpisodeData) -> tuple[float, float]:
+    ratio = np.where(np.isfinite(data.be), data.be / data.step[:, None, :], -np.inf)
+    chosen = ratio.argmax(axis=-1)  # (N, s): hindsight, per tree
+    rows, trees = np.indices(chosen.shape)
+    return float(data.be[rows, trees, chosen].sum()), float(data.step[rows, chosen].sum())
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+
+
+def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], dict[int, np.ndarray]]:
+    """(metadata, episodes per sampling index, root-row indices per sampling index) of a schema-2 data set with
+    trunk states; ValueError for one without them."""
+    from data_gen.schema import TRUNK_COLUMNS, TRUNK_STATE_COLUMNS, trees_column
+    from data_gen.store import read_metadata
+    from selector.data import _list_column
+
+    metadata = read_metadata(folder)
+    table = _read_table(folder, ["prompt_id", "sampling_index", "scalars", "step_ms", trees_column(verifier),
+                                 TRUNK_COLUMNS[1], *TRUNK_STATE_COLUMNS])
+    n, s_trees = table.num_rows, int(metadata["trees_per_root"])
+    depth, actions = metadata["l_max"] + 1, [Action.parse(a) for a in metadata["actions"]]
+    hidden_size = int(metadata["hidden_sizes"]["draft_hidden_root"])
+    be = _list_column(table, trees_column(verifier)).reshape(n, s_trees, len(actions)).astype(np.float64)
+    step = _list_column(table, "step_ms").astype(np.float64)
+    beta = _list_column(table, TRUNK_COLUMNS[1]).reshape(n, s_trees, -1)[:, :, :depth].astype(np.float64)
+    hidden = _list_column(table, TRUNK_STATE_COLUMNS[0]).reshape(n, s_trees, depth, hidden_size)
+    entropy = _list_column(table, TRUNK_STATE_COLUMNS[1]).reshape(n, s_trees, depth).astype(np.float64)
+    top = _list_column(table, TRUNK_STATE_COLUMNS[2]).reshape(n, s_trees, depth).astype(np.float64)
+    scalars = _list_column(table, "scalars")
+    depth_feature = np.broadcast_to(np.arange(depth, dtype=np.float32)[None, None, :, None], (n, s_trees, depth, 1))
+    root = np.broadcast_to(scalars[:, None, None, :], (n, s_trees, depth, scalars.shape[1]))
+    features = np.concatenate([hidden, entropy[..., None].astype(np.float32), top[..., None].astype(np.float32),
+                               depth_feature, root], axis=-1)
+    prompts = np.asarray(table.column("prompt_id").to_pylist(), dtype=object)
+    sampling = table.column("sampling_index").to_numpy()
+    episodes, rows_by_config = {}, {}
+    for c in np.unique(sampling):
+        rows = np.flatnonzero(sampling == c)
+        rows_by_config[int(c)] = rows
+        episodes[int(c)] = EpisodeData(be[rows], step[rows], prompts[rows], top[rows], entropy[rows], beta[rows],
+                                       features[rows], actions)
+    return metadata, episodes, rows_by_config
+
+
+def _read_table(folder, columns: list[str]):
+    """The columns of every shard, in shard order (the row order every reader here shares)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from data_gen.store import list_shards
+
+    shards = list_shards(folder)
+    names = set(pq.read_schema(shards[0]).names) if shards else set()
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ValueError(f"{folder}: no {', '.join(missing)} (a schema-2 collection with trunk states is needed, "
+                         "with labels for this verifier)")
+    return pa.concat_tables([pq.read_table(s, columns=columns) for s in shards])
+
+
+def selector_root_choices(path, folder, verifier: str) -> np.ndarray:
+    """``(N,)`` the action an exported selector (with its never-lose guard) picks at every root of a data set (the
+    rows of :func:`load_episodes`), on the latency model's T̂ (no online calibration offline)."""
+    import onnxruntime as ort
+
+    from data_gen.schema import label_column
+    from data_gen.store import read_metadata
+    from decode.features import HIDDEN_NAMES
+    from decode.selector_file import SelectorMetadata
+    from selector.data import _list_column
+    from selector.guard import decision_values, guarded_choice
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    meta = SelectorMetadata.from_props(dict(session.get_modelmeta().custom_metadata_map), str(path))
+    sampling = read_metadata(folder)["sampling"]
+    table = _read_table(folder, [*HIDDEN_NAMES, "scalars", "step_ms", "sampling_index", label_column(verifier)])
+    feeds = {name: _list_column(table, name) for name in (*HIDDEN_NAMES, "scalars")}
+    step, be = _list_column(table, "step_ms"), _list_column(table, label_column(verifier))
+    values = decision_values(session.run(None, feeds)[0], step, np.isfinite(be), meta.decision)
+    config = table.column("sampling_index").to_numpy()
+    chosen = np.zeros(table.num_rows, dtype=np.int64)
+    for c, conf in enumerate(sampling):
+        rows = config == c
+        guard = meta.fallback_for(conf["temperature"], conf["top_p"])
+        fallback = np.full(int(rows.sum()), meta.actions.index(guard.action))
+        chosen[rows] = guarded_choice(values[rows], fallback, guard.margin)
+    return chosen

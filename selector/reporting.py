@@ -1,0 +1,144 @@
+"""What a training run reports after the fit, on its best checkpoint: the test split's plots, the never-lose
+guard fitted on the validation split (with its curve), and the honest head-room of the test split. Each logs to the
+run's MLflow record; ``selector/train.py`` calls them in that order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def predict(model, arrays) -> Any:
+    """Scores (N, A) of the model in eval mode on a whole split (small: one pass)."""
+    import torch
+
+    from decode.features import HIDDEN_NAMES
+
+    model.eval()
+    with torch.no_grad():
+        inputs = [torch.from_numpy(arrays.hidden[n]) for n in HIDDEN_NAMES] + [torch.from_numpy(arrays.scalars)]
+        return model.net(*inputs).numpy()
+
+
+def log_plots(cli, model, test) -> dict[str, Any]:
+    """Test-split plots as artifacts: predicted vs true Ê (be objective), chosen vs oracle throughput, histogram."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import torch
+
+    from selector.metrics import action_histogram_figure, oracle_actions, predicted_vs_true_figure, row_throughput
+    from selector.model import choose_actions
+
+    scores = predict(model, test)
+    valid = test.valid
+    chosen = choose_actions(torch.from_numpy(scores), torch.from_numpy(np.where(valid, test.step_ms, 1.0)),
+                            torch.from_numpy(valid), model.objective).numpy()
+    oracle = oracle_actions(test.be, test.step_ms)
+    tp = row_throughput(test.be, test.step_ms)
+    verifier = model.ddte_info["verifier"]
+    keys, canonical = canonical_index(model.ddte_info["actions"])
+    figures = {
+        "chosen_actions.png": action_histogram_figure(
+            canonical[chosen], keys, f"{verifier}: actions chosen on the test split (equivalent actions merged)",
+            oracle=canonical[oracle]),
+        "chosen_vs_oracle_throughput.png": predicted_vs_true_figure(
+            tp[np.arange(len(chosen)), chosen], tp[np.arange(len(chosen)), oracle],
+            f"{verifier}: per-root throughput (tokens/ms), test split", xlabel="same-tree oracle action (biased)",
+            ylabel="chosen action"),
+    }
+    if model.objective == "be":
+        figures["predicted_vs_true_be.png"] = predicted_vs_true_figure(
+            np.where(valid, scores, np.nan), test.be, f"{verifier}: Ê[τ+1] on the test split (valid actions)")
+    for name, fig in figures.items():
+        cli.mlflow_logger.experiment.log_figure(cli.mlflow_logger.run_id, fig, f"plots/{name}")
+        plt.close(fig)
+    return {"chosen": chosen, "oracle": oracle}
+
+
+def deployed_scores(model, arrays) -> Any:
+    """(N, A) outputs of the exported graph (π for the policy objective, predicted Ê for be) on a whole split."""
+    import torch
+
+    from decode.features import HIDDEN_NAMES
+
+    with torch.no_grad():
+        inputs = [torch.from_numpy(arrays.hidden[n]) for n in HIDDEN_NAMES] + [torch.from_numpy(arrays.scalars)]
+        return model.deployed()(*inputs).numpy()
+
+
+def fit_guard(cli, model, dm) -> dict[str, float]:
+    """The never-lose guard (selector/guard.py): per sampling configuration, the fallback (best static action of the
+    training split) and the margin fitted on the validation split, stored in ``model.ddte_info["fallbacks"]``.
+    Logs each margin's validation curve and returns the test metrics of the guarded rule."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from selector.guard import MarginFit, decision_values, fit_margin, guarded_choice, margin_figure
+    from selector.metrics import offline_metrics
+
+    info, actions = model.ddte_info, model.ddte_info["actions"]
+    val, test = dm.splits["val"], dm.splits["test"]
+    values = {name: decision_values(deployed_scores(model, arrays), arrays.step_ms, arrays.valid, model.decision)
+              for name, arrays in (("val", val), ("test", test))}
+    client, run_id = cli.mlflow_logger.experiment, cli.mlflow_logger.run_id
+    fallbacks, fits = [], {}
+    for c, conf in enumerate(info["sampling"]):
+        fallback = dm.static_actions.get(c, dm.fallback_static)
+        rows = val.sampling_index == c
+        fit = fit_margin(values["val"][rows], val.be[rows], val.step_ms[rows], fallback) if rows.any() \
+            else MarginFit(None, [])
+        fits[c] = fit
+        fallbacks.append({"temperature": conf["temperature"], "top_p": conf["top_p"], "action": actions[fallback],
+                          "margin": fit.margin})
+        for step, (_, ratio, share) in enumerate(fit.curve):
+            client.log_metric(run_id, f"guard/val_ratio/cfg{c}", ratio, step=step)
+            client.log_metric(run_id, f"guard/val_leave_share/cfg{c}", share, step=step)
+    info["fallbacks"] = fallbacks
+    figure = margin_figure(fits, [f"T={c['temperature']}, top-p={c['top_p']}" for c in info["sampling"]],
+                           info["verifier"])
+    client.log_figure(run_id, figure, "plots/guard_margin.png")
+    plt.close(figure)
+    margin_by_row = [fits[int(c)].margin if int(c) in fits else None for c in test.sampling_index]
+    chosen = np.array([
+        guarded_choice(values["test"][i : i + 1], test.base_index[i : i + 1], margin)[0]
+        for i, margin in enumerate(margin_by_row)
+    ], dtype=np.int64)
+    guarded = offline_metrics(chosen, test.be, test.step_ms, test.sampling_index, test.base_index)
+    metrics = {f"guarded_{k}": v for k, v in guarded.as_dict().items() if "ratio_vs_static" in k}
+    for k, v in metrics.items():
+        client.log_metric(run_id, f"test/{k}", v)
+    return metrics
+
+
+def log_head_room(cli, dm) -> dict[str, dict]:
+    """Honest head-room on the test split, per sampling configuration (data_gen/headroom.py): the same-tree oracle
+    (biased), the cross-fitted oracle and the cross-fitted per-prompt static, each vs the best static action.
+    Logged as MLflow metrics ``headroom/<figure>/cfg<i>``; returns them for summary.json."""
+    import numpy as np
+
+    from data_gen.headroom import head_room
+
+    test = dm.splits["test"]
+    client, run_id = cli.mlflow_logger.experiment, cli.mlflow_logger.run_id
+    out = {}
+    for c in np.unique(test.sampling_index):
+        rows = test.sampling_index == c
+        trees = None if test.be_trees is None else test.be_trees[rows]
+        room = head_room(trees, test.be[rows], test.step_ms[rows], test.prompt_id[rows])
+        out[str(int(c))] = room.as_dict()
+        for name in ("same_tree_oracle", "cross_fitted_oracle", "cross_fitted_prompt_static"):
+            value = getattr(room, name)
+            if value is not None:
+                client.log_metric(run_id, f"headroom/{name}/cfg{int(c)}", value)
+    return out
+
+
+def canonical_index(actions: list[str]):
+    """(canonical action keys, (A,) index of each action's canonical key): equivalent trees merged for plots."""
+    import numpy as np
+
+    from decode.actions import Action
+
+    canonical = [Action.parse(a).canonical().key for a in actions]
+    keys = list(dict.fromkeys(canonical))
+    return keys, np.array([keys.index(c) for c in canonical])

@@ -1,0 +1,134 @@
+"""Where training runs are tracked (the MLflow tracking URI, its artifact folder, the git commit), and Lightning's
+known noise kept out of their output."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """``uri``, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db; a relative sqlite path is made absolute.
+
+    MLflow resolves a relative sqlite path against the current directory of whichever process opens it; an absolute
+    path makes the run findable from anywhere.
+    """
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+def artifact_location(uri: str) -> str | None:
+    """For a sqlite store: ``mlartifacts/`` beside the database file (as a file: URI); servers choose their own."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix):
+        return (Path(uri[len(prefix):]).parent / "mlartifacts").as_uri()
+    return None
+
+
+def git_commit() -> str | None:
+    """HEAD of the repository this code lives in, or None (not a checkout, or no git)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+class _DropTips(logging.Filter):
+    """Drops Lightning's advertising lines ("💡 Tip: ... litlogger / litmodels")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith("💡 Tip")
+
+
+@contextlib.contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Silence known noise while training: the Tip lines, torch-pytree FutureWarnings, SQLAlchemy deprecations."""
+    tip_filter = _DropTips()
+    # rank_zero_info logs through these two loggers; a logger-level filter sees records created there.
+    loggers = [logging.getLogger(f"lightning.{pkg}.utilities.rank_zero") for pkg in ("pytorch", "fabric")]
+    for lg in loggers:
+        lg.addFilter(tip_filter)
+    alembic = logging.getLogger("alembic")
+    alembic_level = alembic.level
+    alembic.setLevel(logging.WARNING)  # MLflow's first use of a sqlite store prints a dozen migration lines
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
+            warnings.filterwarnings("ignore", message=r".*noload.*")
+            warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+            warnings.filterwarnings("ignore", message=r".*smaller than the logging interval.*")
+            warnings.filterwarnings("ignore", message=r".*exists and is not empty.*")  # config.yaml is there first
+            # LightningCLI 2.6 still calls jsonargparse APIs deprecated in 4.49: not ours to fix.
+            warnings.filterwarnings("ignore", message=r"(?s).*(deprecated in v4\.|JsonargparseDeprecationWarning)")
+            # `ddte train` always passes args= while sys.argv holds the subcommand: intended here.
+            warnings.filterwarnings("ignore", message=r".*LightningCLI's args parameter.*")
+            yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(tip_filter)
+        alembic.setLevel(alembic_level)
+
+
+def environment() -> dict[str, str | int | None]:
+    """What ran the job: Python, the key libraries, the machine."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | int | None] = {"python": platform.python_version(), "machine": platform.machine(),
+                                        "processor": platform.processor() or None, "cpu_count": os.cpu_count()}
+    for name in ("ddte", "torch", "transformers", "lightning", "mlflow", "onnxruntime", "onnxruntime-gpu"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def log_environment(client, run_id: str) -> None:
+    """The environment as an artifact (environment.json) and as ``env/<name>`` tags."""
+    env = environment()
+    client.log_dict(run_id, env, "environment.json")
+    for key, value in env.items():
+        if value is not None:
+            client.set_tag(run_id, f"env/{key}", str(value))
+
+
+def log_data_set_input(client, run_id: str, folder: str | Path, digest: str, context: str = "training") -> None:
+    """Record a collected data set as the run's input (``mlflow.log_input``: name, digest, source folder)."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+
+    dataset = MetaDataset(resolve_dataset_source(str(Path(folder).resolve())), name=Path(folder).name,
+                          digest=digest[:36])
+    tags = [InputTag(key="mlflow.data.context", value=context)]
+    client.log_inputs(run_id, datasets=[DatasetInput(dataset=dataset._to_mlflow_entity(), tags=tags)])
+
+
+def start_child_run(client, experiment_id: str, parent_run_id: str | None, name: str) -> str:
+    """A run of ``experiment_id`` nested under ``parent_run_id`` (if any) in the MLflow UI; returns its id."""
+    tags = {"mlflow.runName": name}
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    return client.create_run(experiment_id, tags=tags).info.run_id
+
+
+def experiment_id(client, name: str, tracking_uri: str) -> str:
+    """The id of experiment ``name``, created (with artifacts beside a sqlite store) if new."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    return client.create_experiment(name, artifact_location=artifact_location(tracking_uri))

@@ -1,0 +1,56 @@
+"""pair-card: the tree pass it times is a correct tree pass, and the card runs end to end on a tiny pair."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from ddte.commands import pair_card
+from ddte.pair import card
+from tests.factories import run_subcommand
+
+
+def test_timed_tree_pass_matches_sequential_paths(tiny_pair):
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_pair / "target").eval()
+    gen = torch.Generator().manual_seed(0)
+    parents = card.random_tree(9, gen)
+    prefix = torch.randint(3, model.config.vocab_size, (1, 12), generator=gen)
+    tree = torch.randint(3, model.config.vocab_size, (1, 9), generator=gen)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(prefix, past_key_values=cache, use_cache=True)
+        mask = card.tree_mask(parents, 12)
+        assert mask.shape == (1, 1, 9, 21)
+        positions = (12 + card.tree_depths(parents))[None]
+        logits = model(tree, attention_mask=mask, position_ids=positions, past_key_values=cache).logits[0]
+        for node in range(9):
+            path, j = [], node
+            while j >= 0:
+                path.insert(0, j)
+                j = parents[j]
+            full = torch.cat([prefix, tree[:, path]], dim=1)
+            assert torch.allclose(model(full).logits[0, -1], logits[node], atol=1e-4)
+
+
+def test_card_runs_end_to_end(tiny_pair, tmp_path):
+    out = tmp_path / "card.json"
+    argv = ["--models", str(tiny_pair), "--output", str(out), "--num-prompts", "3", "--max-new-tokens", "4",
+            "--heldout-blocks", "4", "--repeats", "2", "--sample-tokens", "5", "--cache-len", "16", "--tree-nodes", "8"]
+    assert run_subcommand(pair_card, argv) == 0
+    result = json.loads(out.read_text())
+    acc = result["acceptance_T1"]
+    assert acc["contexts"] == 12 and 0.0 <= acc["percentiles"]["p5"] <= acc["mean"] <= 1.0
+    assert result["latency"]["target"]["tree_ms"] > 0 and result["latency"]["ratio_one_token"] > 0
+    assert result["heldout"]["target"]["perplexity"] > 1
+    assert 0.0 <= result["acceptance_T0.6"]["mean"] <= 1.0
+    for t in ("1", "0.6"):
+        calibration = result[f"calibration_T{t}"]
+        assert calibration["nodes"] == 3 * 4 * 8 and 0.0 <= calibration["mean_accept"] <= 1.0
+        assert -1.0 <= calibration["corr_top_accept"] <= 1.0 and 0.0 <= calibration["auc_top_accept"] <= 1.0
+    loop = result["loop_latency"]
+    assert loop["draft_wrapper"] == "FastCachedLM" and loop["ratio_one_token"] > 0
+    text = card.markdown(result)
+    assert "acceptance" in text and "corr(top probability" in text and "in the decoding loop" in text

@@ -1,0 +1,27 @@
+"""`ddte build-prompts`: JSONL that load_prompts reads, written atomically; old flag spellings still work."""
+
+from __future__ import annotations
+
+import json
+
+from data_gen import prompts
+from ddte.cli import main
+
+
+def test_build_prompts_subcommand_writes_jsonl_that_load_prompts_reads(tmp_path, capsys):
+    heldout_records = prompts.build_prompts(12)
+    out = tmp_path / "sets" / "heldout.jsonl"
+    assert main(["build-prompts", "--output", str(out), "--num-prompts", "12"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows == heldout_records[:12]
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temp file left behind
+    assert prompts.load_prompts(out) == [r["prompt"] for r in rows]
+    assert prompts.load_prompts(out, field="module", limit=3) == [r["module"] for r in rows[:3]]
+
+
+def test_the_old_flag_spellings_still_work_and_warn(tmp_path, capsys):
+    out = tmp_path / "old.jsonl"
+    assert main(["build-prompts", "--out", str(out), "--count", "3"]) == 0
+    assert len(out.read_text().splitlines()) == 3
+    err = capsys.readouterr().err
+    assert "--out is deprecated" in err and "--count is deprecated" in err

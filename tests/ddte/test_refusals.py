@@ -1,0 +1,137 @@
+"""What a new user trips over: each one a clear line, a non-zero exit and nothing half-written (issue audit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddte.cli import main
+from tests.factories import REPO, TINY_TRAIN_CONFIG, save_tiny_pair
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("refusals"), vocab=64, target_hidden=32, draft_hidden=16)
+
+
+def _one_line(capsys, command: str) -> str:
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("warning:")]
+    assert len(err) == 1 and err[0].startswith(f"ddte {command}: error:"), err
+    return err[0]
+
+
+def test_the_fingerprint_covers_the_weights(tmp_path):
+    """A draft with the same config but other weights is another pair."""
+    from decode.pair import pair_fingerprint
+
+    a = save_tiny_pair(tmp_path / "a", vocab=64, seeds=(1, 2))
+    b = save_tiny_pair(tmp_path / "b", vocab=64, seeds=(1, 3))
+    assert (a / "draft" / "config.json").read_text() == (b / "draft" / "config.json").read_text()
+    assert pair_fingerprint(a / "target", a / "draft") != pair_fingerprint(b / "target", b / "draft")
+    assert pair_fingerprint(a / "target", a / "draft") == pair_fingerprint(a / "target", a / "draft")
+
+
+def test_a_selector_trained_for_another_pair_is_refused(tiny, tmp_path, capsys):
+    from selector.export import export_selector
+    from selector.synthetic import write_synthetic_dataset
+    from selector.train import train_selector
+
+    data = write_synthetic_dataset(tmp_path / "data", n_prompts=8, roots_per_prompt=4, hidden=(32, 16))
+    trained = train_selector(TINY_TRAIN_CONFIG, [f"data.data_dir={data}", f"run.output_dir={tmp_path / 'runs'}",
+                                                 f"run.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+                                                 "trainer.max_epochs=1"], verbose=False)
+    onnx = export_selector(trained.checkpoint_path, tmp_path / "s.onnx", log_mlflow=False).path
+    capsys.readouterr()  # the training's own log lines
+    code = main(["generate", "--prompt-ids", "5,9", "--target", str(tiny / "target"), "--draft", str(tiny / "draft"),
+                 "--verifier", "specinfer", "--selector", str(onnx), "--max-new-tokens", "3"])
+    assert code == 2 and "trained on another pair" in _one_line(capsys, "generate")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--policy", "adaptive", "--action", "4,4,4"], "--policy adaptive does not use it"),
+        (["--policy", "entropy", "--max-draft", "0"], "--max-draft must be >= 1"),
+        (["--entropy-threshold", "0", "--policy", "entropy"], "--entropy-threshold must be > 0"),
+        (["--selector", "x.onnx", "--action", "1,2,0"], "--selector chooses the tree"),
+        (["--verifier", "bogus"], "--verifier: unknown verifier 'bogus'"),
+        (["--output", "{file}/out.jsonl"], "is a file, not a folder"),
+    ],
+)
+def test_generate_refuses_options_it_would_ignore_or_misread(tiny, tmp_path, capsys, argv, message):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    argv = [a.replace("{file}", str(blocker)) for a in argv]
+    code = main(["generate", "--prompt-ids", "5,9", "--target", str(tiny / "target"), "--draft", str(tiny / "draft"),
+                 "--max-new-tokens", "3", *argv])
+    assert code == 2 and message in _one_line(capsys, "generate")
+
+
+def test_bench_creates_a_new_output_folder_and_refuses_one_under_a_file(tiny, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "x"}) + "\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    base = ["bench", "--target", str(tiny / "target"), "--draft", str(tiny / "draft"), "--num-prompts", "1",
+            "--max-new-tokens", "3", "--methods", "ar"]
+    assert main([*base, "--output", str(blocker / "r.json")]) == 2
+    assert "is a file" in _one_line(capsys, "bench")
+
+
+def test_bench_runs_equivalent_static_actions_once(tmp_path, capsys):
+    from ddte.bench.methods import canonical_method, unique_methods
+
+    assert canonical_method("specinfer@2,2,0") == canonical_method("specinfer@1,0,2") == "specinfer@1,2,0"
+    assert canonical_method("traversal@2,1,3") == "traversal@2,1,3" and canonical_method("ar") == "ar"
+    kept, dropped = unique_methods(["ar", "specinfer@1,0,2", "specinfer@2,2,0", "traversal@4,3,0", "nss@1,3,0"])
+    assert kept == ["ar", "specinfer@1,2,0", "traversal@1,3,0", "nss@1,3,0"] and dropped == ["specinfer@2,2,0"]
+
+
+def test_bench_output_parent_is_created_before_any_work(tmp_path):
+    """`--output out/newdir/sub/r.json`: the folders are made (and checked) before the run, the JSON lands."""
+    pair = save_tiny_pair(tmp_path / "pair", vocab=4096, target_hidden=32, draft_hidden=16)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):\n"}) + "\n")
+    out = tmp_path / "newdir" / "sub" / "r.json"
+    assert main(["bench", "--pair", str(pair / "pair.yaml"), "--prompts", str(prompts), "--num-prompts", "1",
+                 "--max-new-tokens", "3", "--methods", "ar", "traversal@1,2,0", "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["rows"] and out.with_suffix(".png").is_file()
+
+
+def test_collect_refuses_a_folder_of_foreign_files(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    assert main(["collect", "--no-progress", f"output={out}", "prompts.limit=1"]) == 2
+    assert "not empty and holds no data set" in _one_line(capsys, "collect")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_bench_verifiers_refuses_a_degenerate_tree(capsys):
+    assert main(["bench-verifiers", "--trees", "wor:0,2", "--vocab", "8"]) == 2
+    assert "B >= 1" in _one_line(capsys, "bench-verifiers")
+
+
+def test_a_stopped_train_pair_leaves_no_staging_folder(tmp_path):
+    """SIGTERM while training: the command unwinds like Ctrl-C and removes its hidden staging folder."""
+    out = tmp_path / "pair"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "ddte", "train-pair", "--config",
+                             str(REPO / "configs" / "pair" / "tiny.yaml"), "--output", str(out),
+                             "target.train.steps=100000", "target.train.max_minutes=null"],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out.exists() and any(p.name.startswith(".train-pair-")
+                                                               for p in out.iterdir())):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]

@@ -1,0 +1,228 @@
+"""The ONNX selector at decode time: it is refused when its metadata does not match, fails cleanly on a broken
+file, and keeps the decoding loop lossless (χ² on the first two tokens, as tests/engine/test_lossless.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from decode.engine import SpeculativeDecoder
+from decode.models import CachedLM
+from decode.rng import TorchRandom
+from decode.sampling import SamplingConfig
+from decode.selector_file import INPUT_NAMES
+from decode.selector_policy import OnnxSelectorPolicy, SelectorError
+from decode.verifiers import get_verifier
+from tests.decode.test_lossless import P_VALUE, PROMPT, SAMPLES, chi2_p_value, exact_first_two
+from tests.factories import tiny_llama
+
+TINY_TRAIN = Path(__file__).resolve().parents[2] / "configs" / "train" / "tiny.yaml"
+HIDDEN = 32  # tiny_llama's hidden size, for both models
+
+
+@pytest.fixture(scope="module")
+def selector_file(tmp_path_factory) -> Path:
+    """A small selector trained on synthetic data with the tiny models' hidden sizes, exported to ONNX."""
+    from selector.export import export_selector
+    from selector.synthetic import write_synthetic_dataset
+    from selector.train import train_selector
+
+    root = tmp_path_factory.mktemp("selector")
+    data = write_synthetic_dataset(root / "data", n_prompts=10, roots_per_prompt=6, seed=1,
+                                   verifiers=("specinfer",), k_max=4, l_max=2, hidden=(HIDDEN, HIDDEN))
+    result = train_selector(TINY_TRAIN, [f"data.data_dir={data}", f"run.output_dir={root / 'runs'}",
+                                         f"run.tracking_uri=sqlite:///{root / 'mlflow.db'}",
+                                         "trainer.max_epochs=2"], verbose=False)
+    exported = export_selector(result.checkpoint_path, root / "specinfer.onnx", log_mlflow=False).path
+    return _with_guard(exported, root / "guarded.onnx", margin=0.0)  # leave the fallback whenever it is beaten
+
+
+def _policy(path, **changes):
+    kwargs = {"verifier": "specinfer", "target_hidden": HIDDEN, "draft_hidden": HIDDEN,
+              "sampling": SamplingConfig(1.0)} | changes
+    return OnnxSelectorPolicy(path, **kwargs)
+
+
+def _with_metadata(path: Path, out: Path, key: str, value: str | None) -> Path:
+    """A copy of the file with one metadata value replaced (None: the key removed)."""
+    model = onnx.load(str(path))
+    kept = [p for p in model.metadata_props if p.key != key or value is not None]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    for prop in model.metadata_props:
+        if prop.key == key:
+            prop.value = value
+    onnx.save(model, str(out))
+    return out
+
+
+def _with_guard(path: Path, out: Path, margin: float | None, action: str | None = None) -> Path:
+    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    fallbacks = json.loads(props["ddte.fallbacks"])
+    for f in fallbacks:
+        f["margin"] = margin
+        f["action"] = action or f["action"]
+    return _with_metadata(path, out, "ddte.fallbacks", json.dumps(fallbacks))
+
+
+def test_selector_loads_and_reports_its_provider(selector_file):
+    policy = _policy(selector_file)
+    assert policy.provider == "CPUExecutionProvider"
+    assert len(policy.actions) == 4 * 3 * 3
+
+
+def test_bound_buffers_give_the_session_scores(selector_file):
+    """The per-step call copies features into buffers bound once; each call must see its own features."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from decode.features import SCALAR_NAMES, RootFeatures
+
+    policy = _policy(selector_file)
+    assert policy._bound is not None
+    session = ort.InferenceSession(str(selector_file), providers=["CPUExecutionProvider"])
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        features = RootFeatures(*(torch.randn(n, generator=generator) for n in (HIDDEN, HIDDEN, HIDDEN)),
+                                torch.rand(len(SCALAR_NAMES), generator=generator))
+        feeds = {name: getattr(features, name).numpy()[None] for name in INPUT_NAMES}
+        want = session.run(None, feeds)[0][0]
+        np.testing.assert_allclose(policy.scores(features), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"verifier": "traversal"}, "trained for verifier 'specinfer'"),
+        ({"target_hidden": 64}, "hidden sizes"),
+        ({"pair_fingerprint": "f" * 64}, "another pair"),
+    ],
+)
+def test_mismatched_selector_is_refused(selector_file, changes, message):
+    with pytest.raises(SelectorError, match=message):
+        _policy(selector_file, **changes)
+
+
+def test_other_feature_schema_is_refused(selector_file, tmp_path):
+    names = json.dumps(["entropy_p_prev", "something_else"])
+    odd = _with_metadata(selector_file, tmp_path / "odd.onnx", "ddte.scalar_names", names)
+    with pytest.raises(SelectorError, match="scalar features"):
+        _policy(odd)
+    old = _with_metadata(selector_file, tmp_path / "old.onnx", "ddte.feature_schema", "0")
+    with pytest.raises(SelectorError, match="feature schema 0"):
+        _policy(old)
+
+
+def test_a_file_without_the_guard_metadata_is_refused_with_a_clear_message(selector_file, tmp_path):
+    """Files exported before the never-lose guard (metadata version 1: no fallback, no margin) are refused."""
+    v1 = _with_metadata(selector_file, tmp_path / "v1.onnx", "ddte.metadata_version", None)
+    v1 = _with_metadata(v1, v1, "ddte.fallbacks", None)
+    with pytest.raises(SelectorError, match="metadata version 1.*retrain and re-export"):
+        _policy(v1)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "missing"])
+def test_broken_file_gives_a_clear_error(selector_file, tmp_path, damage):
+    bad = tmp_path / "bad.onnx"
+    data = selector_file.read_bytes()
+    if damage == "truncate":
+        bad.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        bad.write_bytes(b"not an onnx file at all")
+    with pytest.raises(SelectorError, match="bad.onnx"):
+        _policy(bad)
+
+
+def test_generate_cli_refuses_a_broken_selector(tmp_path, capsys):
+    from ddte.cli import main
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x01garbage")
+    code = main(["generate", "--prompt-ids", "1,400,12", "--max-new-tokens", "4", "--selector", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2 and "bad.onnx" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["specinfer", "traversal"])
+def test_loop_with_the_selector_is_lossless(selector_file, name):
+    target = tiny_llama(seed=11, vocab=8, layers=2, logit_scale=6.0)
+    draft = tiny_llama(seed=12, vocab=8, layers=1, logit_scale=6.0)
+    sampling = SamplingConfig(1.0)
+    policy = _policy(selector_file, verifier="specinfer")
+    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft), get_verifier(name), sampling)
+    counts: dict[tuple[int, int], int] = {}
+    chosen = set()
+    for seed in range(SAMPLES):
+        gen = decoder.generate(PROMPT, 2, policy, TorchRandom(seed))
+        counts[tuple(gen.tokens)] = counts.get(tuple(gen.tokens), 0) + 1
+        chosen.update(gen.stats.action_counts)
+    assert len(chosen) >= 2, "the selector must vary its choice for this test to mean more than a static one"
+    p_value = chi2_p_value(exact_first_two(target, sampling), counts)
+    assert p_value > P_VALUE, f"{name} + selector: χ² p = {p_value:.2e}"
+
+
+class _StubLatency:
+    """Eq. 11 stand-in: T̂ grows by 1 ms per drafted token."""
+
+    def step_ms_many(self, length, passes):
+        return 5.0 + (passes.tree_sizes - 1).astype(float)  # tree_sizes count the root
+
+
+def test_throughput_decision_calibrates_the_unmodelled_step_time(selector_file, tmp_path, monkeypatch):
+    from decode.actions import Action
+    from decode.policies import RootState, StepOutcome
+
+    path = _with_metadata(selector_file, tmp_path / "throughput.onnx", "ddte.objective", "be")
+    policy = _policy(path)
+    small, large = Action(1, 1, 0), Action(2, 1, 2)  # T̂ 6 and 10 ms
+    scores = np.full(len(policy.actions), -1e9, dtype=np.float32)
+    scores[policy.actions.index(small)], scores[policy.actions.index(large)] = 1.5, 2.0
+    policy.fallback, policy._fallback_index = small, policy.actions.index(small)
+    monkeypatch.setattr(policy, "scores", lambda features: scores)
+    root = RootState(64, None, 8, features=object(), latency=_StubLatency())
+    assert policy.choose(root) == small  # 1.5/6 > 2.0/10
+    for _ in range(5):  # every step really costs 30 ms more than Eq. 11 says
+        policy.observe(StepOutcome(large, 1, 2, context_length=64, seconds=(10.0 + 30.0) / 1e3))
+    assert policy.overhead_ms == pytest.approx(30.0)
+    assert policy.choose(root) == large  # 2.0/40 > 1.5/36
+    for _ in range(200):  # steps faster than modelled never make the overhead negative
+        policy.observe(StepOutcome(small, 0, 1, context_length=64, seconds=1e-3))
+    assert policy.overhead_ms == 0.0
+
+
+def test_the_guard_keeps_the_fallback_unless_the_margin_is_met(selector_file, tmp_path, monkeypatch):
+    from decode.actions import Action
+    from decode.policies import RootState
+
+    fallback, other = Action(1, 1, 0), Action(2, 1, 2)
+    path = _with_guard(selector_file, tmp_path / "guard.onnx", margin=0.25, action=fallback.key)
+    policy = _policy(path)
+    assert policy.fallback == fallback and policy.margin == 0.25 and policy.needs_root_features
+    scores = np.zeros(len(policy.actions), dtype=np.float32)
+    monkeypatch.setattr(policy, "scores", lambda features: scores)
+    root = RootState(64, None, 8, features=object())
+    scores[policy.actions.index(fallback)], scores[policy.actions.index(other)] = 0.4, 0.48  # +20 %: not enough
+    assert policy.choose(root) == fallback
+    scores[policy.actions.index(other)] = 0.52  # +30 %: clears the 25 % margin
+    assert policy.choose(root) == other
+
+
+def test_a_guard_that_never_leaves_the_fallback_costs_nothing(selector_file, tmp_path, monkeypatch):
+    """Margin None: no root features are asked for and the network is never called."""
+    from decode.actions import Action
+    from decode.policies import RootState
+
+    path = _with_guard(selector_file, tmp_path / "off.onnx", margin=None, action="2,1,2")
+    policy = _policy(path)
+    assert not policy.needs_root_features
+
+    def no_call(features):
+        raise AssertionError("the network must not run")
+
+    monkeypatch.setattr(policy, "scores", no_call)
+    assert policy.choose(RootState(64, None, 8)) == Action(2, 1, 2)
