@@ -28,6 +28,7 @@ INPUT_NAMES = (*HIDDEN_NAMES, "scalars")
 OUTPUT_NAME = "scores"
 METADATA_VERSION = 2  # 1: files written before the never-lose guard (no fallback or margin)
 PREFIX = "ddte."
+OPTIONAL_FIELDS = ("fit_prompts",)  # provenance added within metadata version 2; older files read as empty
 OBJECTIVES = {"policy": ("argmax", "probability"), "be": ("throughput", "expected_block_efficiency")}
 
 
@@ -65,6 +66,9 @@ class SelectorMetadata:
     pair_fingerprint: str = ""
     data_fingerprint: str = ""
     run_id: str = ""
+    # prompt ids of the training data set whose roots trained or validated the network or fitted its guard: an
+    # offline score of this file (`ddte analyze --selector`) leaves their roots out
+    fit_prompts: list[str] = field(default_factory=list)
 
     @property
     def decision(self) -> str:
@@ -107,7 +111,7 @@ class SelectorMetadata:
             key = PREFIX + f.name
             if key in props:
                 values[f.name] = props[key] if f.type == "str" else _json(props, f.name, where)
-            elif f.type != "str":  # provenance strings may be empty or absent; everything else is required
+            elif f.type != "str" and f.name not in OPTIONAL_FIELDS:  # provenance may be absent; the rest is required
                 raise SelectorFileError(f"{where}: metadata lacks {key}")
         try:
             values["fallbacks"] = [Fallback(**f) for f in values["fallbacks"]]

@@ -410,6 +410,8 @@ class SelectorDataModule(pl.LightningDataModule):
             "static_actions": {str(k): self.info.actions[v] for k, v in self.static_actions.items()},
             "split_rows": {name: len(arr) for name, arr in self.splits.items()},
             "split_prompts": {name: len(set(arr.prompt_id.tolist())) for name, arr in self.splits.items()},
+            # the prompts that shaped the model or its guard; offline scores of the file must leave them out
+            "fit_prompts": sorted({str(p) for name in ("train", "val") for p in self.splits[name].prompt_id.tolist()}),
         }
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:

@@ -182,8 +182,10 @@ def folds_by_prompt(prompts: np.ndarray, folds: int, seed: int = 0) -> list[np.n
 def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5,
                        root_choice: np.ndarray | None = None) -> dict:
     """Cross-fitted stream-throughput ratios to the best static action of: the rules on ``top``, ``entropy``,
-    ``learned`` β̂ and exact ``beta``, a root-time choice (``root_choice``, ``(N,)`` action indices, if given) and
-    the per-tree oracle (hindsight, for scale). Also the correlation of each signal with β on the scored nodes."""
+    ``learned`` β̂ and exact ``beta``, a root-time choice (``root_choice``, ``(N,)`` action indices, if given; -1
+    leaves a root out, and ``root_time`` is then the ratio to the static action on the roots left in, counted in
+    ``root_time_roots``) and the per-tree oracle (hindsight, for scale). Also the correlation of each signal with β
+    on the scored nodes."""
     index = _Index(data.actions)
     totals: dict[str, list[float]] = {}
     signals_all: dict[str, list[np.ndarray]] = {"top": [], "learned": [], "beta": []}
@@ -208,11 +210,20 @@ def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5
             if name in signals_all:
                 signals_all[name].append(score_on)
         if root_choice is not None:
-            _add(totals, "root_time", _root_sums(test, root_choice[test_rows]))
+            scored = np.flatnonzero(root_choice[test_rows] >= 0)
+            _add(totals, "root_time", _root_sums(test.take(scored), root_choice[test_rows][scored]))
+            _add(totals, "root_time_static", _static_sums(test.take(scored), static))
+            totals.setdefault("root_time_roots", [0.0, 1.0])[0] += len(scored)
         _add(totals, "oracle", _oracle_sums(test))
         signals_all.setdefault("beta_true", []).append(test.beta)
     static_tp = totals["static"][0] / totals["static"][1]
+    root_time = {name: totals.pop(name) for name in ("root_time", "root_time_static", "root_time_roots")
+                 if name in totals}
     out = {name: (be / step) / static_tp for name, (be, step) in totals.items()}
+    if root_time:
+        own, static_sums = root_time["root_time"], root_time["root_time_static"]
+        out["root_time"] = (own[0] / own[1]) / (static_sums[0] / static_sums[1]) if own[1] > 0 else float("nan")
+        out["root_time_roots"] = int(root_time["root_time_roots"][0])
     beta_true = np.concatenate([b.reshape(-1) for b in signals_all["beta_true"]])
     out["corr_with_beta"] = {name: float(np.corrcoef(np.concatenate([s.reshape(-1) for s in parts]), beta_true)[0, 1])
                              for name, parts in signals_all.items() if name in ("top", "learned")}
@@ -298,7 +309,8 @@ def _read_table(folder, columns: list[str]):
 
 def selector_root_choices(path, folder, verifier: str) -> np.ndarray:
     """``(N,)`` the action an exported selector (with its never-lose guard) picks at every root of a data set (the
-    rows of :func:`load_episodes`), on the latency model's T̂ (no online calibration offline)."""
+    rows of :func:`load_episodes`), on the latency model's T̂ (no online calibration offline); -1 at the roots of
+    the prompts it was fitted on (its ``fit_prompts``), which an honest score must leave out."""
     import onnxruntime as ort
 
     from data_gen.schema import label_column
@@ -311,7 +323,8 @@ def selector_root_choices(path, folder, verifier: str) -> np.ndarray:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     meta = SelectorMetadata.from_props(dict(session.get_modelmeta().custom_metadata_map), str(path))
     sampling = read_metadata(folder)["sampling"]
-    table = _read_table(folder, [*HIDDEN_NAMES, "scalars", "step_ms", "sampling_index", label_column(verifier)])
+    table = _read_table(folder, [*HIDDEN_NAMES, "scalars", "step_ms", "sampling_index", "prompt_id",
+                                 label_column(verifier)])
     feeds = {name: _list_column(table, name) for name in (*HIDDEN_NAMES, "scalars")}
     step, be = _list_column(table, "step_ms"), _list_column(table, label_column(verifier))
     values = decision_values(session.run(None, feeds)[0], step, np.isfinite(be), meta.decision)
@@ -322,4 +335,6 @@ def selector_root_choices(path, folder, verifier: str) -> np.ndarray:
         guard = meta.fallback_for(conf["temperature"], conf["top_p"])
         fallback = np.full(int(rows.sum()), meta.actions.index(guard.action))
         chosen[rows] = guarded_choice(values[rows], fallback, guard.margin)
+    seen = np.isin(np.asarray(table.column("prompt_id").to_pylist(), dtype=str), list(meta.fit_prompts))
+    chosen[seen] = -1
     return chosen

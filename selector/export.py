@@ -78,6 +78,7 @@ def selector_metadata(module, run_id: str | None = None) -> SelectorMetadata:
         pair_fingerprint=str(info.get("pair_fingerprint", "")),
         data_fingerprint=str(info.get("data_fingerprint", "")),
         run_id=str(run_id or info.get("run_id") or ""),
+        fit_prompts=list(info.get("fit_prompts", [])),
     )
 
 

@@ -89,9 +89,13 @@ def expansion_report(folder: Path, metadata: dict, selectors: dict[str, str], fo
             root = None if choices is None else choices[rows[c]]
             r = evaluate_expansion(data, metadata["l_max"], metadata["k_max"], folds, root)
             result[f"{verifier}/T{metadata['sampling'][c]['temperature']:g}"] = r
-            root_text = "-" if root is None else f"{r['root_time']:.3f}"
+            root_text = ("-" if root is None or not r["root_time_roots"]
+                         else f"{r['root_time']:.3f} ({r['root_time_roots']} roots)")
             lines.append(f"| {metadata['sampling'][c]['temperature']:g} | {verifier} | 1.000 | {root_text} | "
                          f"{r['top']:.3f} | {r['entropy']:.3f} | {r['learned']:.3f} | {r['beta']:.3f} | "
                          f"{r['oracle']:.3f} | {r['corr_with_beta']['top']:.2f} | "
                          f"{r['corr_with_beta']['learned']:.2f} |")
+    if selectors:
+        lines += ["", "The root-time selector is scored only on the roots of prompts it was not fitted on (its "
+                  "`fit_prompts`), against the best static action on the same roots."]
     return "\n".join(lines), result

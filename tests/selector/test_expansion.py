@@ -50,6 +50,18 @@ def test_an_informative_draft_confidence_is_exploited_and_noise_is_not():
     assert noise["corr_with_beta"]["top"] == pytest.approx(0.0, abs=0.1)
 
 
+def test_a_root_time_choice_is_scored_only_on_the_roots_it_may_be_scored_on():
+    data = _episodes(True)
+    worst = int(np.argmax(data.step[0]))  # the largest tree: never the best static action here
+    chosen = np.full(len(data.be), worst)
+    chosen[data.prompts % 2 == 0] = -1  # roots of prompts the selector was fitted on
+    left_out = evaluate_expansion(data, L_MAX, K_MAX, folds=4, root_choice=chosen)
+    assert left_out["root_time_roots"] == int((chosen >= 0).sum())
+    assert left_out["root_time"] < 0.95  # its own roots, its own (poor) action
+    nothing_left = evaluate_expansion(data, L_MAX, K_MAX, folds=4, root_choice=np.full(len(data.be), -1))
+    assert nothing_left["root_time_roots"] == 0 and np.isnan(nothing_left["root_time"])
+
+
 def test_the_report_runs_on_a_collected_data_set(tiny_collected, tmp_path, capsys):
     from ddte.cli import main
 

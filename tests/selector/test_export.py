@@ -78,6 +78,15 @@ def test_metadata_round_trips(exported, trained):
     assert [(f["temperature"], f["top_p"]) for f in fallbacks] == [(0.6, 1.0), (1.0, 0.9)]  # the data's configs
     assert [f["action"] for f in fallbacks] == list(trained.summary["static_actions"].values())
     assert all(f["margin"] is None or f["margin"] >= 0 for f in fallbacks)
+    fitted = json.loads(from_onnx["ddte.fit_prompts"])  # train + validation prompts: offline scores leave them out
+    counts = trained.summary["split_prompts"]
+    assert len(fitted) == len(set(fitted)) == counts["train"] + counts["val"]
+
+
+def test_a_file_without_fit_prompts_reads_as_fitted_on_nothing(exported):
+    props = exported.metadata.to_props()
+    del props["ddte.fit_prompts"]
+    assert SelectorMetadata.from_props(props).fit_prompts == []
 
 
 def test_logged_to_the_training_run_as_an_onnx_model(exported, trained):
