@@ -46,7 +46,8 @@ def test_distillation_raises_acceptance_and_writes_a_loadable_draft(tiny, tmp_pa
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no staging folder left
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = client.get_run(summary["run_id"])
-    assert "val/acceptance_T1" in run.data.metrics and run.data.params["config/divergence"] == DistillConfig().divergence
+    assert "val/acceptance_T1" in run.data.metrics
+    assert run.data.params["config/divergence"] == DistillConfig().divergence
     history = client.get_metric_history(summary["run_id"], "train/loss")
     assert len(history) >= 3
     assert any(a.path == "draft" for a in client.list_artifacts(summary["run_id"]))
