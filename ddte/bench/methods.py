@@ -233,12 +233,11 @@ def encode_prompts(pair: LoadedPair, texts: list[str], max_new: int) -> list[lis
 
 
 def bench_prompts(source: str | None, field_name: str, count: int) -> list[str]:
-    """Prompt texts: from a file, or the held-out stdlib modules of the prompt builder (never seen in training)."""
-    from data_gen.prompts import build_prompts, load_prompts
+    """Prompt texts from any source `ddte collect` reads (a file, ``builtin:train``, ``hf:NAME``); by default the
+    held-out stdlib modules of the prompt builder (``builtin:heldout``: never seen in training)."""
+    from data_gen.prompts import load_prompt_texts
 
-    if source:
-        return load_prompts(source, field=field_name, limit=count)
-    return [r["prompt"] for r in build_prompts(count=count, split="heldout")]
+    return load_prompt_texts(source or "builtin:heldout", field=field_name, limit=count)
 
 
 def environment(device: torch.device) -> dict:

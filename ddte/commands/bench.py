@@ -50,7 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help="methods to compare (see above)")
     parser.add_argument("--policy-file", default=None, metavar="policy.json",
                         help="also bench VERIFIER@policy=FILE for every verifier the file names")
-    parser.add_argument("--prompts", default=None, help="JSONL/parquet file or datasets spec (default: held-out)")
+    parser.add_argument("--prompts", default=None,
+                        help="JSONL/parquet file, builtin:heldout, builtin:train or hf:NAME, as in `ddte collect` "
+                             "(default: builtin:heldout, never seen in training)")
     parser.add_argument("--field", default="prompt", help="text field of --prompts")
     parser.add_argument("--num-prompts", type=int, default=10, help="prompts to run")
     parser.add_argument("--repeats", type=int, default=1, help="runs per prompt (different seeds)")

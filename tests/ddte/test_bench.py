@@ -85,3 +85,17 @@ def test_methods_run_interleaved_in_a_rotating_order(monkeypatch):
     assert [c[0] for c in timed] == list("abc" "bca" "cab" "abc")
     assert [c[1:] for c in timed[::3]] == [(10, 5), (10, 1005), (11, 6), (11, 1006)]  # prompt, then repeat
     assert [r.stats.new_tokens for r in results] == [4, 4, 4]  # the warm-up is not counted
+
+
+def test_prompts_come_from_any_source_collect_reads(tmp_path):
+    """The default is the held-out split; builtin:train and files work as in `ddte collect`, with one-line errors."""
+    from ddte.bench.methods import bench_prompts
+
+    heldout, train = bench_prompts(None, "prompt", 3), bench_prompts("builtin:train", "prompt", 3)
+    assert heldout == bench_prompts("builtin:heldout", "prompt", 3) and len(train) == 3
+    assert not set(heldout) & set(train)
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"text": "def f(x):"}) + "\n")
+    assert bench_prompts(str(path), "text", 5) == ["def f(x):"]
+    with pytest.raises(ValueError, match="not found"):
+        bench_prompts(str(tmp_path / "missing.jsonl"), "prompt", 1)
