@@ -13,6 +13,7 @@ import numpy as np
 
 from data_gen.headroom import head_room
 from data_gen.schema import SHARD_GLOB, acceptance_column, label_column, trees_column
+from data_gen.throughput import harmonic_block_efficiency, stream_throughput
 
 
 def load_columns(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -85,10 +86,10 @@ def analyze(metadata: dict, columns: dict[str, np.ndarray], trees: int | None = 
                 be = per_tree[rows].mean(axis=1)
             room = head_room(None if per_tree is None else per_tree[rows], be, step, columns["prompt_id"][rows])
             best = room.best_static
-            throughput = float(be[:, best].sum() / step[:, best].sum())
+            throughput = stream_throughput(be, step, np.full(len(be), best))
             entry["best_static"][v] = {
                 "action": actions[best], "tokens_per_s": round(1000 * throughput, 1),
-                "block_efficiency": round(float(np.mean(be[:, best])), 3),
+                "block_efficiency": round(harmonic_block_efficiency(be[:, best]), 3),  # tokens per step in the loop
             }
             entry["head_room"][v] = room.as_dict()
         out["by_sampling"].append(entry)

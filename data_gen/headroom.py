@@ -1,7 +1,8 @@
 """How much a per-root choice could win over the best static action, measured honestly (cross-fitted).
 
 Each root r has, per sampled union tree t, the exact Ê[τ+1] of every action a: ``be[r, t, a]``, and the step time
-``step[r, a]``. A rule that picks ``chosen[r]`` has the stream throughput Σ_r be[r, chosen_r] / Σ_r step[r, chosen_r].
+``step[r, a]``. A rule that picks ``chosen[r]`` has the stream throughput of ``data_gen/throughput.py``
+(N / Σ_r step[r, chosen_r] / be[r, chosen_r]: the rate of the decoding loop over such positions).
 
 * **best static**: the one action with the highest stream throughput over the roots.
 * **same-tree oracle** (biased): per root, the argmax of mean-over-trees be / step, scored on the same trees. It is
@@ -21,20 +22,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-
-def stream_throughput(be: np.ndarray, step: np.ndarray, chosen: np.ndarray) -> float:
-    """Σ be[r, chosen_r] / Σ step[r, chosen_r] for ``be``, ``step`` ``(N, A)`` and ``chosen`` ``(N,)``."""
-    rows = np.arange(len(chosen))
-    return float(be[rows, chosen].sum() / step[rows, chosen].sum())
-
-
-def best_static(be: np.ndarray, step: np.ndarray) -> int:
-    """Index of the action with the highest stream throughput, among actions labelled on every root."""
-    usable = np.isfinite(be).all(axis=0)
-    if not usable.any():
-        raise ValueError("no action has a label on every root")
-    throughput = np.where(usable, np.nansum(be, axis=0) / step.sum(axis=0), -np.inf)
-    return int(np.argmax(throughput))
+from data_gen.throughput import best_static, stream_throughput
 
 
 def per_root_best(be: np.ndarray, step: np.ndarray) -> np.ndarray:
@@ -77,8 +65,8 @@ def head_room(be_trees: np.ndarray | None, be_mean: np.ndarray, step: np.ndarray
     """
     static = best_static(be_mean, step)
     static_rows = np.full(len(be_mean), static)
-    base = stream_throughput(np.nan_to_num(be_mean), step, static_rows)
-    same = stream_throughput(np.nan_to_num(be_mean), step, per_root_best(be_mean, step)) / base
+    base = stream_throughput(be_mean, step, static_rows)
+    same = stream_throughput(be_mean, step, per_root_best(be_mean, step)) / base
     trees = 1 if be_trees is None else be_trees.shape[1]
     if be_trees is None or trees < 2:
         return HeadRoom(len(be_mean), trees, static, same, None, None)
@@ -86,7 +74,7 @@ def head_room(be_trees: np.ndarray | None, be_mean: np.ndarray, step: np.ndarray
     first, second = be_trees[:, :half].mean(axis=1), be_trees[:, half : 2 * half].mean(axis=1)
     oracle, prompt_static = [], []
     for choose_on, score_on in ((first, second), (second, first)):
-        scored = np.nan_to_num(score_on)
+        scored = score_on
         static_here = np.full(len(be_mean), best_static(choose_on, step))
         reference = stream_throughput(scored, step, static_here)
         oracle.append(stream_throughput(scored, step, per_root_best(choose_on, step)) / reference)

@@ -280,21 +280,20 @@ def fit_normalisation(train_scalars: np.ndarray, log1p: Sequence[str]) -> Normal
 
 
 def best_static_actions(arrays: RootArrays) -> dict[int, int]:
-    """a_base per sampling configuration: the action with the highest stream throughput Σ be / Σ step_ms.
+    """a_base per sampling configuration: the action with the highest stream throughput (data_gen/throughput.py).
 
     Only actions valid on every row of the configuration compete (a static shape must be usable at every step).
-    Ratio of sums, not mean of ratios: it is the tokens per ms of decoding all these roots with that shape.
     """
-    valid = arrays.valid
+    from data_gen.throughput import static_throughputs
+
     out: dict[int, int] = {}
     for config in np.unique(arrays.sampling_index):
         rows = arrays.sampling_index == config
-        usable = valid[rows].all(axis=0)
-        if not usable.any():
+        be = np.where(arrays.valid[rows], arrays.be[rows], np.nan).astype(np.float64)
+        throughput = static_throughputs(be, arrays.step_ms[rows].astype(np.float64))
+        if not np.isfinite(throughput).any():
             raise ValueError(f"sampling config {config}: no action has a label on every root")
-        be = np.where(valid[rows], arrays.be[rows], 0.0).sum(axis=0)
-        step = np.where(valid[rows], arrays.step_ms[rows], 1.0).sum(axis=0)
-        out[int(config)] = int(np.argmax(np.where(usable, be / step, -np.inf)))
+        out[int(config)] = int(np.argmax(throughput))
     return out
 
 

@@ -17,7 +17,8 @@ Each union tree of the data set is one drafting episode: its trunk is a real dra
 picks on it is scored with that tree's own exact Ê[τ+1] (the per-tree labels of schema 2) and the latency model's
 T̂. Rule parameters, the static action and the learned head are fitted on the other folds of prompts and scored on
 the held-out fold (cross-fitted by prompt); the scored trees never influence the choice made on them. Figures are
-stream throughputs Σ Ê / Σ T̂ over every (root, tree), as ratios to the best static action.
+stream throughputs (data_gen/throughput.py): per root, Ê and T̂ are averaged over its trees (the episodes a step at
+that position could draw), and the roots are combined as N / Σ T̂/Ê; as ratios to the best static action.
 """
 
 from __future__ import annotations
@@ -90,13 +91,20 @@ class _Index:
 
 
 def rule_throughput(data: EpisodeData, signal: np.ndarray, rule: Rule, index: _Index) -> tuple[float, float]:
-    """(Σ Ê, Σ T̂) of a rule over every episode."""
+    """(roots, Σ ms per token) of a rule over every episode (:func:`_episode_sums`)."""
     columns = _columns(index, rule, halting_depth(signal, rule.theta, rule.floor, rule.cap))  # (N, s)
     rows = np.arange(len(data.be))[:, None]
     trees = np.arange(data.be.shape[1])[None, :]
-    be = data.be[rows, trees, columns]
-    step = np.broadcast_to(data.step[rows, columns], be.shape)
-    return float(np.nansum(be)), float(step.sum())
+    return _episode_sums(data.be[rows, trees, columns], data.step[rows, columns])
+
+
+def _episode_sums(be: np.ndarray, step: np.ndarray) -> tuple[float, float]:
+    """(N, Σ_i T̄_i / Ē_i) for ``be``, ``step`` ``(N, s)``: each root's Ê and T̂ averaged over its trees (the episodes
+    a step there could draw), then the roots combined as the decoding loop meets them (data_gen/throughput.py):
+    the throughput is the first over the second."""
+    from data_gen.throughput import time_per_token
+
+    return float(len(be)), float(time_per_token(np.nanmean(be, axis=1), step.mean(axis=1)).sum())
 
 
 def candidate_rules(signal: np.ndarray, l_max: int, k_max: int, thetas: int = 16) -> list[Rule]:
@@ -122,7 +130,8 @@ def best_rule(data: EpisodeData, signal: np.ndarray, rules: list[Rule], index: _
         be = data.be[rows, trees, columns]
         if np.isnan(be).any():
             continue  # an action this verifier has no label for (e.g. GBV on delayed trees)
-        value = be.sum() / np.broadcast_to(data.step[rows, columns], be.shape).sum()
+        roots, time = _episode_sums(be, data.step[rows, columns])
+        value = roots / time
         if value > best_value:
             best, best_value = rule, value
     return best
@@ -136,9 +145,9 @@ def _columns(index: _Index, rule: Rule, depth: np.ndarray) -> np.ndarray:
 
 def static_best(data: EpisodeData) -> int:
     """The action with the highest stream throughput over every episode (labelled everywhere)."""
-    be = data.be.sum(axis=(0, 1))
-    step = data.step.sum(axis=0) * data.be.shape[1]
-    return int(np.nanargmax(np.where(np.isfinite(be), be / step, -np.inf)))
+    from data_gen.throughput import best_static
+
+    return best_static(data.be.mean(axis=1), data.step)  # a static action: its root's Ê is the mean over trees
 
 
 def fit_beta_head(data: EpisodeData, alpha: float = 10.0):
@@ -237,20 +246,21 @@ def _add(totals: dict, name: str, sums: tuple[float, float]) -> None:
 
 
 def _static_sums(data: EpisodeData, action: int) -> tuple[float, float]:
-    return float(data.be[:, :, action].sum()), float(data.step[:, action].sum() * data.be.shape[1])
+    trees = data.be.shape[1]
+    return _episode_sums(data.be[:, :, action], np.repeat(data.step[:, action, None], trees, axis=1))
 
 
 def _root_sums(data: EpisodeData, chosen: np.ndarray) -> tuple[float, float]:
     rows = np.arange(len(chosen))
     be = data.be[rows, :, chosen]  # (N, s)
-    return float(np.nansum(be)), float((data.step[rows, chosen] * data.be.shape[1]).sum())
+    return _episode_sums(be, np.repeat(data.step[rows, chosen][:, None], be.shape[1], axis=1))
 
 
 def _oracle_sums(data: EpisodeData) -> tuple[float, float]:
     ratio = np.where(np.isfinite(data.be), data.be / data.step[:, None, :], -np.inf)
     chosen = ratio.argmax(axis=-1)  # (N, s): hindsight, per tree
     rows, trees = np.indices(chosen.shape)
-    return float(data.be[rows, trees, chosen].sum()), float(data.step[rows, chosen].sum())
+    return _episode_sums(data.be[rows, trees, chosen], data.step[rows, chosen])
 
 
 # ---------------------------------------------------------------------------------------------------- loading

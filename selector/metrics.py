@@ -1,19 +1,19 @@
 """Offline metrics of a selector on labelled roots, and the plots that go with them.
 
 Throughput of an action on a root = Ê[τ+1] / T̂ = ``be / step_ms`` (tokens per ms). Over a set of roots we use the
-**stream throughput** of a rule that picks ``chosen[i]`` on root i:
+**stream throughput** of a rule that picks ``chosen[i]`` on root i (``data_gen/throughput.py``, which says why):
 
-    TP(chosen) = Σ_i be[i, chosen[i]] / Σ_i step_ms[i, chosen[i]]
+    TP(chosen) = N / Σ_i step_ms[i, chosen[i]] / be[i, chosen[i]]
 
-i.e. tokens emitted per ms of decoding all these roots one after the other (a ratio of sums, not a mean of
-per-root ratios, which would over-weight cheap short steps). Per sampling configuration c:
+i.e. the tokens per ms of a decoding loop over positions like these roots, which takes more steps where acceptance
+is low. Per sampling configuration c:
 
 * ``ratio_vs_static`` = TP(chosen) / TP(a_base(c)), a_base(c) = the best static action of that configuration;
 * ``ratio_vs_oracle`` = TP(chosen) / TP(oracle), oracle = the per-root argmax of be / step_ms;
 * ``regret`` = 1 − ratio_vs_oracle.
 
-(The per-root oracle maximises each root's own throughput; the stream optimum is a fractional program and can be
-a hair higher, so ratio_vs_oracle can exceed 1 by a little in rare cases.) The overall numbers are the plain mean
+(TP is a sum of per-root terms, so the per-root oracle is the stream optimum and ratio_vs_oracle <= 1.) The overall
+numbers are the plain mean
 over sampling configurations: every configuration is its own deployment setting, as in the paper's tables.
 """
 
@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from data_gen.throughput import stream_throughput
 
 
 @dataclass(frozen=True)
@@ -87,14 +89,6 @@ class OfflineMetrics:
 def _pick(values: np.ndarray, chosen: np.ndarray) -> np.ndarray:
     """values[i, chosen[i]] for (N, A) values and (N,) indices."""
     return np.take_along_axis(values, chosen[:, None].astype(np.int64), axis=1)[:, 0]
-
-
-def stream_throughput(be: np.ndarray, step_ms: np.ndarray, chosen: np.ndarray) -> float:
-    """Σ be[i, chosen[i]] / Σ step_ms[i, chosen[i]] over the N rows; raises if a chosen action has no label."""
-    picked_be, picked_ms = _pick(be, chosen), _pick(step_ms, chosen)
-    if not (np.isfinite(picked_be).all() and np.isfinite(picked_ms).all()):
-        raise ValueError("a chosen action has no label (NaN): invalid actions must be masked before choosing")
-    return float(picked_be.sum() / picked_ms.sum())
 
 
 def row_throughput(be: np.ndarray, step_ms: np.ndarray) -> np.ndarray:

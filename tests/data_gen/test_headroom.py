@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data_gen.headroom import best_static, head_room, stream_throughput
+from data_gen.headroom import head_room
+from data_gen.throughput import best_static, stream_throughput
 
 ROOTS, TREES, ACTIONS = 600, 4, 30
 
@@ -14,7 +15,8 @@ ROOTS, TREES, ACTIONS = 600, 4, 30
 def _noisy(mu: np.ndarray, noise: float, seed: int) -> np.ndarray:
     """``(N, s, A)`` per-tree labels: the true per-root Ê ``mu`` plus independent noise per tree."""
     rng = np.random.default_rng(seed)
-    return mu[:, None, :] + rng.normal(0.0, noise, (len(mu), TREES, mu.shape[1]))
+    noisy = mu[:, None, :] + rng.normal(0.0, noise, (len(mu), TREES, mu.shape[1]))
+    return np.maximum(noisy, 1.0)  # a tree's Ê = E[τ+1 | tree] is at least 1
 
 
 def test_cross_fitted_oracle_recovers_a_learnable_per_root_optimum():

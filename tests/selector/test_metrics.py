@@ -16,7 +16,8 @@ from selector.metrics import (
 )
 
 NAN = float("nan")
-# Config 0: two roots, three actions. Per-root throughput be/step: row 0 [1, 1, 1.5], row 1 [1, 1.5, 2].
+# Config 0: two roots, three actions. Per-root throughput be/step: row 0 [1, 1, 1.5], row 1 [1, 1.5, 2]; ms per
+# token step/be: row 0 [1, 1, 2/3], row 1 [1, 2/3, 1/2]. A rule's stream throughput is N / Σ ms per token.
 BE0 = np.array([[1.0, 2.0, 3.0], [1.0, 3.0, 2.0]])
 MS0 = np.array([[1.0, 2.0, 2.0], [1.0, 2.0, 1.0]])
 # Config 1: one root whose action 2 has no label (NaN): throughput [2, 0.5, -].
@@ -31,33 +32,33 @@ def test_oracle_skips_unlabelled_actions():
     assert oracle_actions(BE, MS).tolist() == [2, 2, 0]
 
 
-def test_stream_throughput_is_a_ratio_of_sums():
-    # (3 + 2) / (2 + 1), not the mean of 1.5 and 2
-    assert stream_throughput(BE0, MS0, np.array([2, 2])) == pytest.approx(5 / 3)
+def test_stream_throughput_averages_the_time_per_token_over_roots():
+    # 2 / (2/3 + 1/2) = 12/7: not the ratio of sums (3 + 2) / (2 + 1) = 5/3, nor the mean of 1.5 and 2
+    assert stream_throughput(BE0, MS0, np.array([2, 2])) == pytest.approx(12 / 7)
 
 
 def test_oracle_choice_has_ratio_one_and_no_regret():
     m = offline_metrics(np.array([2, 2, 0]), BE, MS, CFG, STATIC)
-    # config 0: TP(oracle) = 5/3, TP(static action 1) = (2 + 3) / (2 + 2) = 5/4 -> ratio 4/3
-    assert m.per_config[0].ratio_vs_static == pytest.approx(4 / 3)
+    # config 0: TP(oracle) = 12/7, TP(static action 1) = 2 / (1 + 2/3) = 6/5 -> ratio 10/7
+    assert m.per_config[0].ratio_vs_static == pytest.approx(10 / 7)
     assert m.per_config[0].ratio_vs_oracle == pytest.approx(1.0)
     # config 1: static is the oracle itself
     assert m.per_config[1].ratio_vs_static == pytest.approx(1.0)
-    assert m.ratio_vs_static == pytest.approx((4 / 3 + 1.0) / 2)  # plain mean over configs
+    assert m.ratio_vs_static == pytest.approx((10 / 7 + 1.0) / 2)  # plain mean over configs
     assert m.ratio_vs_oracle == pytest.approx(1.0)
     assert m.regret == pytest.approx(0.0)
-    assert m.static_vs_oracle == pytest.approx(((5 / 4) / (5 / 3) + 1.0) / 2)
+    assert m.static_vs_oracle == pytest.approx(((6 / 5) / (12 / 7) + 1.0) / 2)
 
 
 def test_suboptimal_choice():
     m = offline_metrics(np.array([0, 1, 1]), BE, MS, CFG, np.array([1, 1, 0]))  # static given per row
-    # config 0: TP = (1 + 3) / (1 + 2) = 4/3 -> vs static (4/3)/(5/4) = 16/15, vs oracle (4/3)/(5/3) = 4/5
-    assert m.per_config[0].ratio_vs_static == pytest.approx(16 / 15)
-    assert m.per_config[0].ratio_vs_oracle == pytest.approx(4 / 5)
-    # config 1: TP = 2/4 = 0.5 vs static 2 and oracle 2 -> 1/4
+    # config 0: TP = 2 / (1 + 2/3) = 6/5, the static rule's too -> vs static 1, vs oracle (6/5)/(12/7) = 7/10
+    assert m.per_config[0].ratio_vs_static == pytest.approx(1.0)
+    assert m.per_config[0].ratio_vs_oracle == pytest.approx(7 / 10)
+    # config 1: TP = 1 / (4/2) = 0.5 vs static 2 and oracle 2 -> 1/4
     assert m.per_config[1].ratio_vs_static == pytest.approx(0.25)
     assert m.per_config[1].regret == pytest.approx(0.75)
-    assert m.regret == pytest.approx(1 - (4 / 5 + 1 / 4) / 2)
+    assert m.regret == pytest.approx(1 - (7 / 10 + 1 / 4) / 2)
     flat = m.as_dict("val/")
     assert flat["val/ratio_vs_static/cfg1"] == pytest.approx(0.25)
     assert set(flat) >= {"val/ratio_vs_static", "val/ratio_vs_oracle", "val/regret"}
@@ -72,7 +73,7 @@ def test_best_static_uses_stream_throughput_and_only_always_valid_actions():
     arrays = RootArrays(prompt_id=np.array(["a", "a", "b"], dtype=object), sampling_index=CFG, hidden={},
                         scalars=np.zeros((3, 11), np.float32), step_ms=MS.astype(np.float32),
                         be=BE.astype(np.float32))
-    # config 0: sums be [2, 5, 5] / step [2, 4, 3] -> [1, 1.25, 1.67]: action 2; config 1: action 2 unlabelled -> 0
+    # config 0: TP 2 / [2, 5/3, 7/6] -> [1, 1.2, 1.71]: action 2; config 1: action 2 unlabelled -> 0
     assert best_static_actions(arrays) == {0: 2, 1: 0}
 
 
