@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_TOKENIZER = REPO / "models" / "tokenizer"  # vocab 4096
 TINY_TRAIN_CONFIG = REPO / "configs" / "train" / "tiny.yaml"
+TRAINED_EPOCHS = 20  # the shared `trained` fixture's epochs (tests/conftest.py says why)
 
 
 def tiny_llama(

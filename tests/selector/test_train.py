@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from selector.train import format_summary, resolve_tracking_uri
 from tests.factories import TINY_TRAIN_CONFIG as TINY_CONFIG
+from tests.factories import TRAINED_EPOCHS
 
 
 def _run(trained):
@@ -20,7 +21,7 @@ def _run(trained):
 def test_loss_falls_and_the_selector_beats_static(trained):
     history = MlflowClient(trained.tracking_uri).get_metric_history(trained.run_id, "train/loss")
     values = [m.value for m in sorted(history, key=lambda m: m.step)]
-    assert len(values) == 8  # one point per epoch
+    assert len(values) == TRAINED_EPOCHS  # one point per epoch
     assert values[-1] < values[0]
     # the labels depend on one scalar: even the tiny net must beat the best static shape on unseen prompts
     assert trained.metrics["ratio_vs_static"] > 1.0
@@ -35,12 +36,12 @@ def test_mlflow_run_holds_metrics_params_and_artifacts(trained):
     assert len(main["params.data_fingerprint"]) == 64
     assert "params.config/model/objective" not in main.index  # each hyper-parameter logged once, by Lightning
     assert main["params.objective"] == "policy" and main["params.lr"] == "0.003"
-    assert main["params.config/trainer/max_epochs"] == "8"  # the sections Lightning does not log itself
+    assert main["params.config/trainer/max_epochs"] == str(TRAINED_EPOCHS)  # sections Lightning does not log itself
     for key in ("val/ratio_vs_static", "val/ratio_vs_oracle", "val/regret", "val/ratio_vs_static/cfg1",
                 "test/ratio_vs_static", "test/regret", "train_seconds"):
         assert f"metrics.{key}" in main.index and main[f"metrics.{key}"] == main[f"metrics.{key}"]  # not NaN
     run = _run(trained)
-    assert len(MlflowClient(trained.tracking_uri).get_metric_history(trained.run_id, "val/regret")) == 8
+    assert len(MlflowClient(trained.tracking_uri).get_metric_history(trained.run_id, "val/regret")) == TRAINED_EPOCHS
     artifacts = {a.path for a in MlflowClient(trained.tracking_uri).list_artifacts(trained.run_id)}
     assert {"config.yaml", "summary.json", "checkpoint", "plots", "environment.json"} <= artifacts
     inputs = run.inputs.dataset_inputs  # the data set, as the run's input
