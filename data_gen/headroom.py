@@ -74,9 +74,8 @@ def head_room(be_trees: np.ndarray | None, be_mean: np.ndarray, step: np.ndarray
     first, second = be_trees[:, :half].mean(axis=1), be_trees[:, half : 2 * half].mean(axis=1)
     oracle, prompt_static = [], []
     for choose_on, score_on in ((first, second), (second, first)):
-        scored = score_on
         static_here = np.full(len(be_mean), best_static(choose_on, step))
-        reference = stream_throughput(scored, step, static_here)
-        oracle.append(stream_throughput(scored, step, per_root_best(choose_on, step)) / reference)
-        prompt_static.append(stream_throughput(scored, step, per_group_static(choose_on, step, prompts)) / reference)
+        reference = stream_throughput(score_on, step, static_here)
+        oracle.append(stream_throughput(score_on, step, per_root_best(choose_on, step)) / reference)
+        prompt_static.append(stream_throughput(score_on, step, per_group_static(choose_on, step, prompts)) / reference)
     return HeadRoom(len(be_mean), trees, static, same, float(np.mean(oracle)), float(np.mean(prompt_static)))

@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data_gen.schema import METADATA_FILE, READABLE_VERSIONS, SHARD_GLOB, label_column, trees_column
+from data_gen.throughput import static_throughputs
 from decode.features import HIDDEN_NAMES, SCALAR_NAMES
 
 # KL divergences have a long right tail (probabilities clamped at 1e-9 under top-p give values of 10-20 nats):
@@ -284,8 +285,6 @@ def best_static_actions(arrays: RootArrays) -> dict[int, int]:
 
     Only actions valid on every row of the configuration compete (a static shape must be usable at every step).
     """
-    from data_gen.throughput import static_throughputs
-
     out: dict[int, int] = {}
     for config in np.unique(arrays.sampling_index):
         rows = arrays.sampling_index == config

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from data_gen.throughput import best_static, time_per_token
 from decode.actions import Action
 
 
@@ -99,11 +100,9 @@ def rule_throughput(data: EpisodeData, signal: np.ndarray, rule: Rule, index: _I
 
 
 def _episode_sums(be: np.ndarray, step: np.ndarray) -> tuple[float, float]:
-    """(N, Σ_i T̄_i / Ē_i) for ``be``, ``step`` ``(N, s)``: each root's Ê and T̂ averaged over its trees (the episodes
-    a step there could draw), then the roots combined as the decoding loop meets them (data_gen/throughput.py):
-    the throughput is the first over the second."""
-    from data_gen.throughput import time_per_token
-
+    """(N, Σ_i T̄_i / Ē_i) for ``be`` ``(N, s)`` and ``step`` ``(N, s)`` or ``(N, 1)``: each root's Ê and T̂
+    averaged over its trees (the episodes a step there could draw), then the roots combined as the decoding loop
+    meets them (data_gen/throughput.py): the throughput is the first over the second."""
     return float(len(be)), float(time_per_token(np.nanmean(be, axis=1), step.mean(axis=1)).sum())
 
 
@@ -145,8 +144,6 @@ def _columns(index: _Index, rule: Rule, depth: np.ndarray) -> np.ndarray:
 
 def static_best(data: EpisodeData) -> int:
     """The action with the highest stream throughput over every episode (labelled everywhere)."""
-    from data_gen.throughput import best_static
-
     return best_static(data.be.mean(axis=1), data.step)  # a static action: its root's Ê is the mean over trees
 
 
@@ -222,17 +219,15 @@ def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5
             scored = np.flatnonzero(root_choice[test_rows] >= 0)
             _add(totals, "root_time", _root_sums(test.take(scored), root_choice[test_rows][scored]))
             _add(totals, "root_time_static", _static_sums(test.take(scored), static))
-            totals.setdefault("root_time_roots", [0.0, 1.0])[0] += len(scored)
         _add(totals, "oracle", _oracle_sums(test))
         signals_all.setdefault("beta_true", []).append(test.beta)
     static_tp = totals["static"][0] / totals["static"][1]
-    root_time = {name: totals.pop(name) for name in ("root_time", "root_time_static", "root_time_roots")
-                 if name in totals}
+    root_time = {name: totals.pop(name) for name in ("root_time", "root_time_static") if name in totals}
     out = {name: (be / step) / static_tp for name, (be, step) in totals.items()}
     if root_time:
         own, static_sums = root_time["root_time"], root_time["root_time_static"]
         out["root_time"] = (own[0] / own[1]) / (static_sums[0] / static_sums[1]) if own[1] > 0 else float("nan")
-        out["root_time_roots"] = int(root_time["root_time_roots"][0])
+        out["root_time_roots"] = int(own[0])  # the first of each pair of sums counts roots
     beta_true = np.concatenate([b.reshape(-1) for b in signals_all["beta_true"]])
     out["corr_with_beta"] = {name: float(np.corrcoef(np.concatenate([s.reshape(-1) for s in parts]), beta_true)[0, 1])
                              for name, parts in signals_all.items() if name in ("top", "learned")}
@@ -246,14 +241,13 @@ def _add(totals: dict, name: str, sums: tuple[float, float]) -> None:
 
 
 def _static_sums(data: EpisodeData, action: int) -> tuple[float, float]:
-    trees = data.be.shape[1]
-    return _episode_sums(data.be[:, :, action], np.repeat(data.step[:, action, None], trees, axis=1))
+    return _episode_sums(data.be[:, :, action], data.step[:, action, None])
 
 
 def _root_sums(data: EpisodeData, chosen: np.ndarray) -> tuple[float, float]:
     rows = np.arange(len(chosen))
     be = data.be[rows, :, chosen]  # (N, s)
-    return _episode_sums(be, np.repeat(data.step[rows, chosen][:, None], be.shape[1], axis=1))
+    return _episode_sums(be, data.step[rows, chosen][:, None])
 
 
 def _oracle_sums(data: EpisodeData) -> tuple[float, float]:
