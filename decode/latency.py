@@ -2,13 +2,22 @@
 
 A :class:`LatencyTable` holds, on a grid of context lengths l and block sizes n, the median wall time of one
 draft pass and one target pass that run n new tokens over a cache of l tokens. The step time of an action
-(K, L1, L2) at context length l is (Eq. 11, with the block size made explicit):
+(K, L1, L2) at context length l is Eq. 11 with the block size made explicit, summed over the draft passes the loop
+runs, plus one per-step term:
 
-    T̂ = Σ_{j<L1} t_q(l + j, 1) + Σ_{j<L2} t_q(l + L1 + j·K, K) + t_p(l, 1 + L1 + K·L2)
+    T̂ = c(l) + Σ_{j<S} t_q(l + j, 1) + Σ_{j<B} t_q(l + S + j·K, K) + t_p(l, 1 + L1 + K·L2)
 
-The draft runs the trunk one token at a time, then the K branches as one block per level. The target runs the
-root and the whole tree in one pass. Between grid points the table interpolates linearly; beyond the grid it
-holds the edge value.
+The draft runs the root and the trunk one token at a time (S = 1 + L1 passes with branches, max(1, L1) without),
+then the K branches as one block per level that has children (B = L2 − 1); :func:`draft_passes` says how this
+differs from the paper's count. The target runs the root and the whole tree in one pass. Between grid points the
+table interpolates linearly; beyond the grid it holds the edge value.
+
+Passes are timed the way the decoding loop runs them (see :func:`measure_latency`): a pass includes turning its
+logits into distributions, and a draft pass the draws from them. c(l) is what the loop pays once per step on top:
+its first draft pass runs right after the target pass has pushed the small draft's weights out of the CPU caches.
+On the shipped pair, one thread, 200 tokens of context: a warm one-token draft pass takes ~0.45 ms and the cold
+first one ~1.05 ms. Without c(l), T̂ left ~0.6 ms of every step out, and without the sampling work ~0.07 ms of each
+draft pass; both made the model favour other trees than the loop does.
 """
 
 from __future__ import annotations
@@ -18,24 +27,29 @@ import statistics
 import time
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 
 from decode.actions import Action
 from decode.models import CachedLM
+from decode.rng import TorchRandom
+from decode.sampling import SamplingConfig, distributions
 
 
 @dataclass
 class LatencyTable:
-    """Median pass times in milliseconds: ``draft_ms[i][j]``/``target_ms[i][j]`` at ``lengths[i]``, ``sizes[j]``."""
+    """Median pass times in milliseconds: ``draft_ms[i][j]``/``target_ms[i][j]`` at ``lengths[i]``, ``sizes[j]``;
+    ``step_extra_ms[i]`` is c(l) at ``lengths[i]``, the per-step cost of the cache-cold first draft pass (empty in
+    tables measured before it was: c = 0)."""
 
     lengths: list[int]
     sizes: list[int]
     draft_ms: list[list[float]]
     target_ms: list[list[float]]
     device: str = "cpu"
+    step_extra_ms: list[float] = field(default_factory=list)
 
     def draft(self, length: float, size: int = 1) -> float:
         return _interpolate_2d(self.lengths, self.sizes, self.draft_ms, length, size)
@@ -43,16 +57,22 @@ class LatencyTable:
     def target(self, length: float, size: int = 1) -> float:
         return _interpolate_2d(self.lengths, self.sizes, self.target_ms, length, size)
 
+    def step_extra(self, length: float) -> float:
+        """c(l): the per-step term of T̂ (0 for a table without one)."""
+        if not self.step_extra_ms:
+            return 0.0
+        return _interpolate_2d(self.lengths, [1], [[x] for x in self.step_extra_ms], length, 1)
+
     def pass_times(self, length: int) -> tuple[float, float]:
         """(draft ms, target ms) of a one-token pass at this context length (a root feature)."""
         return self.draft(length, 1), self.target(length, 1)
 
     def step_ms(self, length: int, action: Action) -> float:
-        """T̂ of one step with this action at context length ``length`` (Eq. 11)."""
+        """T̂ of one step with this action at context length ``length``."""
         return float(self.step_ms_many(length, [action])[0])
 
     def step_ms_many(self, length: int, actions: Sequence[Action] | DraftPasses) -> np.ndarray:
-        """``(A,)`` T̂ of every action at context length ``length`` (Eq. 11), in one vectorised pass.
+        """``(A,)`` T̂ of every action at context length ``length``, in one vectorised pass.
 
         A selector weighs all 324 actions at a root; a Python lookup per draft pass took ~3–5 ms for them, this
         ~0.15 ms. A caller that asks often passes :func:`draft_passes` of its action list, built once.
@@ -61,7 +81,8 @@ class LatencyTable:
         draft = _interpolate_many(self.lengths, self.sizes, self.draft_ms, length + passes.offsets, passes.sizes)
         drafting = np.bincount(passes.owner, weights=draft, minlength=len(passes.tree_sizes))
         at_root = np.full(len(passes.tree_sizes), length)
-        return drafting + _interpolate_many(self.lengths, self.sizes, self.target_ms, at_root, passes.tree_sizes)
+        verifying = _interpolate_many(self.lengths, self.sizes, self.target_ms, at_root, passes.tree_sizes)
+        return self.step_extra(length) + drafting + verifying
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -95,8 +116,8 @@ def _interpolate_2d(lengths, sizes, grid, length, size) -> float:
 
 @dataclass(frozen=True)
 class DraftPasses:
-    """Eq. 11's draft passes of an action list, flattened: pass i of action ``owner[i]`` runs ``sizes[i]`` tokens
-    at ``offsets[i]`` tokens past the root's context; ``tree_sizes[a]`` is action a's target block, root included."""
+    """The draft passes of an action list, flattened: pass i of action ``owner[i]`` runs ``sizes[i]`` tokens at
+    ``offsets[i]`` tokens past the root's context; ``tree_sizes[a]`` is action a's target block, root included."""
 
     offsets: np.ndarray  # (P,) int
     sizes: np.ndarray  # (P,) int
@@ -105,16 +126,23 @@ class DraftPasses:
 
 
 def draft_passes(actions: Sequence[Action]) -> DraftPasses:
-    """The draft passes Eq. 11 sums for each action (the trunk one token at a time, then one K-token block per
-    branch level), flattened for :meth:`LatencyTable.step_ms_many`."""
+    """The draft passes the decoding loop runs for each action, flattened for :meth:`LatencyTable.step_ms_many`.
+
+    One token at a time: the root (the last step's pending token, whose q the first draw needs) and every trunk
+    node with a child, so 1 + L1 passes when L2 > 0 and max(1, L1) when L2 = 0. Then one K-token pass per branch
+    level with children: L2 − 1 (the last level is leaves). Eq. 11 counts L1 one-token and L2 K-token passes: the same
+    number for trees with branches, with a K-wide pass where the loop runs the trunk's tip alone; for a chain it
+    leaves out the root's pass. On the shipped pair a 2-token draft pass costs 1.5× a one-token one.
+    """
     offsets: list[int] = []
     sizes: list[int] = []
     owner: list[int] = []
     for a, action in enumerate(actions):
-        k = action.k if action.l2 > 0 else 0
-        offsets += list(range(action.l1)) + [action.l1 + j * k for j in range(action.l2)]
-        sizes += [1] * action.l1 + [k] * action.l2
-        owner += [a] * (action.l1 + action.l2)
+        singles = 1 + action.l1 if action.l2 > 0 else max(1, action.l1)
+        levels = max(0, action.l2 - 1)
+        offsets += list(range(singles)) + [singles + j * action.k for j in range(levels)]
+        sizes += [1] * singles + [action.k] * levels
+        owner += [a] * (singles + levels)
     tree_sizes = [1 + action.size for action in actions]
     return DraftPasses(*(np.array(xs, dtype=np.int64) for xs in (offsets, sizes, owner, tree_sizes)))
 
@@ -161,43 +189,66 @@ def measure_latency(
     warmup: int = 1,
     max_size: int = 41,
 ) -> LatencyTable:
-    """Time one pass of each model per (context length, block size); the median over ``repeats``.
+    """Time the passes of both models per (context length, block size), as the decoding loop runs them.
 
     ``sizes`` defaults to :func:`every_size` of ``max_size`` (1 + 8 + 4·8 = 41 tokens: the largest default tree).
-    Each timed pass appends a speculative block (a K-wide level for the draft, a tree block for the target) to a
-    cache of ``length`` committed random tokens and is rolled back afterwards, so every repeat sees the same cache.
-    Repeats are the outer loop and the sizes the inner one: a drift of the machine's speed over the measurement
-    then moves every size alike instead of bending the curve.
+    At each length both caches hold ``length`` committed random tokens, and every repeat sweeps the sizes with one
+    simulated step per size, in the loop's order: the target pass of the block; a one-token draft pass (the step's
+    first, cache-cold); the same pass again (warm); the draft pass of the block. A pass appends a speculative block
+    (a K-wide level for the draft, a tree block for the target), turns its logits into distributions, draws one token
+    per row (the draft) and is rolled back, so every repeat sees the same caches.
+
+    The table holds medians over ``repeats``; c(l) is the median of cold minus warm one-token time (never below 0).
+    Repeats are the outer loop and the sizes the inner one: a drift of the machine's speed then moves every size
+    alike instead of bending the curve.
     """
     sizes = sorted(set(every_size(max_size) if sizes is None else (int(n) for n in sizes)))
     limit = min(target.context_limit, draft.context_limit)
     lengths = sorted({min(int(x), limit - max(sizes) - 1) for x in lengths})
     vocab = min(target.vocab_size, draft.vocab_size)
     g = torch.Generator().manual_seed(0)
-    grids = {"draft": [], "target": []}
-    for name, model in (("draft", draft), ("target", target)):
-        for length in lengths:
+    rng = TorchRandom(0)
+    grids: dict[str, list[list[float]]] = {"draft": [], "target": []}
+    extra: list[float] = []
+    for length in lengths:
+        for model in (target, draft):
             model.prefill(torch.randint(0, vocab, (length,), generator=g).tolist())
-            blocks = [torch.randint(0, vocab, (size,), generator=g).tolist() for size in sizes]
-            times: list[list[float]] = [[] for _ in sizes]
-            for i in range(warmup + repeats):
-                for j, tokens in enumerate(blocks):
-                    ms = _timed_block(model, tokens)
-                    if i >= warmup:
-                        times[j].append(ms)
-            grids[name].append([statistics.median(t) for t in times])
-        model.reset()
-    return LatencyTable(list(lengths), list(sizes), grids["draft"], grids["target"], str(target.device))
+        blocks = [torch.randint(0, vocab, (size,), generator=g).tolist() for size in sizes]
+        first = torch.randint(0, vocab, (1,), generator=g).tolist()
+        times: dict[str, list[list[float]]] = {"draft": [[] for _ in sizes], "target": [[] for _ in sizes]}
+        cold_minus_warm: list[float] = []
+        for i in range(warmup + repeats):
+            for j, tokens in enumerate(blocks):
+                target_ms = _timed_pass(target, tokens, None)
+                cold_ms, warm_ms = _timed_pass(draft, first, rng), _timed_pass(draft, first, rng)
+                draft_ms = _timed_pass(draft, tokens, rng)
+                if i >= warmup:
+                    times["target"][j].append(target_ms)
+                    times["draft"][j].append(draft_ms)
+                    cold_minus_warm.append(cold_ms - warm_ms)
+        for name in ("draft", "target"):
+            grids[name].append([statistics.median(t) for t in times[name]])
+        extra.append(max(0.0, statistics.median(cold_minus_warm)))
+    target.reset()
+    draft.reset()
+    return LatencyTable(list(lengths), list(sizes), grids["draft"], grids["target"], str(target.device), extra)
 
 
-def _timed_block(model: CachedLM, tokens: list[int]) -> float:
-    """Milliseconds of one pass over ``tokens`` as siblings after the cache's last token, rolled back after.
+_TIMING_LAW = SamplingConfig(temperature=1.0)  # the temperature only rescales logits: the cost is the same at any T
+
+
+def _timed_pass(model: CachedLM, tokens: list[int], rng: TorchRandom | None) -> float:
+    """Milliseconds of one pass over ``tokens`` as siblings after the cache's last token, rolled back after: the
+    forward, the distributions of its ``(n, V)`` logits and, given ``rng``, one draw per row (the draft's work).
 
     A level of siblings has the attention cost of a tree block of the same size.
     """
     parents = [model.length - 1] * len(tokens)
     start = time.perf_counter()
-    model.extend_tree(tokens, parents)
+    laws = distributions(model.extend_tree(tokens, parents), _TIMING_LAW)
+    if rng is not None:
+        for row in laws:
+            rng.categorical(row)
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     ms = (time.perf_counter() - start) * 1e3

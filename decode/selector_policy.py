@@ -176,9 +176,10 @@ class OnnxSelectorPolicy(Policy):
         return self.fallback
 
     def observe(self, outcome: StepOutcome) -> None:
-        """Calibrate T̂ online: Eq. 11 counts only model passes, so a step's verification, sampling and bookkeeping
-        are missing from it. That fixed cost favours larger trees; it is taken as the median, over the last
-        steps, of measured step time minus T̂ (never below 0) and added to every action's T̂."""
+        """Calibrate T̂ online: the latency model counts the passes (with their sampling) and the cold first draft
+        pass, so a step's verification and bookkeeping are missing from it. That fixed cost favours larger trees;
+        it is taken as the median, over the last steps, of measured step time minus T̂ (never below 0) and added to
+        every action's T̂."""
         if self._latency is None or outcome.seconds is None or outcome.context_length is None:
             return
         index = self._index.get(outcome.action)

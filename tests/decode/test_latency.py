@@ -25,14 +25,17 @@ def test_interpolation_and_edges():
     assert TABLE.pass_times(100) == (2.0, 20.0)
 
 
-def test_step_time_follows_eq_11():
+def test_step_time_counts_the_passes_the_loop_runs():
     ctx, action = 20, Action(3, 2, 4)
-    trunk = sum(TABLE.draft(ctx + j, 1) for j in range(2))
-    branches = sum(TABLE.draft(ctx + 2 + 3 * j, 3) for j in range(4))
+    # the root and both trunk nodes one token at a time; 3 of the 4 branch levels have children
+    trunk = sum(TABLE.draft(ctx + j, 1) for j in range(3))
+    branches = sum(TABLE.draft(ctx + 3 + 3 * j, 3) for j in range(3))
     assert TABLE.step_ms(ctx, action) == pytest.approx(trunk + branches + TABLE.target(ctx, 1 + 2 + 3 * 4))
-    assert TABLE.step_ms(ctx, Action(4, 0, 0)) == pytest.approx(TABLE.target(ctx, 1))  # no draft: one target pass
-    single = sum(TABLE.draft(ctx + j) for j in range(3)) + TABLE.target(ctx, 4)
-    assert TABLE.step_ms(ctx, Action(4, 3, 0)) == pytest.approx(single)  # L2 = 0: K plays no part
+    # no tree: the root's draft pass (the next step needs its q) and one target pass
+    assert TABLE.step_ms(ctx, Action(4, 0, 0)) == pytest.approx(TABLE.draft(ctx, 1) + TABLE.target(ctx, 1))
+    chain = sum(TABLE.draft(ctx + j) for j in range(3)) + TABLE.target(ctx, 4)
+    assert TABLE.step_ms(ctx, Action(4, 3, 0)) == pytest.approx(chain)  # L2 = 0: K plays no part, the leaf is not run
+    assert TABLE.step_ms(ctx, Action(1, 0, 3)) == pytest.approx(chain)  # the same chain drawn as one branch
 
 
 def test_json_round_trip():
@@ -48,13 +51,25 @@ def test_measure_latency_fills_the_grid():
     assert target.length == 0 and draft.length == 0  # caches left empty
 
 
-class _RecordingLM:
-    """Just enough of CachedLM for measure_latency: records the block size of every pass."""
+class _FakeClock:
+    """A perf_counter that moves only when a fake model runs: the measured times are exactly the modelled ones."""
 
     def __init__(self) -> None:
+        self.now, self.last_model = 0.0, None
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _RecordingLM:
+    """Just enough of CachedLM for measure_latency: records every pass and charges it to a fake clock
+    (``ms_per_token`` per token, plus ``cold_ms`` when another model ran last, as after the loop's target pass)."""
+
+    def __init__(self, name: str, clock: _FakeClock, ms_per_token: float = 1.0, cold_ms: float = 0.0) -> None:
         self.device = torch.device("cpu")
         self.vocab_size, self.length, self.blocks = 16, 0, []
         self.context_limit = 128
+        self.name, self.clock, self.ms_per_token, self.cold_ms = name, clock, ms_per_token, cold_ms
 
     def prefill(self, tokens):
         self.length = len(tokens)
@@ -63,6 +78,10 @@ class _RecordingLM:
         assert parents == [self.length - 1] * len(tokens)  # siblings under the cache's last token
         self.blocks.append(len(tokens))
         self.length += len(tokens)
+        cold = self.cold_ms if self.clock.last_model not in (None, self.name) else 0.0
+        self.clock.now += (self.ms_per_token * len(tokens) + cold) / 1e3
+        self.clock.last_model = self.name
+        return torch.zeros(len(tokens), self.vocab_size)
 
     def commit(self, keep):
         self.length -= self.blocks[-1]
@@ -71,13 +90,50 @@ class _RecordingLM:
         self.length = 0
 
 
-def test_every_block_size_is_measured_with_repeats_interleaved():
-    target, draft = _RecordingLM(), _RecordingLM()
+def _recording_pair(monkeypatch, cold_ms: float = 0.0):
+    clock = _FakeClock()
+    monkeypatch.setattr("decode.latency.time.perf_counter", clock)
+    return _RecordingLM("target", clock, ms_per_token=10.0), _RecordingLM("draft", clock, cold_ms=cold_ms)
+
+
+def test_every_block_size_is_measured_in_the_loops_order(monkeypatch):
+    target, draft = _recording_pair(monkeypatch)
     table = measure_latency(target, draft, lengths=[8, 20], repeats=2, warmup=1, max_size=5)
     assert table.sizes == [1, 2, 3, 4, 5]
-    one_length = [1, 2, 3, 4, 5] * 3  # warm-up + 2 repeats, each sweeping every size
-    assert target.blocks == one_length * 2 and draft.blocks == one_length * 2
+    # per length: warm-up + 2 repeats, each sweeping every size with one simulated step
+    assert target.blocks == [1, 2, 3, 4, 5] * 3 * 2
+    # per step: the cold one-token pass, the same pass warm, then the block
+    assert draft.blocks == [n for _ in range(3 * 2) for size in range(1, 6) for n in (1, 1, size)]
     assert target.length == 0 and draft.length == 0
+
+
+def test_measured_passes_and_the_cold_first_draft_pass(monkeypatch):
+    """With a fake clock: pass times are the modelled ones, and c(l) is exactly the cold penalty of a draft pass
+    run right after the target's, which T̂ then counts once per step."""
+    target, draft = _recording_pair(monkeypatch, cold_ms=0.7)
+    table = measure_latency(target, draft, lengths=[8, 20], repeats=3, warmup=1, max_size=4)
+    assert table.draft_ms == [pytest.approx([1.0, 2.0, 3.0, 4.0])] * 2  # the block follows two draft passes: warm
+    assert table.target_ms == [pytest.approx([10.0, 20.0, 30.0, 40.0])] * 2
+    assert table.step_extra_ms == pytest.approx([0.7, 0.7])
+    eq_11 = 3 * table.draft(8, 1) + table.target(8, 4)  # the root and two trunk nodes run
+    assert table.step_ms(8, Action(1, 3, 0)) == pytest.approx(0.7 + eq_11)
+
+    target, draft = _recording_pair(monkeypatch)  # negative control: no cold penalty, no per-step term
+    assert measure_latency(target, draft, lengths=[8], repeats=2, max_size=2).step_extra_ms == [0.0]
+
+
+def test_a_table_without_the_per_step_term_reads_as_zero():
+    """Tables written before c(l) existed (data sets, latency files) load and keep their T̂."""
+    import json
+
+    old = json.loads(TABLE.to_json())
+    del old["step_extra_ms"]
+    table = LatencyTable.from_json(json.dumps(old))
+    assert table.step_extra(50) == 0.0
+    assert table.step_ms(20, Action(3, 2, 4)) == pytest.approx(TABLE.step_ms(20, Action(3, 2, 4)))
+    with_extra = LatencyTable(TABLE.lengths, TABLE.sizes, TABLE.draft_ms, TABLE.target_ms, step_extra_ms=[1.0, 3.0])
+    assert with_extra.step_extra(50) == pytest.approx(2.0) and with_extra.step_extra(900) == 3.0
+    assert with_extra.step_ms(50, Action(1, 3, 0)) == pytest.approx(2.0 + TABLE.step_ms(50, Action(1, 3, 0)))
 
 
 def _reference_interpolation(xs, ys, x):
@@ -118,9 +174,9 @@ def test_vectorised_step_time_equals_eq_11_per_action():
     actions = [Action(k, l1, l2) for k in range(1, 5) for l1 in range(9) for l2 in range(9)]
 
     def eq_11(ctx, a):
-        k = a.k if a.l2 > 0 else 0
-        trunk = sum(table.draft(ctx + j, 1) for j in range(a.l1))
-        branches = sum(table.draft(ctx + a.l1 + j * k, k) for j in range(a.l2))
+        singles = 1 + a.l1 if a.l2 > 0 else max(1, a.l1)
+        trunk = sum(table.draft(ctx + j, 1) for j in range(singles))
+        branches = sum(table.draft(ctx + singles + j * a.k, a.k) for j in range(a.l2 - 1))
         return trunk + branches + table.target(ctx, 1 + a.size)
 
     passes = draft_passes(actions)
@@ -129,4 +185,4 @@ def test_vectorised_step_time_equals_eq_11_per_action():
         np.testing.assert_allclose(table.step_ms_many(ctx, actions), want, rtol=1e-12)
         np.testing.assert_allclose(table.step_ms_many(ctx, passes), want, rtol=1e-12)
     one_point = LatencyTable([64], [4], [[2.0]], [[20.0]])  # a one-point grid holds its value everywhere
-    assert one_point.step_ms(10, Action(2, 1, 3)) == pytest.approx(4 * 2.0 + 20.0)
+    assert one_point.step_ms(10, Action(2, 1, 3)) == pytest.approx(4 * 2.0 + 20.0)  # 2 single passes, 2 levels
