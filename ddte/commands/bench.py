@@ -14,7 +14,9 @@ The methods run interleaved, prompt by prompt in a rotating order, so the CPU's 
 method alike; each first runs one warm-up prompt. Tokens/s is total new tokens over total wall time, prefill
 included; ± is the standard deviation over prompts. Prompts default to the held-out stdlib modules (never seen in
 training). Several --temperature values give one block of rows per temperature. Selector rows also report the
-median network call (µs) and the share of wall time spent in the policy (features + call + decision).
+median network call (µs) and the share of wall time spent in the policy (features + call + decision). Every policy
+row (selector, policy file, adaptive, entropy) is then compared with its verifier's best static row in this run,
+with a paired bootstrap interval that chooses that row again in every resample (ddte/bench/compare.py).
 
 Example:
   ddte bench --num-prompts 20 --max-new-tokens 128 --methods ar hf-assisted traversal@2,2,4 --output bench.json
@@ -93,6 +95,7 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ddte.bench.compare import format_comparisons, policy_comparisons
     from ddte.bench.methods import BenchSettings, bench_prompts, encode_prompts, environment, run_bench
     from ddte.bench.report import format_table, plot
 
@@ -110,9 +113,16 @@ def run(args: argparse.Namespace) -> int:
              f"T = {temps}, top-p {args.top_p:g}")
     print(title)
     print(format_table(rows))
+    comparisons = policy_comparisons(rows)
+    if comparisons:
+        print("\nPolicies against their verifier's best static tree in this run (the best of several near-tied rows is "
+              "biased upward, so the ratio reads low; the interval chooses it again in every bootstrap resample of "
+              "the prompts):")
+        print(format_comparisons(comparisons))
     if output is not None:
         settings_out = {k: v for k, v in vars(args).items() if not k.startswith("_")} | {"methods": methods}
-        payload = {"settings": settings_out, "environment": environment(pair.target.device), "rows": rows}
+        payload = {"settings": settings_out, "environment": environment(pair.target.device), "rows": rows,
+                   "comparisons": comparisons}
         tmp = f"{output}.tmp"
         with open(tmp, "w") as f:
             json.dump(payload, f, indent=2, default=str)

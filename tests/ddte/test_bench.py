@@ -32,17 +32,24 @@ def test_bench_writes_rows_and_plot(pair_dirs, tmp_path, capsys):
         "bench", "--target", str(root / "target"), "--draft", str(root / "draft"),
         "--tokenizer", str(DEFAULT_TOKENIZER), "--prompts", str(prompts), "--field", "text",
         "--num-prompts", "2", "--max-new-tokens", "6",
-        "--methods", "ar", "hf-assisted", "traversal@2,1,2", "specinfer@adaptive", "--output", str(out),
+        "--methods", "ar", "hf-assisted", "traversal@2,1,2", "specinfer@adaptive", "traversal@entropy",
+        "--output", str(out),
     ])
     assert code == 0
     payload = json.loads(out.read_text())
     rows = {r["method"]: r for r in payload["rows"]}
-    assert set(rows) == {"ar", "hf-assisted", "traversal@2,1,2", "specinfer@adaptive"}
+    assert set(rows) == {"ar", "hf-assisted", "traversal@2,1,2", "specinfer@adaptive", "traversal@entropy"}
+    # the one policy row with a static row of its verifier is compared with it; specinfer has none
+    [comparison] = payload["comparisons"]
+    assert comparison["policy"] == "traversal@entropy" and comparison["best_static"] == "traversal@2,1,2"
+    want = rows["traversal@entropy"]["tokens_per_s"] / rows["traversal@2,1,2"]["tokens_per_s"]
+    assert comparison["ratio_vs_best_static"] == pytest.approx(want)
     assert rows["ar"]["speedup"] == pytest.approx(1.0)
     assert all(r["tokens_per_s"] > 0 and r["new_tokens"] > 0 for r in rows.values())
     assert rows["traversal@2,1,2"]["block_efficiency"] >= 1.0
     assert payload["environment"]["torch"] and (tmp_path / "bench.png").stat().st_size > 1000
-    assert "| traversal@2,1,2 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| traversal@2,1,2 |" in printed and "cross-fitted best static" in printed
 
 
 @pytest.mark.parametrize(
