@@ -49,7 +49,7 @@ class TorchRandom:
         total = float(cdf[-1])
         if not total > 0.0:
             raise ValueError("cannot sample from an all-zero distribution")
-        u = torch.tensor([self.uniform() * total], dtype=cdf.dtype)
+        u = torch.tensor([self.uniform() * total], dtype=cdf.dtype, device=cdf.device)
         index = int(torch.searchsorted(cdf, u, right=True))
         # u < total, but rounding can put it past the last positive entry; step back onto the support.
         index = min(index, weights.numel() - 1)

@@ -3,11 +3,11 @@
 "The best static row" of a run is itself chosen on the run: the maximum over several noisy rates. When the static
 candidates are near-ties (on the shipped pair they lie within 1–3 %, while a 32-prompt run's rates carry about 2 %
 of sampling noise each), that maximum is biased upward, and a policy that always drafts a truly best tree reads
-below 1.0 against it: by 1.8–2.0 % on average for three tied rows over 16–32 prompts (tests/ddte/test_bench_compare.py
-simulates it). Neither cure we tried holds: leaving one prompt out to choose the row swung from 0.98 to 1.10 between
-two runs (under a near-tie it picks, for each prompt, the row that did worst on it), and the bootstrap's bias
-estimate removes less than half of the bias. So the ratio is reported as read, with an interval that carries the
-selection:
+below 1.0 against it: by about 2 % for three tied rows with 10 % noise per run over 16–32 prompts (simulated in
+tests/ddte/test_bench_compare.py). Neither cure we tried holds: choosing the row with one prompt left out swung
+from 0.98 to 1.10 between two runs (under a near-tie it picks, for each prompt, the row that did worst on it), and
+the bootstrap's estimate of the bias removes less than half of it. So the ratio is reported as read, with an
+interval that carries the selection:
 
 - the ratio of the policy row to the **in-sample best static** row;
 - a paired bootstrap interval over prompts for that ratio, with the best static row chosen again in every resample.
