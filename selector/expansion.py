@@ -115,12 +115,23 @@ def candidate_rules(signal: np.ndarray, l_max: int, k_max: int, thetas: int = 16
 
 
 def best_rule(data: EpisodeData, signal: np.ndarray, rules: list[Rule], index: _Index) -> Rule:
-    """The rule with the highest stream throughput on ``data`` (where every action it can pick has a label)."""
-    best, best_value = rules[0], -np.inf
+    """The rule with the highest stream throughput on ``data``, among the rules whose every action it can pick has a
+    label for this verifier.
+
+    A rule can halt at any depth from its floor to its cap, on trees it is scored on later even where it never did on
+    ``data``; a rule that could pick a tree the verifier has no label for (GBV on delayed trees) is left out, else the
+    held-out score would read NaN.
+    """
+    labelled = np.isfinite(data.be).all(axis=(0, 1))  # (A,) actions this verifier labels at every root
+    admissible = [rule for rule in rules if labelled[[index(rule.k, d, rule.l2 if rule.k > 1 else 0)
+                                                      for d in range(rule.floor, rule.cap + 1)]].all()]
+    if not admissible:
+        raise ValueError("no rule of the grid drafts only trees this verifier has labels for")
+    best, best_value = admissible[0], -np.inf
     cache: dict[tuple, np.ndarray] = {}
     rows = np.arange(len(data.be))[:, None]
     trees = np.arange(data.be.shape[1])[None, :]
-    for rule in rules:
+    for rule in admissible:
         key = (rule.theta, rule.floor, rule.cap)
         if key not in cache:
             cache[key] = halting_depth(signal, *key)

@@ -49,7 +49,7 @@ def test_bench_writes_rows_and_plot(pair_dirs, tmp_path, capsys):
     assert rows["traversal@2,1,2"]["block_efficiency"] >= 1.0
     assert payload["environment"]["torch"] and (tmp_path / "bench.png").stat().st_size > 1000
     printed = capsys.readouterr().out
-    assert "| traversal@2,1,2 |" in printed and "cross-fitted best static" in printed
+    assert "| traversal@2,1,2 |" in printed and "best static tree in this run" in printed
 
 
 @pytest.mark.parametrize(

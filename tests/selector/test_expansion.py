@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from decode.actions import action_grid
-from selector.expansion import EpisodeData, evaluate_expansion, halting_depth
+from selector.expansion import EpisodeData, Rule, _Index, best_rule, evaluate_expansion, halting_depth
 
 L_MAX, K_MAX, TREES = 3, 2, 2
 
@@ -48,6 +48,25 @@ def test_an_informative_draft_confidence_is_exploited_and_noise_is_not():
     assert noise["top"] == pytest.approx(1.0, abs=0.03)  # confidence that says nothing wins nothing
     assert noise["beta"] > 1.1  # ... while the exact β still would
     assert noise["corr_with_beta"]["top"] == pytest.approx(0.0, abs=0.1)
+
+
+def test_a_rule_that_could_pick_an_unlabelled_tree_is_never_chosen():
+    """Branching is unlabelled past depth 0 (as GBV labels only K root paths). On the fitting data the signal never
+    drops below θ after depth 0, so a branching rule with a cap of 2 halts at 0 there and reads no NaN; it could still
+    halt at depth 1 or 2 on other trees, so it must not be chosen, and the held-out figures must be numbers."""
+    data = _episodes(True)
+    index = _Index(data.actions)
+    for a in data.actions:
+        if not a.is_single_path and a.l1 > 0:
+            data.be[:, :, index(a.k, a.l1, a.l2)] = np.nan
+    data.be[:, :, index(2, 0, 3)] += 5.0  # branching at the root pays a lot: the tempting rule
+    signal = np.ones_like(data.top)
+    signal[..., 0] = 0.0  # every tree halts at depth 0 for any θ in (0, 1]
+    tempting = Rule(0.5, 0, 2, 2, 3)
+    chosen = best_rule(data, signal, [tempting, Rule(0.5, 0, 0, 2, 3), Rule(0.5, 0, 2, 1, 0)], index)
+    assert chosen == Rule(0.5, 0, 0, 2, 3)  # the same terminal with a cap of 0: it can only halt at the root
+    figures = evaluate_expansion(data, L_MAX, K_MAX, folds=4)
+    assert all(np.isfinite(figures[name]) for name in ("top", "entropy", "learned", "beta"))
 
 
 def test_a_root_time_choice_is_scored_only_on_the_roots_it_may_be_scored_on():
