@@ -72,7 +72,7 @@ class PathNode:
         """q-mass of tokens ranked strictly below ``token`` here (one masked sum, no sort)."""
         if token not in self._below:
             level = int(self.levels[token])
-            lower = (self.levels < level) | ((self.levels == level) & (_ids(self.q.numel()) < token))
+            lower = (self.levels < level) | ((self.levels == level) & (_ids(self.q.numel(), self.q.device) < token))
             self._below[token] = float(torch.where(lower, self.q, 0.0).sum())
         return self._below[token]
 
@@ -89,7 +89,8 @@ class PathNode:
         if self.k == 1:
             return self.q  # the maximum of one path is that path
         if self._q_tilde is None:
-            order = torch.from_numpy(np.argsort(self.levels.numpy(), kind="stable"))  # by (level, id)
+            # by (level, id): numpy's stable radix pass, on the host
+            order = torch.from_numpy(np.argsort(self.levels.cpu().numpy(), kind="stable")).to(self.q.device)
             q_sorted = self.q[order]
             below = torch.empty_like(self.q).scatter_(0, order, torch.cumsum(q_sorted, 0) - q_sorted)
             lo = self.mass_below + self.mass_here * below
@@ -112,13 +113,15 @@ def new_step(node: int, p_u: torch.Tensor, q_u: torch.Tensor, mass_below: float,
     return PathNode(p_u, q_u, mass_below, mass_here, k)
 
 
-_ID_CACHE: dict[int, torch.Tensor] = {}
+_ID_CACHE: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
-def _ids(vocab: int) -> torch.Tensor:
-    if vocab not in _ID_CACHE:
-        _ID_CACHE[vocab] = torch.arange(vocab)
-    return _ID_CACHE[vocab]
+def _ids(vocab: int, device: torch.device) -> torch.Tensor:
+    """``(vocab,)`` token ids on ``device``, built once per (vocab, device)."""
+    key = (vocab, device)
+    if key not in _ID_CACHE:
+        _ID_CACHE[key] = torch.arange(vocab, device=device)
+    return _ID_CACHE[key]
 
 
 class GreedyBlockVerifier(BlockVerifier):
