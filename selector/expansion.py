@@ -137,10 +137,7 @@ def best_rule(data: EpisodeData, signal: np.ndarray, rules: list[Rule], index: _
             cache[key] = halting_depth(signal, *key)
         depth = cache[key]
         columns = _columns(index, rule, depth)
-        be = data.be[rows, trees, columns]
-        if np.isnan(be).any():
-            continue  # an action this verifier has no label for (e.g. GBV on delayed trees)
-        roots, time = _episode_sums(be, data.step[rows, columns])
+        roots, time = _episode_sums(data.be[rows, trees, columns], data.step[rows, columns])
         value = roots / time
         if value > best_value:
             best, best_value = rule, value
