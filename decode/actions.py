@@ -7,6 +7,7 @@ lists them (K outermost, then L1, then L2).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -96,3 +97,16 @@ def action_key(action: Action) -> str:
 def parse_actions(keys: list[str]) -> list[Action]:
     """Actions from their 'K,L1,L2' keys, in order."""
     return [Action.parse(k) for k in keys]
+
+
+def distinct_trees(actions: Iterable[str], count: int) -> list[str]:
+    """The first ``count`` distinct trees among ``actions`` ('K,L1,L2' keys, in order), as canonical keys: (1,0,3),
+    (1,3,0) and (1,1,2) draft one tree and count once."""
+    out: list[str] = []
+    for key in actions:
+        canonical = Action.parse(key).canonical().key
+        if canonical not in out:
+            out.append(canonical)
+            if len(out) == count:
+                break
+    return out

@@ -32,12 +32,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from data_gen.schema import METADATA_FILE, READABLE_VERSIONS, SHARD_GLOB, label_column, trees_column
 from data_gen.throughput import static_throughputs
+from decode.actions import distinct_trees
 from decode.features import HIDDEN_NAMES, SCALAR_NAMES
 
 # KL divergences have a long right tail (probabilities clamped at 1e-9 under top-p give values of 10-20 nats):
 # log1p keeps a few extreme roots from dominating the standardised scale.
 DEFAULT_LOG1P_SCALARS = ("kl_p_q_prev", "kl_q_p_prev")
 SPLITS = ("train", "val", "test")
+STATIC_RANKING_KEPT = 8  # distinct trees of the training split's static ranking kept in the run summary
 
 
 @dataclass(frozen=True)
@@ -280,20 +282,27 @@ def fit_normalisation(train_scalars: np.ndarray, log1p: Sequence[str]) -> Normal
     return norm
 
 
-def best_static_actions(arrays: RootArrays) -> dict[int, int]:
-    """a_base per sampling configuration: the action with the highest stream throughput (data_gen/throughput.py).
+def ranked_static_actions(arrays: RootArrays) -> dict[int, list[int]]:
+    """Per sampling configuration, the actions by stream throughput, best first (data_gen/throughput.py).
 
-    Only actions valid on every row of the configuration compete (a static shape must be usable at every step).
+    Only actions valid on every row of the configuration are ranked (a static shape must be usable at every step).
+    Ties keep the action-grid order, so the first entry is :func:`best_static_actions`'s choice.
     """
-    out: dict[int, int] = {}
+    out: dict[int, list[int]] = {}
     for config in np.unique(arrays.sampling_index):
         rows = arrays.sampling_index == config
         be = np.where(arrays.valid[rows], arrays.be[rows], np.nan).astype(np.float64)
         throughput = static_throughputs(be, arrays.step_ms[rows].astype(np.float64))
-        if not np.isfinite(throughput).any():
+        usable = np.flatnonzero(np.isfinite(throughput))
+        if not len(usable):
             raise ValueError(f"sampling config {config}: no action has a label on every root")
-        out[int(config)] = int(np.argmax(throughput))
+        out[int(config)] = [int(a) for a in usable[np.argsort(-throughput[usable], kind="stable")]]
     return out
+
+
+def best_static_actions(arrays: RootArrays) -> dict[int, int]:
+    """a_base per sampling configuration: the action with the highest stream throughput (data_gen/throughput.py)."""
+    return {config: ranked[0] for config, ranked in ranked_static_actions(arrays).items()}
 
 
 # ---------------------------------------------------------------------------------------------------- batches
@@ -361,6 +370,7 @@ class SelectorDataModule(pl.LightningDataModule):
         self.splits: dict[str, RootArrays] = {}
         self.normalisation: Normalisation | None = None
         self.static_actions: dict[int, int] = {}
+        self.static_ranking: dict[int, list[int]] = {}
         self.fallback_static = 0
         self.valid_actions: np.ndarray | None = None
 
@@ -385,7 +395,8 @@ class SelectorDataModule(pl.LightningDataModule):
                               self.hparams.split_seed)
         train = rows.take(index["train"])
         self.normalisation = fit_normalisation(train.scalars, self.log1p_scalars)
-        self.static_actions = best_static_actions(train)
+        self.static_ranking = ranked_static_actions(train)
+        self.static_actions = {config: ranked[0] for config, ranked in self.static_ranking.items()}
         self.fallback_static = best_static_actions(_as_one_config(train))[0]
         self.valid_actions = train.valid.any(axis=0)
         rows.base_index = np.array([self.static_actions.get(int(c), self.fallback_static) for c in rows.sampling_index],
@@ -406,6 +417,9 @@ class SelectorDataModule(pl.LightningDataModule):
             "data_dir": str(self.info.folder.resolve()),
             "sampling": meta["sampling"],
             "static_actions": {str(k): self.info.actions[v] for k, v in self.static_actions.items()},
+            # the training split's runners-up: `ddte pipeline` benches the leading distinct trees on held-out prompts
+            "static_ranking": {str(k): distinct_trees([self.info.actions[a] for a in ranked], STATIC_RANKING_KEPT)
+                               for k, ranked in self.static_ranking.items()},
             "split_rows": {name: len(arr) for name, arr in self.splits.items()},
             "split_prompts": {name: len(set(arr.prompt_id.tolist())) for name, arr in self.splits.items()},
             # the prompts that shaped the model or its guard; offline scores of the file must leave them out

@@ -98,3 +98,28 @@ def format_comparisons(comparisons: list[dict]) -> str:
         lines.append(f"| {c['temperature']:g} | {c['policy']} | {c['best_static'].partition('@')[2]} | "
                      f"{c['ratio_vs_best_static']:.3f} | [{low:.3f}, {high:.3f}] |")
     return "\n".join(lines)
+
+
+def cross_fitted_choice_ratio(rows: list[dict], reference: int = 0) -> float | None:
+    """What choosing the fastest of ``rows`` on measured prompts gains over ``rows[reference]`` on other prompts.
+
+    The prompts (paired runs summed per prompt) split into two halves by position; the row with the best rate on one
+    half is scored against the reference row on the other half, both ways, and the two ratios are averaged. The
+    in-sample ratio of the fastest row is the maximum of noisy rates and reads high; this one does not. None with
+    fewer than two prompts.
+    """
+    tokens, wall = per_prompt_sums(rows)
+    if tokens.shape[1] < 2:
+        return None
+    halves = (np.arange(tokens.shape[1]) % 2 == 0, np.arange(tokens.shape[1]) % 2 == 1)
+    ratios = []
+    for choose, score in (halves, halves[::-1]):
+        chosen = int(np.argmax(tokens[:, choose].sum(1) / wall[:, choose].sum(1)))
+        rates = tokens[:, score].sum(1) / wall[:, score].sum(1)
+        ratios.append(rates[chosen] / rates[reference])
+    return float(np.mean(ratios))
+
+
+def fastest_row(rows: list[dict]) -> int:
+    """Index of the row with the most tokens/s (the first of equals)."""
+    return max(range(len(rows)), key=lambda i: rows[i]["tokens_per_s"])

@@ -232,12 +232,18 @@ def encode_prompts(pair: LoadedPair, texts: list[str], max_new: int) -> list[lis
     return [list(pair.tokenizer(t)["input_ids"])[-room:] for t in texts]
 
 
-def bench_prompts(source: str | None, field_name: str, count: int) -> list[str]:
-    """Prompt texts from any source `ddte collect` reads (a file, ``builtin:train``, ``hf:NAME``); by default the
-    held-out stdlib modules of the prompt builder (``builtin:heldout``: never seen in training)."""
+def bench_prompts(source: str | None, field_name: str, count: int, skip: int = 0) -> list[str]:
+    """``count`` prompt texts after the first ``skip``, from any source `ddte collect` reads (a file,
+    ``builtin:train``, ``hf:NAME``); by default the held-out stdlib modules of the prompt builder
+    (``builtin:heldout``: never seen in training). ValueError when the source has too few."""
     from data_gen.prompts import load_prompt_texts
 
-    return load_prompt_texts(source or "builtin:heldout", field=field_name, limit=count)
+    if skip < 0:
+        raise ValueError(f"cannot skip a negative number of prompts ({skip})")
+    texts = load_prompt_texts(source or "builtin:heldout", field=field_name, limit=count + skip)[skip:]
+    if not texts:
+        raise ValueError(f"{source or 'builtin:heldout'} has no prompts left after skipping {skip}")
+    return texts
 
 
 def environment(device: torch.device) -> dict:

@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: builtin:heldout, never seen in training)")
     parser.add_argument("--field", default="prompt", help="text field of --prompts")
     parser.add_argument("--num-prompts", type=int, default=10, help="prompts to run")
+    parser.add_argument("--skip-prompts", type=int, default=0, metavar="N",
+                        help="start after the first N prompts (e.g. those a `ddte pipeline` bench chose on)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per prompt (different seeds)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt")
     deprecated(parser, "--new-tokens", "--max-new-tokens", "max_new_tokens", type=int)
@@ -74,6 +76,8 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
 
     if args.num_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
         raise UserError("--num-prompts, --repeats and --max-new-tokens must be >= 1")
+    if args.skip_prompts < 0:
+        raise UserError("--skip-prompts must be >= 0")
     if any(not t >= 0 for t in args.temperature) or not 0 < args.top_p <= 1:
         raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
     methods = list(args.methods)
@@ -105,11 +109,13 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     pair = load_pair_from_args(args)
     with user_errors():
-        prompts = encode_prompts(pair, bench_prompts(args.prompts, args.field, args.num_prompts), args.max_new_tokens)
+        prompts = encode_prompts(pair, bench_prompts(args.prompts, args.field, args.num_prompts,
+                                                    args.skip_prompts), args.max_new_tokens)
         settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p)
         rows = run_bench(methods, pair, prompts, settings, args.temperature)
     temps = ", ".join(f"{t:g}" for t in args.temperature)
-    title = (f"{len(prompts)} held-out prompts × {args.repeats} repeat(s), {args.max_new_tokens} new tokens, "
+    skipped = f" (after the first {args.skip_prompts})" if args.skip_prompts else ""
+    title = (f"{len(prompts)} held-out prompts{skipped} × {args.repeats} repeat(s), {args.max_new_tokens} new tokens, "
              f"T = {temps}, top-p {args.top_p:g}")
     print(title)
     print(format_table(rows))

@@ -1,9 +1,11 @@
 """The main job: collect -> train -> export -> bench -> decide, on the shipped pair, ending with the results table.
 
 Collects roots on training prompts, trains one selector per verifier with its never-lose guard, exports them to
-ONNX, benches each against its static candidate (its best static action on the training data) on held-out
-prompts in one interleaved run, and writes what to deploy per verifier and temperature to policy.json. Every
-stage's settings are checked before the first one starts; nothing is created on a refusal.
+ONNX, benches each against its static candidates (the best distinct trees of the training data, bench.candidates of
+them) on held-out prompts in one interleaved run, and writes what to deploy per verifier and temperature to
+policy.json: the fastest static candidate, or the selector where it beat them all. Every stage's settings are
+checked before the first one starts; nothing is created on a refusal. The bench uses the first bench.num_prompts
+held-out prompts: an independent check of the choice skips them (ddte bench --skip-prompts N).
 
 Examples:
   ddte pipeline --config configs/pipeline/default.yaml

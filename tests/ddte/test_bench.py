@@ -100,9 +100,12 @@ def test_prompts_come_from_any_source_collect_reads(tmp_path):
 
     heldout, train = bench_prompts(None, "prompt", 3), bench_prompts("builtin:train", "prompt", 3)
     assert heldout == bench_prompts("builtin:heldout", "prompt", 3) and len(train) == 3
+    assert bench_prompts(None, "prompt", 2, skip=1) == heldout[1:]  # past the prompts another bench chose on
     assert not set(heldout) & set(train)
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"text": "def f(x):"}) + "\n")
     assert bench_prompts(str(path), "text", 5) == ["def f(x):"]
+    with pytest.raises(ValueError, match="no prompts left after skipping 1"):
+        bench_prompts(str(path), "text", 5, skip=1)
     with pytest.raises(ValueError, match="not found"):
         bench_prompts(str(tmp_path / "missing.jsonl"), "prompt", 1)

@@ -60,9 +60,15 @@ def test_the_pipeline_runs_end_to_end_and_its_choice_deploys(tiny, tmp_path, cap
     policy = json.loads((out / "policy.json").read_text())
     assert {(c["verifier"], c["temperature"]) for c in policy["choices"]} == {
         (v, t) for v in ("specinfer", "traversal") for t in (0.6, 1.0)}
+    bench_file = json.loads((out / "bench.json").read_text())
     for choice in policy["choices"]:
         assert choice["policy"] in ("static", "selector") and choice["reason"]
         assert choice["policy"] == "static" or choice["tokens_per_s"] > choice["static_tokens_per_s"]
+        benched = bench_file["settings"]["candidates"][choice["verifier"]][str(choice["temperature"])]
+        assert choice["action"] in benched and len(benched) >= 2  # the training split's runners-up were benched
+        rates = [r["tokens_per_s"] for r in bench_file["rows"] if r["temperature"] == choice["temperature"]
+                 and r["method"] in {f"{choice['verifier']}@{a}" for a in benched}]
+        assert choice["static_tokens_per_s"] == max(rates)
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
@@ -80,3 +86,51 @@ def test_the_pipeline_runs_end_to_end_and_its_choice_deploys(tiny, tmp_path, cap
     assert main(["generate", "--prompt-ids", "5,9,3", "--pair", str(tiny / "pair.yaml"), "--policy-file",
                  str(out / "policy.json"), "--max-new-tokens", "4", "--output", str(generated)]) == 0
     assert len(json.loads(generated.read_text())["tokens"]) == 4
+
+
+def _bench_row(method: str, temperature: float, seconds: float, prompts: int = 4) -> dict:
+    per_prompt = [{"prompt": i, "repeat": 0, "new_tokens": 100.0, "wall_seconds": seconds * (1 + 0.1 * i)}
+                  for i in range(prompts)]
+    return {"method": method, "temperature": temperature, "per_prompt": per_prompt,
+            "tokens_per_s": 100.0 * prompts / sum(p["wall_seconds"] for p in per_prompt)}
+
+
+def _selector_metadata(fallback: str, margin: float | None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(fallback_for=lambda t, p: SimpleNamespace(action=fallback, margin=margin))
+
+
+def test_static_candidates_are_the_fallback_then_the_training_split_runners_up():
+    from ddte.pipeline import static_candidates
+
+    summary = {"sampling": [{"temperature": 0.6, "top_p": 1.0}, {"temperature": 1.0, "top_p": 1.0}],
+               "static_ranking": {"0": ["1,3,0", "1,7,0", "1,5,0"], "1": ["1,5,0", "2,1,3", "1,3,0"]}}
+    chosen = static_candidates(_selector_metadata("1,0,3", None), summary, [0.6, 0.9], 3)
+    assert chosen == {0.6: ["1,3,0", "1,7,0", "1,5,0"], 0.9: ["1,3,0", "1,5,0", "2,1,3"]}  # 0.9: the T = 1 ranking
+    assert static_candidates(_selector_metadata("1,0,3", None), summary, [0.6], 1) == {0.6: ["1,3,0"]}
+    assert static_candidates(_selector_metadata("1,0,3", None), {}, [0.6], 3) == {0.6: ["1,3,0"]}  # no ranking
+
+
+@pytest.mark.parametrize(
+    ("margin", "selector_seconds", "policy", "action"),
+    [
+        (None, 0.5, "static", "1,5,0"),  # guard off: the fastest static candidate, not the training split's choice
+        (0.01, 0.95, "static", "1,5,0"),  # beats the fallback (1.0 s) but not the fastest candidate (0.9 s)
+        (0.01, 0.85, "selector", "1,3,0"),  # beats every candidate; its fallback is recorded
+    ],
+)
+def test_the_decision_deploys_the_fastest_measured_policy(tmp_path, margin, selector_seconds, policy, action):
+    from ddte.pipeline import decide
+
+    path = tmp_path / "selectors" / "traversal.onnx"
+    actions = ["1,3,0", "1,5,0", "1,7,0"]
+    rows = [_bench_row(f"traversal@{a}", 0.6, s) for a, s in zip(actions, (1.0, 0.9, 1.1), strict=True)]
+    rows.append(_bench_row(f"traversal@selector={path}", 0.6, selector_seconds))
+    [choice] = decide(rows, {"traversal": {0.6: actions}}, {"traversal": _selector_metadata("1,0,3", margin)},
+                      {"traversal": path}, tmp_path)
+    assert (choice.policy, choice.action) == (policy, action)
+    assert choice.static_tokens_per_s == pytest.approx(rows[1]["tokens_per_s"])
+    assert choice.selector == ("selectors/traversal.onnx" if policy == "selector" else None)
+    assert "(1,5,0) ran fastest" in choice.reason and "1.111×" in choice.reason
+    assert "other half: 1.111×" in choice.reason

@@ -82,6 +82,10 @@ def test_bench_creates_a_new_output_folder_and_refuses_one_under_a_file(tiny, tm
             "--max-new-tokens", "3", "--methods", "ar"]
     assert main([*base, "--output", str(blocker / "r.json")]) == 2
     assert "is a file" in _one_line(capsys, "bench")
+    assert main([*base, "--skip-prompts", "-1"]) == 2
+    assert "--skip-prompts must be >= 0" in _one_line(capsys, "bench")
+    assert main([*base, "--prompts", str(prompts), "--skip-prompts", "1"]) == 2
+    assert "no prompts left after skipping 1" in _one_line(capsys, "bench")
 
 
 def test_bench_runs_equivalent_static_actions_once(tmp_path, capsys):

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from decode.actions import Action
+from decode.actions import Action, distinct_trees
 from decode.engine import SpeculativeDecoder, check_action
 from decode.models import CachedLM
 from decode.policies import AdaptiveLengthPolicy, StaticPolicy
@@ -121,6 +121,12 @@ def test_unsupported_action_is_refused_before_decoding():
         Action(0, 1, 1)
     with pytest.raises(ValueError, match="K,L1,L2"):
         Action.parse("1,2")
+
+
+def test_distinct_trees_count_each_drafted_tree_once():
+    ranked = ["1,0,3", "1,3,0", "2,3,0", "1,1,4", "2,1,3", "1,0,5", "4,0,2"]
+    assert distinct_trees(ranked, 3) == ["1,3,0", "1,5,0", "2,1,3"]
+    assert distinct_trees(ranked, 10) == ["1,3,0", "1,5,0", "2,1,3", "4,0,2"]
 
 
 def test_statistics_add_up(target):

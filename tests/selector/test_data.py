@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from decode.actions import Action
 from selector.data import (
     SelectorDataModule,
     best_static_actions,
@@ -56,6 +57,10 @@ def test_standardisation_is_fitted_on_the_training_split_only(dm):
 def test_baseline_action_is_the_best_static_of_the_training_split(dm):
     expected = best_static_actions(dm.splits["train"])
     assert dm.static_actions == expected
+    ranking = dm.describe()["static_ranking"]
+    for config, action in expected.items():  # the ranking the pipeline benches starts with the fallback's tree
+        assert ranking[str(config)][0] == Action.parse(dm.info.actions[action]).canonical().key
+        assert len(set(ranking[str(config)])) == len(ranking[str(config)]) >= 2
     for arrays in dm.splits.values():
         assert all(b == expected[int(c)] for b, c in zip(arrays.base_index, arrays.sampling_index, strict=True))
 

@@ -6,7 +6,7 @@ import matplotlib.figure
 import numpy as np
 import pytest
 
-from selector.data import RootArrays, best_static_actions
+from selector.data import RootArrays, best_static_actions, ranked_static_actions
 from selector.metrics import (
     action_histogram_figure,
     offline_metrics,
@@ -75,6 +75,8 @@ def test_best_static_uses_stream_throughput_and_only_always_valid_actions():
                         be=BE.astype(np.float32))
     # config 0: TP 2 / [2, 5/3, 7/6] -> [1, 1.2, 1.71]: action 2; config 1: action 2 unlabelled -> 0
     assert best_static_actions(arrays) == {0: 2, 1: 0}
+    # the ranking behind it: every always-labelled action, fastest first; action 2 is not ranked in config 1
+    assert ranked_static_actions(arrays) == {0: [2, 1, 0], 1: [0, 1]}
 
 
 def test_plot_helpers_return_figures():
