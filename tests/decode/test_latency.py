@@ -56,6 +56,7 @@ class _FakeClock:
 
     def __init__(self) -> None:
         self.now, self.last_model = 0.0, None
+        self.slow = (0.0, 0.0)  # seconds [from, to) in which every pass takes twice as long
 
     def __call__(self) -> float:
         return self.now
@@ -67,19 +68,21 @@ class _RecordingLM:
 
     def __init__(self, name: str, clock: _FakeClock, ms_per_token: float = 1.0, cold_ms: float = 0.0) -> None:
         self.device = torch.device("cpu")
-        self.vocab_size, self.length, self.blocks = 16, 0, []
+        self.vocab_size, self.length, self.blocks, self.prefills = 16, 0, [], []
         self.context_limit = 128
         self.name, self.clock, self.ms_per_token, self.cold_ms = name, clock, ms_per_token, cold_ms
 
     def prefill(self, tokens):
         self.length = len(tokens)
+        self.prefills.append(len(tokens))
 
     def extend_tree(self, tokens, parents):
         assert parents == [self.length - 1] * len(tokens)  # siblings under the cache's last token
         self.blocks.append(len(tokens))
         self.length += len(tokens)
         cold = self.cold_ms if self.clock.last_model not in (None, self.name) else 0.0
-        self.clock.now += (self.ms_per_token * len(tokens) + cold) / 1e3
+        slow = 2.0 if self.clock.slow[0] <= self.clock.now < self.clock.slow[1] else 1.0
+        self.clock.now += slow * (self.ms_per_token * len(tokens) + cold) / 1e3
         self.clock.last_model = self.name
         return torch.zeros(len(tokens), self.vocab_size)
 
@@ -105,6 +108,19 @@ def test_every_block_size_is_measured_in_the_loops_order(monkeypatch):
     # per step: the cold one-token pass, the same pass warm, then the block
     assert draft.blocks == [n for _ in range(3 * 2) for size in range(1, 6) for n in (1, 1, size)]
     assert target.length == 0 and draft.length == 0
+    assert target.prefills == draft.prefills == [8, 20] * 3  # repeats outermost: every length once per repeat
+
+
+def test_a_slow_phase_of_the_machine_does_not_bend_the_table(monkeypatch):
+    """After the warm-up, every pass runs twice as slow for as long as two slowed sweeps take. Repeats outermost put
+    the phase on repeat 1 of each length, and the medians stay exact; with the lengths outermost it would fall on
+    repeats 2 and 3 of the first length and bend its row (the code before this test did)."""
+    target, draft = _recording_pair(monkeypatch)
+    sweep_s = (10 + 20 + 30 + 40 + 3 + 4 + 5 + 6) / 1e3  # one length's sizes 1..4: target block, 3 draft passes each
+    target.clock.slow = (2 * sweep_s - 1e-6, 5.9 * sweep_s)
+    table = measure_latency(target, draft, lengths=[8, 20], repeats=3, warmup=1, max_size=4)
+    assert table.target_ms == [pytest.approx([10.0, 20.0, 30.0, 40.0])] * 2
+    assert table.draft_ms == [pytest.approx([1.0, 2.0, 3.0, 4.0])] * 2
 
 
 def test_measured_passes_and_the_cold_first_draft_pass(monkeypatch):
