@@ -7,14 +7,14 @@
 4. bench: on held-out prompts, for each temperature, in one interleaved run: AR, each verifier's static
    candidates (the `bench.candidates` best distinct trees of the training split at that temperature, its selector's
    fallback first) and its selector (left out where its guard is off, because it then drafts exactly the fallback);
-5. decide: per verifier and temperature, deploy the fastest static candidate of that bench, or the selector where
-   it beat every candidate. The choice goes to `<output>/policy.json` (`--policy-file` of `ddte generate` and
-   `ddte bench`).
+5. decide: per verifier and temperature, deploy the training split's static choice unless a runner-up beat it
+   beyond the bench's noise (a paired bootstrap interval wholly above 1), or the selector where it beat that static.
+   The choice goes to `<output>/policy.json` (`--policy-file` of `ddte generate` and `ddte bench`).
 
-Why bench several statics: a small collection and the shift from training to held-out prompts both misrank
-near-tied trees offline (on the shipped pair the 641 pipeline roots put (1,0,7) 2 % above (1,0,5) for Traversal at
-T = 0.6, which ran 2 % below it on held-out prompts). Choosing the fastest of several measured rows is itself biased
-upward, so the results also carry a cross-fitted figure: choose on half of the bench prompts, score on the other half.
+Why bench several statics, and why a test before leaving the offline choice: the offline ranking can be wrong by more
+than the candidates differ (a small collection; a latency table bent by a slow phase of the machine once ranked
+K-wide trees 5 % too cheap), and the bench catches a gross error; but near-tied rows of a 16-prompt bench differ by
+noise, and the fastest of them chosen on half of the prompts ran 0.975-1.0× the offline choice on the other half.
 
 Every stage's settings are checked before the first one starts. Everything goes to the `output` folder: data/,
 mlflow.db, selectors/, bench.json, bench.png, policy.json and results.md.
@@ -359,9 +359,9 @@ def _bench(config: PipelineConfig, out: Path, candidates: dict[str, dict[float, 
 
 def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], metadata: dict,
            selectors: dict[str, Path], out: Path):
-    """Per verifier and temperature: the fastest static candidate of this bench, or the selector where its guard is
-    on and it beat every static candidate."""
-    from ddte.bench.compare import cross_fitted_choice_ratio, fastest_row
+    """Per verifier and temperature: the static candidate that ``choose_static`` (ddte/bench/compare.py) keeps, or
+    the selector where its guard is on and it beat that static in this bench."""
+    from ddte.bench.compare import choose_static
     from decode.deployment import Choice
 
     choices = []
@@ -369,9 +369,8 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
         for temperature, actions in candidates[verifier].items():
             at_t = {r["method"]: r for r in rows if r["temperature"] == temperature}
             statics = [at_t[f"{verifier}@{action}"] for action in actions]
-            fastest = fastest_row(statics)
-            static = statics[fastest]
-            measured = _static_reason(actions, statics, fastest, cross_fitted_choice_ratio(statics))
+            kept, measured = choose_static(statics, actions)
+            static = statics[kept]
             selector = at_t.get(f"{verifier}@selector={path}")
             if metadata[verifier].fallback_for(temperature, 1.0).margin is None or selector is None:
                 policy, reason = "static", f"{measured}; the selector's guard is off (it never beat its fallback " \
@@ -379,24 +378,12 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
             else:
                 ratio = selector["tokens_per_s"] / static["tokens_per_s"]
                 policy = "selector" if ratio > 1.0 else "static"
-                reason = f"{measured}; the selector ran at {ratio:.3f}× the fastest static candidate"
+                reason = f"{measured}; the selector ran at {ratio:.3f}× ({actions[kept]})"
             chosen = selector if policy == "selector" else static
             choices.append(Choice(
                 verifier, float(temperature), 1.0, policy,
-                actions[0] if policy == "selector" else actions[fastest],
+                actions[0] if policy == "selector" else actions[kept],
                 str(path.relative_to(out)) if policy == "selector" else None,
                 chosen["tokens_per_s"], static["tokens_per_s"], reason,
             ))
     return choices
-
-
-def _static_reason(actions: list[str], statics: list[dict], fastest: int, cross_fitted: float | None) -> str:
-    """One clause on which static candidate ran fastest, against the training split's choice."""
-    if len(actions) == 1:
-        return f"({actions[0]}) is the only static candidate"
-    ratio = statics[fastest]["tokens_per_s"] / statics[0]["tokens_per_s"]
-    text = (f"({actions[fastest]}) ran fastest of the static candidates {', '.join(f'({a})' for a in actions)}, "
-            f"{ratio:.3f}× the training split's choice ({actions[0]}) in this bench")
-    if cross_fitted is not None:
-        text += f" (choosing on half of the prompts and scoring on the other half: {cross_fitted:.3f}×)"
-    return text

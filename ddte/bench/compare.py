@@ -1,4 +1,5 @@
-"""Each policy row of a bench run against its verifier's best static tree in the same run.
+"""Each policy row of a bench run against its verifier's best static tree in the same run; and which static
+candidate a deployment keeps.
 
 "The best static row" of a run is itself chosen on the run: the maximum over several noisy rates. When the static
 candidates are near-ties (on the shipped pair they lie within 1–3 %, while a 32-prompt run's rates carry about 2 %
@@ -123,3 +124,47 @@ def cross_fitted_choice_ratio(rows: list[dict], reference: int = 0) -> float | N
 def fastest_row(rows: list[dict]) -> int:
     """Index of the row with the most tokens/s (the first of equals)."""
     return max(range(len(rows)), key=lambda i: rows[i]["tokens_per_s"])
+
+
+def paired_ratio_interval(row: dict, reference: dict, level: float = 0.95, draws: int = 2000,
+                          seed: int = 0) -> tuple[float, float] | None:
+    """Paired bootstrap interval over prompts of ``row``'s tokens/s over ``reference``'s (None under two prompts)."""
+    tokens, wall = per_prompt_sums([row, reference])
+    if tokens.shape[1] < 2:
+        return None
+    rates = resampled_rates(tokens, wall, draws, np.random.default_rng(seed))
+    ratio = rates[0] / rates[1]
+    tail = (1 - level) / 2
+    return float(np.quantile(ratio, tail)), float(np.quantile(ratio, 1 - tail))
+
+
+SWITCH_LEVEL = 0.90  # two-sided level of the interval a runner-up must clear (one-sided 5 %), split over runners-up
+
+
+def choose_static(statics: list[dict], actions: list[str]) -> tuple[int, str]:
+    """Which static candidate to deploy, and one clause saying why: the training split's choice (index 0) unless a
+    runner-up ran faster with its paired bootstrap interval against it wholly above 1.
+
+    The interval's level is Bonferroni-split over the runners-up, since the fastest of them is itself chosen on this
+    bench. Why a test and not the fastest row: on the shipped pair the candidates lie within a few per cent, a 16-prompt
+    bench's rows carry about 3.5 % of noise each, and choosing the fastest row on half of the prompts scored 0.975-1.0×
+    the training split's choice on the other half. The bench still overrules a gross offline error.
+    """
+    if len(statics) == 1:
+        return 0, f"({actions[0]}) is the only static candidate"
+    fastest = fastest_row(statics)
+    cross_fitted = cross_fitted_choice_ratio(statics)
+    names = ", ".join(f"({a})" for a in actions)
+    tail = "" if cross_fitted is None else (f"; the fastest row chosen on half of the prompts ran {cross_fitted:.3f}× "
+                                            f"({actions[0]}) on the other half")
+    if fastest == 0:
+        return 0, f"({actions[0]}), the training split's choice, ran fastest of {names}{tail}"
+    ratio = statics[fastest]["tokens_per_s"] / statics[0]["tokens_per_s"]
+    level = 1 - (1 - SWITCH_LEVEL) / (len(statics) - 1)
+    interval = paired_ratio_interval(statics[fastest], statics[0], level=level)
+    shown = "no interval" if interval is None else f"{level:.0%} interval [{interval[0]:.3f}, {interval[1]:.3f}]"
+    if interval is not None and interval[0] > 1.0:
+        return fastest, (f"({actions[fastest]}) ran {ratio:.3f}× the training split's choice ({actions[0]}), {shown}: "
+                         f"beyond this bench's noise{tail}")
+    return 0, (f"kept the training split's choice ({actions[0]}): the fastest of {names}, ({actions[fastest]}), ran "
+               f"{ratio:.3f}× it, {shown}, within this bench's noise{tail}")

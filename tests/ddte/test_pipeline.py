@@ -65,10 +65,8 @@ def test_the_pipeline_runs_end_to_end_and_its_choice_deploys(tiny, tmp_path, cap
         assert choice["policy"] in ("static", "selector") and choice["reason"]
         assert choice["policy"] == "static" or choice["tokens_per_s"] > choice["static_tokens_per_s"]
         benched = bench_file["settings"]["candidates"][choice["verifier"]][str(choice["temperature"])]
-        assert choice["action"] in benched and len(benched) >= 2  # the training split's runners-up were benched
-        rates = [r["tokens_per_s"] for r in bench_file["rows"] if r["temperature"] == choice["temperature"]
-                 and r["method"] in {f"{choice['verifier']}@{a}" for a in benched}]
-        assert choice["static_tokens_per_s"] == max(rates)
+        assert len(benched) >= 2  # the training split's runners-up were benched
+        assert choice["action"] == benched[0]  # one prompt gives no interval: the training split's choice stays
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
@@ -115,9 +113,9 @@ def test_static_candidates_are_the_fallback_then_the_training_split_runners_up()
 @pytest.mark.parametrize(
     ("margin", "selector_seconds", "policy", "action"),
     [
-        (None, 0.5, "static", "1,5,0"),  # guard off: the fastest static candidate, not the training split's choice
-        (0.01, 0.95, "static", "1,5,0"),  # beats the fallback (1.0 s) but not the fastest candidate (0.9 s)
-        (0.01, 0.85, "selector", "1,3,0"),  # beats every candidate; its fallback is recorded
+        (None, 0.5, "static", "1,5,0"),  # guard off: the runner-up that beat the training split's choice clearly
+        (0.01, 0.95, "static", "1,5,0"),  # beats the fallback (1.0 s) but not the kept static (0.9 s)
+        (0.01, 0.85, "selector", "1,3,0"),  # beats the kept static; its fallback is recorded
     ],
 )
 def test_the_decision_deploys_the_fastest_measured_policy(tmp_path, margin, selector_seconds, policy, action):
@@ -132,5 +130,5 @@ def test_the_decision_deploys_the_fastest_measured_policy(tmp_path, margin, sele
     assert (choice.policy, choice.action) == (policy, action)
     assert choice.static_tokens_per_s == pytest.approx(rows[1]["tokens_per_s"])
     assert choice.selector == ("selectors/traversal.onnx" if policy == "selector" else None)
-    assert "(1,5,0) ran fastest" in choice.reason and "1.111×" in choice.reason
-    assert "other half: 1.111×" in choice.reason
+    assert "(1,5,0) ran 1.111× the training split's choice (1,3,0)" in choice.reason
+    assert "beyond this bench's noise" in choice.reason and "other half" in choice.reason
