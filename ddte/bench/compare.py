@@ -166,5 +166,5 @@ def choose_static(statics: list[dict], actions: list[str]) -> tuple[int, str]:
     if interval is not None and interval[0] > 1.0:
         return fastest, (f"({actions[fastest]}) ran {ratio:.3f}× the training split's choice ({actions[0]}), {shown}: "
                          f"beyond this bench's noise{tail}")
-    return 0, (f"kept the training split's choice ({actions[0]}): the fastest of {names}, ({actions[fastest]}), ran "
+    return 0, (f"kept the training split's choice ({actions[0]}): ({actions[fastest]}), the fastest of {names}, ran "
                f"{ratio:.3f}× it, {shown}, within this bench's noise{tail}")
