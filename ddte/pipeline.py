@@ -207,14 +207,15 @@ def _run_stages(config: PipelineConfig, out: Path, tracking: _Tracking) -> Pipel
     bench = _bench(config, out, candidates, active, tracking)
     timings["bench"] = time.perf_counter() - started
     _stage(5, "decide")
-    choices = decide(bench["rows"], candidates, metadata, selectors, out)
+    kept = keep_statics(bench["rows"], candidates)
+    choices = decide(bench["rows"], candidates, metadata, selectors, out, kept)
     best_verifier = max(choices, key=lambda c: c.tokens_per_s or 0.0).verifier
     deployment = Deployment(choices, best_verifier, bench["pair_fingerprint"],
                             {"bench": "bench.json", "data": str(data_dir)})
     path = deployment.write(out / "policy.json")
     from ddte.results import results_markdown
 
-    text = results_markdown(bench, trained, candidates, choices, timings, data_dir, tracking.parent)
+    text = results_markdown(bench, trained, candidates, kept, choices, timings, data_dir, tracking.parent)
     (out / "results.md").write_text(text + "\n", encoding="utf-8")
     for name in ("results.md", "policy.json"):
         tracking.client.log_artifact(tracking.parent, str(out / name))
@@ -357,20 +358,32 @@ def _bench(config: PipelineConfig, out: Path, candidates: dict[str, dict[float, 
     return payload
 
 
-def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], metadata: dict,
-           selectors: dict[str, Path], out: Path):
-    """Per verifier and temperature: the static candidate that ``choose_static`` (ddte/bench/compare.py) keeps, or
-    the selector where its guard is on and it beat that static in this bench."""
+def keep_statics(rows: list[dict], candidates: dict[str, dict[float, list[str]]]) -> dict[tuple[str, float], tuple]:
+    """Per (verifier, temperature): the index of the static candidate to keep and why
+    (``choose_static`` in ddte/bench/compare.py)."""
     from ddte.bench.compare import choose_static
+
+    out = {}
+    for verifier, by_temperature in candidates.items():
+        for temperature, actions in by_temperature.items():
+            at_t = {r["method"]: r for r in rows if r["temperature"] == temperature}
+            out[verifier, temperature] = choose_static([at_t[f"{verifier}@{a}"] for a in actions], actions)
+    return out
+
+
+def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], metadata: dict,
+           selectors: dict[str, Path], out: Path, kept: dict[tuple[str, float], tuple] | None = None):
+    """Per verifier and temperature: the static candidate :func:`keep_statics` keeps (computed here when ``kept`` is
+    not given), or the selector where its guard is on and it beat that static in this bench."""
     from decode.deployment import Choice
 
+    kept = keep_statics(rows, candidates) if kept is None else kept
     choices = []
     for verifier, path in selectors.items():
         for temperature, actions in candidates[verifier].items():
             at_t = {r["method"]: r for r in rows if r["temperature"] == temperature}
-            statics = [at_t[f"{verifier}@{action}"] for action in actions]
-            kept, measured = choose_static(statics, actions)
-            static = statics[kept]
+            index, measured = kept[verifier, temperature]
+            static = at_t[f"{verifier}@{actions[index]}"]
             selector = at_t.get(f"{verifier}@selector={path}")
             if metadata[verifier].fallback_for(temperature, 1.0).margin is None or selector is None:
                 policy, reason = "static", f"{measured}; the selector's guard is off (it never beat its fallback " \
@@ -378,11 +391,11 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
             else:
                 ratio = selector["tokens_per_s"] / static["tokens_per_s"]
                 policy = "selector" if ratio > 1.0 else "static"
-                reason = f"{measured}; the selector ran at {ratio:.3f}× ({actions[kept]})"
+                reason = f"{measured}; the selector ran at {ratio:.3f}× ({actions[index]})"
             chosen = selector if policy == "selector" else static
             choices.append(Choice(
                 verifier, float(temperature), 1.0, policy,
-                actions[0] if policy == "selector" else actions[kept],
+                actions[0] if policy == "selector" else actions[index],
                 str(path.relative_to(out)) if policy == "selector" else None,
                 chosen["tokens_per_s"], static["tokens_per_s"], reason,
             ))

@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def results_markdown(bench: dict, trained: dict, candidates: dict, choices: list, timings: dict[str, float],
-                     data_dir: Path, parent_run: str = "") -> str:
-    """The decision table (static candidates and selector, measured), the head-room, and the offline figures."""
-    from ddte.bench.compare import choose_static, cross_fitted_choice_ratio
+def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, choices: list,
+                     timings: dict[str, float], data_dir: Path, parent_run: str = "") -> str:
+    """The decision table (static candidates and selector, measured), the head-room, and the offline figures.
+
+    ``kept``: per (verifier, temperature), the kept static candidate's index and the reason (``keep_statics``).
+    """
+    from ddte.bench.compare import cross_fitted_choice_ratio
 
     rows = bench["rows"]
     settings = bench["settings"]["bench"]
@@ -33,8 +36,8 @@ def results_markdown(bench: dict, trained: dict, candidates: dict, choices: list
         at_t = {r["method"]: r for r in rows if r["temperature"] == choice.temperature}
         actions = candidates[choice.verifier][choice.temperature]
         statics = [at_t[f"{choice.verifier}@{a}"] for a in actions]
-        kept = choose_static(statics, actions)[0]
-        static = statics[kept]
+        index = kept[choice.verifier, choice.temperature][0]
+        static = statics[index]
         fastest = max(row["tokens_per_s"] for row in statics)
         selector = next((r for m, r in at_t.items() if m.startswith(f"{choice.verifier}@selector=")), None)
         if selector is None:
@@ -45,7 +48,7 @@ def results_markdown(bench: dict, trained: dict, candidates: dict, choices: list
         deployed = choice.action if choice.policy == "static" else f"selector ({choice.selector})"
         lines.append(
             f"| {choice.temperature:g} | {choice.verifier} | {' '.join(f'({a})' for a in actions)} | "
-            f"({actions[kept]}) | {static['tokens_per_s']:.1f} ± "
+            f"({actions[index]}) | {static['tokens_per_s']:.1f} ± "
             f"{_fmt(static.get('tokens_per_s_stdev_over_prompts'))} | {_fmt(static.get('speedup'), '.2f')}× | "
             f"{_fmt(static.get('block_efficiency'), '.2f')} | "
             f"{fastest / statics[0]['tokens_per_s']:.3f} | "
