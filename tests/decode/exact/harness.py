@@ -132,9 +132,9 @@ def emitted_law(pair: ToyPair, draft: Callable, verifier: Verifier) -> dict[tupl
     return outcome_law(enumerate_runs(run))
 
 
-def stream_error(pair: ToyPair, law: dict[tuple[int, ...], float], length: int) -> float:
-    """max_s |P(first M tokens = s) - Π p(s)| over all strings s of length M, continuing each round with p."""
-    worst = 0.0
+def stream_law(pair: ToyPair, law: dict[tuple[int, ...], float], length: int) -> dict[tuple[int, ...], float]:
+    """P(first M tokens = s) for every string s of length M, continuing each round with p (algorithms.md §1.3)."""
+    out_law = {}
     for s in itertools.product(range(pair.vocab), repeat=length):
         got = 0.0
         for out, prob in law.items():
@@ -142,8 +142,18 @@ def stream_error(pair: ToyPair, law: dict[tuple[int, ...], float], length: int) 
                 got += prob * pair.prefix_prob(s, start=len(out))
             elif len(out) > length and out[:length] == s:
                 got += prob
-        worst = max(worst, abs(got - pair.prefix_prob(s)))
-    return worst
+        out_law[s] = got
+    return out_law
+
+
+def stream_error(pair: ToyPair, law: dict[tuple[int, ...], float], length: int) -> float:
+    """max_s |P(first M tokens = s) - Π p(s)| over all strings s of length M, continuing each round with p."""
+    return max(abs(got - pair.prefix_prob(s)) for s, got in stream_law(pair, law, length).items())
+
+
+def stream_tv(pair: ToyPair, law: dict[tuple[int, ...], float], length: int) -> float:
+    """Total variation between the law of the first M tokens (as in :func:`stream_error`) and the target's."""
+    return 0.5 * sum(abs(got - pair.prefix_prob(s)) for s, got in stream_law(pair, law, length).items())
 
 
 def check_total_mass(law: dict) -> float:

@@ -1,7 +1,9 @@
-"""Layer 1b: the five known-wrong variants of algorithms.md §6(b). The harness must flag each one.
+"""Layer 1b: the five known-wrong variants of algorithms.md §6(b), plus SpecTr-GBV's released rule (issue 31).
+The harness must flag each one.
 
-Each variant changes one thing in a real verifier through the same hooks the real code uses. If the
-harness ever passed one of them, it would be too weak to trust on the real verifiers.
+Each of the five changes one thing in a real verifier through the same hooks the real code uses. SpecTr-GBV is a
+rule of its own (``spectr_gbv.py``) behind the same ``Verifier`` interface. If the harness ever passed one of them,
+it would be too weak to trust on the real verifiers. Its exact counterexamples are in ``test_spectr_gbv.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from decode.verifiers.ot import SpecInferVerifier, SpecTrVerifier
 from decode.verifiers.otlp import SpecInferSolver, SpecTrSolver, spectr_rho
 from decode.verifiers.traversal import TraversalState, TraversalVerifier
 from tests.decode.exact.harness import ToyPair, emitted_law, sample_delayed, sample_without_replacement, stream_error
+from tests.decode.exact.spectr_gbv import ReleasedSpecTrGBV
 
 FLAGGED = 1e-6  # real verifiers stay below 1e-9; a biased one must be clearly above
 
@@ -105,6 +108,7 @@ CONTROLS = {
     "traversal-without-q-update": (TraversalWithoutQUpdate(), iid((2, 0, 2)) + wor((2, 1))),
     "gbv-inconsistent-ties": (InconsistentTieGBV(), iid((2, 0, 2)) + iid((3, 0, 2), seeds=(1,))),
     "specinfer-on-wor-trees": (SpecInferOnWithoutReplacement(), wor((2, 1)) + wor((3,))),
+    "spectr-gbv-released": (ReleasedSpecTrGBV(), iid((1, 0, 2), vocab=2) + iid((2, 0, 2))),
 }
 
 
@@ -125,6 +129,7 @@ def test_the_correct_counterpart_passes_the_same_cases(control):
         "traversal-without-q-update": "traversal",
         "gbv-inconsistent-ties": "gbv",
         "specinfer-on-wor-trees": "rsd",
+        "spectr-gbv-released": "gbv",
     }[control]
     _, drafts = CONTROLS[control]
     assert worst_error(get_verifier(counterpart), drafts) < 1e-9
