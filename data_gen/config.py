@@ -48,7 +48,7 @@ class LatencyGrid:
 class CollectConfig:
     """The whole collection job."""
 
-    pair: str = "configs/pairs/shipped.yaml"
+    pair: str = "configs/pair/shipped.yaml"
     output: str = "data/collect/default"
     prompts: PromptConfig = field(default_factory=PromptConfig)
     sampling: SamplingGrid = field(default_factory=SamplingGrid)

@@ -1,13 +1,13 @@
 """Train the shipped draft/target pair from scratch: tokenizer, target and draft, on the Python stdlib.
 
-Reads a YAML recipe (default configs/pair/default.yaml), trains a byte-level BPE tokenizer on the training split of
+Reads a YAML recipe (default configs/train-pair/default.yaml), trains a byte-level BPE tokenizer on the training split of
 the running interpreter's standard library, then a Llama target and a Llama draft from random init, and writes
 tokenizer/, target/, draft/, recipe.json and loss_curve.png into the output folder. Nothing lands there until
 every product is finished; an interrupted run leaves nothing behind.
 
 Examples:
-  ddte train-pair --config configs/pair/default.yaml
-  ddte train-pair --config configs/pair/tiny.yaml --output /tmp/pair target.train.steps=20 draft.seed=7
+  ddte train-pair --config configs/train-pair/default.yaml
+  ddte train-pair --config configs/train-pair/tiny.yaml --output /tmp/pair target.train.steps=20 draft.seed=7
   ddte train-pair --only draft                     # retrain the draft, keep the target of the previous run
 """
 
@@ -17,7 +17,7 @@ import argparse
 
 from ddte.commands.common import UserError, add_overrides_argument, deprecated, user_errors
 
-DEFAULT_CONFIG = "configs/pair/default.yaml"
+DEFAULT_CONFIG = "configs/train-pair/default.yaml"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

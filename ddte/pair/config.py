@@ -1,4 +1,4 @@
-"""Typed configuration of the pair recipe, loaded from YAML (``configs/pair/*.yaml``) with dotted CLI overrides.
+"""Typed configuration of the pair recipe, loaded from YAML (``configs/train-pair/*.yaml``) with dotted CLI overrides.
 
 The dataclasses below are the schema; the YAML files mirror them key for key. Unknown keys are errors, so a typo in
 a config or an override never silently falls back to a default.

@@ -1,6 +1,6 @@
 """Train the shipped draft/target pair from scratch: tokenizer, target and draft, on the Python stdlib.
 
-Reads a YAML config (default ``configs/pair/default.yaml``), trains a byte-level BPE tokenizer on the training split
+Reads a YAML config (default ``configs/train-pair/default.yaml``), trains a byte-level BPE tokenizer on the training split
 of the running interpreter's standard library, then a Llama target and a Llama draft from random init, and writes
 into the output directory:
 
@@ -30,7 +30,7 @@ from ddte.pair.config import ModelRecipe, PairConfig, TrainSchedule, config_to_d
 from ddte.pair.tokenizer import BOS, EOS, train_bpe, wrap_for_transformers
 from distill.saving import round_to_storage, save_model
 
-DEFAULT_CONFIG = "configs/pair/default.yaml"
+DEFAULT_CONFIG = "configs/train-pair/default.yaml"
 PRODUCTS = ("tokenizer", "target", "draft", "recipe.json", "loss_curve.png")
 
 

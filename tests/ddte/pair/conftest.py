@@ -17,13 +17,13 @@ os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="ddte-test-da
 
 from tests.factories import REPO, run_subcommand
 
-TINY_CONFIG = REPO / "configs" / "pair" / "tiny.yaml"
+TINY_CONFIG = REPO / "configs" / "train-pair" / "tiny.yaml"
 SHIPPED = REPO / "models"
 
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory) -> Path:
-    """A pair trained with configs/pair/tiny.yaml (a few seconds), shared by the tests that only read it."""
+    """A pair trained with configs/train-pair/tiny.yaml (a few seconds), shared by the tests that only read it."""
     from ddte.commands import train_pair
 
     out = tmp_path_factory.mktemp("tiny-pair")
