@@ -8,8 +8,16 @@ prefix plus one chain of speculative slots from the committed tip and drops ever
 
 Tree attention uses an additive float mask of shape ``(1, 1, q_len, length + q_len)`` in the model dtype
 (``0`` = attend, ``torch.finfo(dtype).min`` = blocked) and explicit ``position_ids``; a block that merely
-continues a linear cache runs without a mask (the model's own causal path). Works with sdpa and eager attention;
-never use flex_attention with these masks on CPU (see docs/stack-notes.md §2).
+continues a linear cache runs without a mask (the model's own causal path). Works with sdpa and eager attention
+(eager where a model has no sdpa, e.g. Gemma2's softcapped scores); never use flex_attention with these masks on
+CPU (see docs/stack-notes.md §2).
+
+Sliding-window attention (Mistral, Qwen2 with ``use_sliding_window``, the sliding layers of Gemma2/Gemma3) is
+applied by this mask too: a token attends to the ancestors on its own path whose position is within the window
+(``position(query) - position(key) < window``, HF's convention). The cache keeps every slot in **full** layers
+(never HF's ``DynamicSlidingWindowLayer``, which drops old entries and could not be rolled back slot by slot).
+Hybrid models (``config.layer_types`` mixing full and sliding layers) get a dict of masks keyed by layer type,
+which their forward takes in place of the masks it would build.
 """
 
 from __future__ import annotations
@@ -20,11 +28,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PretrainedConfig, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
 
 from decode.slots import SlotForest
 
-__all__ = ["CachedLM", "check_same_vocab", "context_limit", "load_causal_lm"]
+__all__ = ["CachedLM", "attention_windows", "check_same_vocab", "context_limit", "load_causal_lm"]
+
+# the layer types of config.layer_types this wrapper can run; any other (chunked, linear or recurrent attention,
+# layers sharing another's cache) needs a mask or a cache this module does not build
+_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 def _default_dtype(device: torch.device, dtype: torch.dtype | None) -> torch.dtype:
     if dtype is not None:
@@ -44,7 +55,17 @@ class CachedLM:
     All returned logits and hidden states are float32 tensors on ``device``. The constructor switches the model
     to sdpa attention (eager is kept if sdpa is unavailable), moves it to ``device``/``dtype`` and sets eval
     mode, all in place.
+
+    ``forward_name`` is ``"hf"`` (HF's forward; :class:`~decode.fast_llama.FastCachedLM` says ``"fast"``), and
+    ``fast_fallback`` why :func:`~decode.fast_llama.cached_lm` did not take the fast forward (None if not asked).
+
+    Raises:
+        ValueError: the model has neither sdpa nor eager attention, or attention this class's masks cannot express
+            (see :func:`attention_windows`).
     """
+
+    forward_name = "hf"
+    fast_fallback: str | None = None
 
     def __init__(
         self, model: PreTrainedModel, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
@@ -65,6 +86,10 @@ class CachedLM:
         self.config = model.config
         self.vocab_size: int = int(model.config.get_text_config().vocab_size)
         self._mask_min = torch.finfo(self.dtype).min
+        # per layer: its sliding window, None for full attention; and the window of each layer type of a hybrid model
+        self._type_windows = attention_windows(self.config)
+        layer_types = _layer_types(self.config.get_text_config(decoder=True))
+        self._layer_windows: list[int | None] = [self._type_windows[t] for t in layer_types]
         self.reset()
 
     # --- state ----------------------------------------------------------------------------------------
@@ -74,14 +99,12 @@ class CachedLM:
         self.slots = SlotForest()
 
     def _new_cache(self) -> None:
-        """An empty key/value store (HF's DynamicCache here; a subclass may keep its own tensors)."""
-        self._cache = DynamicCache(config=self.config)
-        for layer in self._cache.layers:
-            if type(layer) is not DynamicLayer:
-                raise ValueError(
-                    f"unsupported cache layer {type(layer).__name__} (sliding-window or hybrid caches cannot be "
-                    "rolled back slot by slot); CachedLM needs plain DynamicLayer caches"
-                )
+        """An empty key/value store (HF's DynamicCache here; a subclass may keep its own tensors).
+
+        Built without the config, so every layer is a full ``DynamicLayer`` (created on its first update), sliding
+        layers included: their window is the attention mask's business (:meth:`_block_patterns`), and a full layer
+        rolls back slot by slot."""
+        self._cache = DynamicCache()
 
     @property
     def length(self) -> int:
@@ -198,12 +221,16 @@ class CachedLM:
         with torch.inference_mode():
             input_ids = torch.as_tensor(ids, dtype=torch.long).view(1, -1).to(self.device)
             kwargs = {}
-            if allowed is not None:
-                blocked = torch.from_numpy(~allowed).to(self.device)
-                mask = torch.zeros(blocked.shape, dtype=self.dtype, device=self.device)
-                kwargs["attention_mask"] = mask.masked_fill_(blocked, self._mask_min)[None, None]
             if pos is None:
                 pos = np.arange(self.length, self.length + len(ids), dtype=np.int64)
+            patterns = self._block_patterns(allowed, pos)
+            if patterns is not None:
+                masks = {w: self._additive_mask(p)[None, None] for w, p in patterns.items()}
+                if len(masks) == 1:  # one pattern serves every layer (HF passes a 4-D mask through unchanged)
+                    kwargs["attention_mask"] = next(iter(masks.values()))
+                else:  # a hybrid model: its forward picks each layer's mask by the layer's type
+                    kwargs["attention_mask"] = {t: masks[w if w in masks else None]
+                                                for t, w in self._type_windows.items()}
             kwargs["position_ids"] = torch.from_numpy(pos).view(1, -1).to(self.device)
             out = self.model(
                 input_ids=input_ids,
@@ -216,6 +243,50 @@ class CachedLM:
             if output_hidden:
                 return logits, out.hidden_states[-1][0].float()
             return logits
+
+    def _block_patterns(self, allowed: np.ndarray | None, pos: np.ndarray) -> dict[int | None, np.ndarray] | None:
+        """Attention pattern of a block per window, or None where every layer may run its model's causal mask.
+
+        Args:
+            allowed: ``(n, length + n)`` bool, which cached and new slots each new token sees (its path), or None
+                for a block that continues a linear cache.
+            pos: ``(n,)`` the new tokens' positions.
+
+        Returns:
+            ``{window: (n, length + n) bool}``: key None is the pattern of full-attention layers and of sliding
+            layers whose window reaches back to position 0 anyway; a window key is ``allowed`` cut to the slots
+            whose position is within that window of the query's (positions count along the query's own path, as
+            every visible slot is an ancestor). None when ``allowed`` is None and no window cuts.
+        """
+        cutting = sorted({w for w in self._layer_windows if w is not None and w <= int(pos.max())})
+        if allowed is None:
+            if not cutting:
+                return None
+            allowed = self._causal_pattern(len(pos), self.length)
+        patterns: dict[int | None, np.ndarray] = {}
+        if len(cutting) < len(set(self._layer_windows)):  # some layer sees the whole path
+            patterns[None] = allowed
+        if cutting:
+            key_pos = np.concatenate([self.slots.positions(), pos])  # (length + n,)
+            distance = pos[:, None] - key_pos[None, :]  # query position - key position
+            for w in cutting:
+                patterns[w] = allowed & (distance < w)
+        return patterns
+
+    def _layer_mask(self, layer: int, masks: dict[int | None, torch.Tensor]) -> torch.Tensor:
+        """Layer ``layer``'s entry of a dict keyed like :meth:`_block_patterns`' (its window, else None)."""
+        window = self._layer_windows[layer]
+        return masks[window if window in masks else None]
+
+    @staticmethod
+    def _causal_pattern(n: int, start: int) -> np.ndarray:
+        """``(n, start + n)`` bool: n tokens after ``start`` linear slots, each seeing every earlier slot and itself."""
+        return np.concatenate([np.ones((n, start), dtype=bool), np.tri(n, dtype=bool)], axis=1)
+
+    def _additive_mask(self, pattern: np.ndarray) -> torch.Tensor:
+        """``(n, length + n)`` additive mask in the model dtype of a bool pattern (0 = attend, dtype min = blocked)."""
+        blocked = torch.from_numpy(~pattern).to(self.device)
+        return torch.zeros(blocked.shape, dtype=self.dtype, device=self.device).masked_fill_(blocked, self._mask_min)
 
     # --- rollback -------------------------------------------------------------------------------------
     def commit(self, keep_slots: Sequence[int]) -> None:
@@ -268,6 +339,39 @@ class CachedLM:
                 self._cache.crop(-remove)
 
 
+def _layer_types(config: PretrainedConfig) -> list[str]:
+    """Each layer's attention type: ``config.layer_types`` where the model has them, else every layer sliding when
+    ``sliding_window`` is set (Mistral, Phi3, Starcoder2 choose their mask that way), else full."""
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return list(types)[: config.num_hidden_layers]
+    sliding = getattr(config, "sliding_window", None) is not None
+    return ["sliding_attention" if sliding else "full_attention"] * config.num_hidden_layers
+
+
+def attention_windows(config: PretrainedConfig) -> dict[str, int | None]:
+    """The sliding window of each attention layer type a model uses (None = full attention).
+
+    Raises:
+        ValueError: a layer type other than full or sliding attention (e.g. chunked attention), a chunk size, or
+            a model that attends bidirectionally; :class:`CachedLM` would get these wrong.
+    """
+    text = config.get_text_config(decoder=True)
+    if getattr(text, "use_bidirectional_attention", False) or not getattr(text, "is_causal", True):
+        raise ValueError(f"{text.model_type} attends bidirectionally; CachedLM needs a causal LM")
+    if getattr(text, "attention_chunk_size", None) is not None:
+        raise ValueError(f"{text.model_type} uses chunked attention, which CachedLM's masks do not implement")
+    windows: dict[str, int | None] = {}
+    for layer_type in _layer_types(text):
+        if layer_type not in _LAYER_TYPES:
+            raise ValueError(f"{text.model_type} has a {layer_type!r} layer; CachedLM runs only {_LAYER_TYPES}")
+        window = text.sliding_window if layer_type == "sliding_attention" else None
+        if layer_type == "sliding_attention" and (window is None or int(window) < 1):
+            raise ValueError(f"{text.model_type} has sliding layers but sliding_window={window!r}")
+        windows[layer_type] = None if window is None else int(window)
+    return windows
+
+
 def context_limit(config: PretrainedConfig) -> int:
     """Positions a model attends over: ``max_position_embeddings`` (unbounded if the config has none)."""
     return int(getattr(config, "max_position_embeddings", 1 << 30))
@@ -286,7 +390,8 @@ def block_parents(local_parents: Sequence[int], root_slot: int) -> list[int]:
 def load_causal_lm(
     path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
 ) -> PreTrainedModel:
-    """Load a local causal LM directory (``config.json`` + safetensors weights), offline, with sdpa attention.
+    """Load a local causal LM directory (``config.json`` + safetensors weights), offline, with sdpa attention (eager
+    where the model has no sdpa path, as Gemma2 for its softcapped attention scores).
 
     ``dtype`` defaults to fp32 on CPU and bf16 on CUDA. Remote code is never trusted.
 
@@ -308,7 +413,7 @@ def load_causal_lm(
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(p),
-            attn_implementation="sdpa",
+            attn_implementation=None,  # transformers' default: sdpa, else eager (asking for "sdpa" refuses Gemma2)
             use_safetensors=True,
             local_files_only=True,
             trust_remote_code=False,

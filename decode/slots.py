@@ -83,6 +83,10 @@ class SlotForest:
             raise IndexError(f"slot {slot} is not cached (length {self.length})")
         return slot if slot < self.committed else int(self._pos[slot - self.committed])
 
+    def positions(self) -> np.ndarray:
+        """``(length,)`` int64 position of every cached slot (a committed slot sits at its own index)."""
+        return np.concatenate([np.arange(self.committed, dtype=np.int64), self._pos])
+
     # --- growing -------------------------------------------------------------------------------------
     def append_committed(self, n: int) -> None:
         """Account for n tokens run straight onto the committed prefix (no speculative slot may be cached)."""
