@@ -1,5 +1,12 @@
 """A cheaper forward for small Llama-family drafts: the same math as HF's, a fraction of the per-call overhead.
 
+Covers the decoder layout Llama, Mistral, Qwen2 and Qwen3 share (RMSNorm, rotary attention with grouped-query heads,
+a SiLU-gated MLP): projection biases where the model has them (Qwen2's QKV, Llama's ``attention_bias``/``mlp_bias``),
+Qwen3's per-head query/key norms, and sliding windows, full or per layer (Mistral, Qwen2 ``use_sliding_window``),
+through :class:`~decode.models.CachedLM`'s masks. Any other draft (Gemma, Phi, GPT-2, OLMo2, Granite, SmolLM3's
+NoPE layers, a rope scaling, ...) runs HF's forward: :func:`cached_lm` falls back to :class:`~decode.models.CachedLM`
+and records why in ``fast_fallback``.
+
 A 0.8 M-parameter draft computes almost nothing per token; HF's forward spends ~0.5 ms per call on framework work
 (cache objects, mask construction, hooks, output dataclasses). :class:`FastCachedLM` reads the HF model's weights
 (QKV and gate/up fused into one matrix each, rotary tables precomputed) and runs a handful of torch ops per layer
@@ -17,25 +24,29 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from decode.models import CachedLM
+from decode.models import CachedLM, attention_windows
 
 _INITIAL_SLOTS = 256
+# model types whose decoder layer the fast forward reproduces (see the module docstring)
+FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def fast_path_unsupported(model) -> str | None:
     """Why :class:`FastCachedLM` cannot run ``model`` exactly (None when it can)."""
     config = model.config
-    if getattr(config, "model_type", None) != "llama":
-        return f"model_type {getattr(config, 'model_type', None)!r} is not llama"
+    if getattr(config, "model_type", None) not in FAST_MODEL_TYPES:
+        return f"model_type {getattr(config, 'model_type', None)!r} is not one of {', '.join(FAST_MODEL_TYPES)}"
     rope = getattr(config, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") != "default":
         return f"rope_type {rope.get('rope_type')!r} is not the default"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r} is not silu"
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        return "attention or MLP biases"
     if getattr(config, "pretraining_tp", 1) != 1:
         return "pretraining_tp != 1"
+    try:
+        attention_windows(config)
+    except ValueError as err:
+        return str(err)
     return None
 
 
@@ -44,6 +55,8 @@ class FastCachedLM(CachedLM):
 
     ``model`` keeps the HF module (for anything that needs it, e.g. HF assisted generation as a baseline).
     """
+
+    forward_name = "fast"
 
     def __init__(self, model, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> None:
         reason = fast_path_unsupported(model)
@@ -66,10 +79,17 @@ class FastCachedLM(CachedLM):
                 self.layers.append({
                     "ln1": layer.input_layernorm.weight.detach(),
                     "wqkv": torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).detach(),
+                    "bqkv": _fused_bias(att.q_proj, att.k_proj, att.v_proj),  # Qwen2: QKV biases; Llama: none
                     "wo": att.o_proj.weight.detach(),
+                    "bo": _fused_bias(att.o_proj),
+                    # Qwen3: RMSNorm over each head's query and key, before the rotation
+                    "qn": att.q_norm.weight.detach() if hasattr(att, "q_norm") else None,
+                    "kn": att.k_norm.weight.detach() if hasattr(att, "k_norm") else None,
                     "ln2": layer.post_attention_layernorm.weight.detach(),
                     "wgu": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+                    "bgu": _fused_bias(mlp.gate_proj, mlp.up_proj),
                     "wd": mlp.down_proj.weight.detach(),
+                    "bd": _fused_bias(mlp.down_proj),
                 })
             self.final_norm = inner.norm.weight.detach()
             self.lm_head = self.model.lm_head.weight.detach()
@@ -122,36 +142,44 @@ class FastCachedLM(CachedLM):
         self._reserve(start + n)
         with torch.inference_mode():
             index = torch.as_tensor(ids, dtype=torch.long, device=self.device)
-            positions = torch.arange(start, start + n, device=self.device) if pos is None \
-                else torch.from_numpy(pos).to(self.device)
+            if pos is None:
+                pos = np.arange(start, start + n, dtype=np.int64)
+            positions = torch.from_numpy(pos).to(self.device)
             cos, sin = self.cos[positions].unsqueeze(0), self.sin[positions].unsqueeze(0)  # (1, n, d)
-            mask = self._mask(allowed, n, start)
+            masks = self._masks(allowed, pos, n, start)
             x = self.embed[index]  # (n, H)
             for i, w in enumerate(self.layers):
+                mask = None if masks is None else self._layer_mask(i, masks)
                 x = x + self._attention(i, F.rms_norm(x, x.shape[-1:], w["ln1"], self.eps), w, cos, sin, mask,
                                         start, n)
-                gate, up = F.linear(F.rms_norm(x, x.shape[-1:], w["ln2"], self.eps), w["wgu"]).chunk(2, dim=-1)
-                x = x + F.linear(F.silu(gate) * up, w["wd"])
+                h = F.rms_norm(x, x.shape[-1:], w["ln2"], self.eps)
+                gate, up = F.linear(h, w["wgu"], w["bgu"]).chunk(2, dim=-1)
+                x = x + F.linear(F.silu(gate) * up, w["wd"], w["bd"])
             hidden = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
             logits = F.linear(hidden, self.lm_head).float()
             return (logits, hidden.float()) if output_hidden else logits
 
-    def _mask(self, allowed: np.ndarray | None, n: int, start: int) -> torch.Tensor | None:
-        """Additive ``(1, n, start + n)`` mask; None where plain causal attention is exact (one token, or a prefill)."""
-        if allowed is None:
+    def _masks(self, allowed: np.ndarray | None, pos: np.ndarray, n: int,
+               start: int) -> dict[int | None, torch.Tensor] | None:
+        """Additive ``(1, n, start + n)`` masks keyed by window (as :meth:`CachedLM._block_patterns`); None where
+        plain causal attention is exact for every layer (one token, or a prefill, that no window cuts)."""
+        patterns = self._block_patterns(allowed, pos)
+        if patterns is None:
             if n == 1 or start == 0:
                 return None
-            allowed = np.concatenate([np.ones((n, start), dtype=bool), np.tri(n, dtype=bool)], axis=1)
-        blocked = torch.from_numpy(~allowed).to(self.device)
-        return torch.zeros(blocked.shape, dtype=self.dtype, device=self.device).masked_fill_(
-            blocked, self._mask_min).unsqueeze(0)
+            # sdpa's is_causal aligns the block to the top-left corner, not after the cached slots
+            patterns = {None: self._causal_pattern(n, start)}
+        return {w: self._additive_mask(p).unsqueeze(0) for w, p in patterns.items()}
 
     def _attention(self, i: int, h: torch.Tensor, w: dict, cos, sin, mask, start: int, n: int) -> torch.Tensor:
         """Self-attention of layer i for the block's n tokens over the cached slots and themselves."""
         d = self.head_dim
-        qkv = F.linear(h, w["wqkv"])  # (n, (heads + 2 kv_heads) · d)
-        q = qkv[:, : self._q_width].view(n, self.n_heads, d).transpose(0, 1)  # (heads, n, d)
-        k = qkv[:, self._q_width : self._q_width + self._kv_width].view(n, self.n_kv, d).transpose(0, 1)
+        qkv = F.linear(h, w["wqkv"], w["bqkv"])  # (n, (heads + 2 kv_heads) · d)
+        q = qkv[:, : self._q_width].view(n, self.n_heads, d)
+        k = qkv[:, self._q_width : self._q_width + self._kv_width].view(n, self.n_kv, d)
+        if w["qn"] is not None:
+            q, k = F.rms_norm(q, (d,), w["qn"], self.eps), F.rms_norm(k, (d,), w["kn"], self.eps)
+        q, k = q.transpose(0, 1), k.transpose(0, 1)  # (heads, n, d), (kv_heads, n, d)
         v = qkv[:, self._q_width + self._kv_width :].view(n, self.n_kv, d).transpose(0, 1)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         self._keys[i, :, start : start + n] = k
@@ -161,7 +189,15 @@ class FastCachedLM(CachedLM):
             keys = keys.repeat_interleave(self.n_heads // self.n_kv, dim=0)
             values = values.repeat_interleave(self.n_heads // self.n_kv, dim=0)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and n > 1)
-        return F.linear(out.transpose(0, 1).reshape(n, self._q_width), w["wo"])
+        return F.linear(out.transpose(0, 1).reshape(n, self._q_width), w["wo"], w["bo"])
+
+
+def _fused_bias(*linears: torch.nn.Linear) -> torch.Tensor | None:
+    """The biases of ``linears`` concatenated as their fused output is (zeros for one without), or None if none has."""
+    if all(lin.bias is None for lin in linears):
+        return None
+    return torch.cat([lin.bias.detach() if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
+                      for lin in linears])
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -171,7 +207,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def cached_lm(model, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, fast: bool = True):
-    """A :class:`FastCachedLM` where the fast forward supports the model (and ``fast``), else a :class:`CachedLM`."""
-    if fast and fast_path_unsupported(model) is None:
+    """A :class:`FastCachedLM` where the fast forward supports the model (and ``fast``), else a :class:`CachedLM`
+    (HF's forward, the same logits) whose ``fast_fallback`` says why the fast one was not taken (None when
+    ``fast`` was off)."""
+    reason = fast_path_unsupported(model) if fast else None
+    if fast and reason is None:
         return FastCachedLM(model, device, dtype)
-    return CachedLM(model, device, dtype)
+    lm = CachedLM(model, device, dtype)
+    lm.fast_fallback = reason
+    return lm

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, Qwen2Config
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, Qwen2Config
 
 from decode.fast_llama import FastCachedLM, cached_lm
 from decode.models import CachedLM, block_parents, check_same_vocab, load_causal_lm
@@ -62,8 +62,8 @@ def _llama_gqa(seed: int = 0) -> PreTrainedModel:
 
 
 MODELS = {"llama": _llama, "qwen2": _qwen2, "llama-gqa": _llama_gqa}
-# (model, wrapper): HF's forward for every model; the fast forward for the Llama ones it supports
-CASES = [(m, "hf") for m in sorted(MODELS)] + [("llama", "fast"), ("llama-gqa", "fast")]
+# (model, wrapper): HF's forward for every model; the fast forward for every one too (Qwen2: its QKV biases)
+CASES = [(m, "hf") for m in sorted(MODELS)] + [("llama", "fast"), ("llama-gqa", "fast"), ("qwen2", "fast")]
 
 
 @pytest.fixture(params=CASES, ids=[f"{m}-{w}" for m, w in CASES])
@@ -366,7 +366,13 @@ def test_fast_forward_grows_past_its_first_capacity_and_falls_back_where_unsuppo
     parents = [149] + [-(j + 1) if j % 3 else 149 for j in range(119)]
     assert _diff(fast.extend_tree(block, parents), hf.extend_tree(block, parents)) < TOL
     assert fast._keys.shape[2] >= 270
-    assert isinstance(cached_lm(_qwen2()), CachedLM) and not isinstance(cached_lm(_qwen2()), FastCachedLM)
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=V, n_embd=32, n_layer=1, n_head=4, n_positions=64,
+                                                       bos_token_id=1, eos_token_id=2))
+    fallback = cached_lm(gpt2)
+    assert type(fallback) is CachedLM and fallback.forward_name == "hf"
+    assert "model_type 'gpt2'" in fallback.fast_fallback
+    assert isinstance(cached_lm(_qwen2()), FastCachedLM) and cached_lm(_qwen2()).forward_name == "fast"
     assert isinstance(cached_lm(model), FastCachedLM) and not isinstance(cached_lm(model, fast=False), FastCachedLM)
-    with pytest.raises(ValueError, match="model_type 'qwen2'"):
-        FastCachedLM(_qwen2())
+    assert cached_lm(model, fast=False).fast_fallback is None
+    with pytest.raises(ValueError, match="model_type 'gpt2'"):
+        FastCachedLM(gpt2)
