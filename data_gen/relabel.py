@@ -123,7 +123,7 @@ def check_same_pair(metadata: dict, config: CollectConfig) -> None:
     from decode.pair import pair_fingerprint, read_pair_config
 
     try:
-        paths = {k: Path(v) for k, v in read_pair_config(config.pair).items()}
+        paths = read_pair_config(config.pair).paths()
         fingerprint = pair_fingerprint(paths["target"], paths["draft"], paths.get("tokenizer"))
     except (OSError, ValueError) as err:
         raise ValueError(f"pair: {err}") from err

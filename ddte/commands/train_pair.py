@@ -1,7 +1,7 @@
 """Train the shipped draft/target pair from scratch: tokenizer, target and draft, on the Python stdlib.
 
-Reads a YAML recipe (default configs/train-pair/default.yaml), trains a byte-level BPE tokenizer on the training split of
-the running interpreter's standard library, then a Llama target and a Llama draft from random init, and writes
+Reads a YAML recipe (default configs/train-pair/default.yaml), trains a byte-level BPE tokenizer on the training
+split of the running interpreter's standard library, then a Llama target and a Llama draft from random init, and writes
 tokenizer/, target/, draft/, recipe.json and loss_curve.png into the output folder. Nothing lands there until
 every product is finished; an interrupted run leaves nothing behind.
 

@@ -1,7 +1,7 @@
 """Train the shipped draft/target pair from scratch: tokenizer, target and draft, on the Python stdlib.
 
-Reads a YAML config (default ``configs/train-pair/default.yaml``), trains a byte-level BPE tokenizer on the training split
-of the running interpreter's standard library, then a Llama target and a Llama draft from random init, and writes
+Reads a YAML config (default ``configs/train-pair/default.yaml``), trains a byte-level BPE tokenizer on the training
+split of the running interpreter's standard library, then a Llama target and a Llama draft from random init, and writes
 into the output directory:
 
   tokenizer/         the tokenizer (also copied into target/ and draft/)

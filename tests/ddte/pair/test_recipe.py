@@ -17,7 +17,7 @@ from .conftest import REPO, TINY_CONFIG
 
 
 def test_yaml_files_mirror_the_dataclass_and_overrides_apply():
-    default = load_config(REPO / "configs" / "pair" / "default.yaml")
+    default = load_config(REPO / "configs" / "train-pair" / "default.yaml")
     assert isinstance(default, PairConfig)
     assert default.target.shape.num_hidden_layers == 6 and default.draft.shape.num_hidden_layers == 1
     tiny = load_config(TINY_CONFIG, ["target.train.steps=3", "draft.train.lr=1e-2", "corpus.max_files=null"])

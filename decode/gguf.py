@@ -1,0 +1,123 @@
+"""GGUF causal LMs: read one with transformers' own GGUF reader, dequantized, as a plain HF model and tokenizer.
+
+A GGUF file is a safe format (tensors and metadata, no code), so ddte accepts one wherever it accepts a model
+folder. transformers reads it (``gguf_file=``, with the ``gguf`` package installed) and dequantizes every tensor;
+the model it returns still carries a ``quantization_config`` that makes ``save_pretrained`` refuse. :func:`
+load_gguf_model` rebuilds a plain model of the same class from the config without it, so the result is an ordinary
+model that can be saved as safetensors (:func:`convert_gguf`) and loaded like any other folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+GGUF_MAGIC = b"GGUF"
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether ``path`` names a GGUF file (by its suffix; the content is checked when it is read)."""
+    return str(path).lower().endswith(".gguf")
+
+
+def check_gguf_file(path: str | Path) -> Path:
+    """The path, if it is a readable file that starts with the GGUF magic bytes.
+
+    Raises:
+        ValueError: missing, a folder, or not a GGUF file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"GGUF file {str(path)!r} does not exist")
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise ValueError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
+    return path
+
+
+def load_gguf_tokenizer(path: str | Path):
+    """The tokenizer stored in a GGUF file (with its chat template, when the file has one).
+
+    Raises:
+        ValueError: not a GGUF file, or one transformers cannot read.
+    """
+    from transformers import AutoTokenizer
+
+    path = check_gguf_file(path)
+    try:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    except Exception as err:  # as for the model: the reader fails in many ways on a corrupt file
+        raise ValueError(f"cannot read the tokenizer of {path}: {_first_line(err)}") from err
+
+
+def load_gguf_model(path: str | Path, dtype: torch.dtype = torch.float32):
+    """A plain (unquantized) HF causal LM with the GGUF file's dequantized weights, in ``dtype``, eval mode.
+
+    Raises:
+        ValueError: not a GGUF file, an architecture transformers cannot read from GGUF, a corrupt file, or the
+            ``gguf`` package missing.
+    """
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    path = check_gguf_file(path)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True, trust_remote_code=False
+        )
+    except ImportError as err:
+        raise ValueError(f"reading GGUF needs the gguf package: pip install gguf ({_first_line(err)})") from err
+    except Exception as err:  # a corrupt or foreign file fails anywhere in the reader (struct, numpy, KeyError...)
+        raise ValueError(f"cannot read {path} as a causal LM: {_first_line(err)}") from err
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights are already dequantized; the tag only blocks saving
+    config.dtype = dtype
+    plain = type(loaded)(config)
+    plain.load_state_dict(loaded.state_dict())
+    plain.tie_weights()
+    return plain.to(dtype).eval()
+
+
+def convert_gguf(path: str | Path, output: str | Path, dtype: torch.dtype = torch.float32) -> Path:
+    """Write the GGUF file's model (safetensors, ``dtype``) and tokenizer as an HF folder at ``output``.
+
+    The folder is staged beside ``output`` and renamed into place only when whole, so an interrupted or failed
+    conversion leaves nothing at ``output``.
+
+    Raises:
+        ValueError: as :func:`load_gguf_model`, or ``output`` already exists.
+    """
+    output = Path(output)
+    if output.exists():
+        raise ValueError(f"{output} exists already")
+    tokenizer = load_gguf_tokenizer(path)
+    model = load_gguf_model(path, dtype)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}-", dir=output.parent))
+    try:
+        model.save_pretrained(str(staging), safe_serialization=True)
+        tokenizer.save_pretrained(str(staging))
+        for item in staging.iterdir():
+            os.chmod(item, 0o644)
+        os.chmod(staging, 0o755)
+        staging.rename(output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
