@@ -83,7 +83,8 @@ def collect(
     check_output(out, resume)
     pair = load_collect_pair(config)
     prompts = tokenize_prompts(pair, load_prompt_texts(config.prompts.source, config.prompts.field,
-                                                       config.prompts.limit, config.prompts.split), config)
+                                                       config.prompts.limit, config.prompts.split, pair.tokenizer),
+                               config)
     create_output(out)  # only now: a refused collection leaves no folder behind
     # the one on disk wins: its latency table labels every shard of every worker
     metadata = write_metadata_once(out, dataset_metadata(config, pair, verifiers))

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from data_gen.chat_prompts import build_chat_prompts, render_chat
 from data_gen.corpus import HELDOUT_FRACTION, SPLITS, SourceFile, list_corpus, python_version, select_split
 
 DEFAULT_COUNT = 200
@@ -179,49 +180,63 @@ def _read_rows(source: str) -> list[dict[str, Any]]:
     )
 
 
-def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = None) -> list[str]:
+def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = None,
+                 tokenizer=None) -> list[str]:
     """The ``field`` strings of a prompt set, in file order, at most ``limit`` of them.
 
     ``source`` is a ``.jsonl``/``.json`` (JSON lines) file, a ``.parquet`` file, or a datasets spec such as
-    ``json:path`` or ``parquet:path``. Raises ValueError for a missing file, a missing or non-string field, or an
-    empty result.
+    ``json:path`` or ``parquet:path``. A row without ``field`` but with ``messages`` (the chat format of HF datasets)
+    is rendered with ``tokenizer``'s chat template and the generation prompt. Raises ValueError for a missing file,
+    a missing or non-string field, a chat row without a chat template, or an empty result.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     rows = _read_rows(str(source))
     if not rows:
         raise ValueError(f"no prompts in {source}")
-    prompts = []
-    for index, row in enumerate(rows):
-        if field not in row:
-            available = ", ".join(sorted(row)) or "none"
-            raise ValueError(f"{source}: row {index} has no field {field!r} (fields: {available})")
-        value = row[field]
-        if not isinstance(value, str):
-            raise ValueError(f"{source}: row {index} field {field!r} is {type(value).__name__}, not a string")
-        prompts.append(value)
-        if limit is not None and len(prompts) >= limit:
-            break
+    prompts = [_row_text(row, field, tokenizer, f"{source}: row {index}")
+               for index, row in enumerate(rows[:limit] if limit is not None else rows)]
     if not any(p.strip() for p in prompts):
         raise ValueError(f"{source}: every {field!r} value is empty")
     return prompts
 
 
-def load_prompt_texts(source: str, field: str = "prompt", limit: int | None = None, split: str = "train") -> list[str]:
+def _row_text(row: dict[str, Any], field: str, tokenizer, where: str) -> str:
+    """One row's prompt text: its ``field``, or its ``messages`` rendered with the chat template."""
+    if field not in row and "messages" in row:
+        try:
+            return render_chat(tokenizer, row["messages"])
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from err
+    if field not in row:
+        available = ", ".join(sorted(row)) or "none"
+        raise ValueError(f"{where} has no field {field!r} (fields: {available})")
+    value = row[field]
+    if not isinstance(value, str):
+        raise ValueError(f"{where} field {field!r} is {type(value).__name__}, not a string")
+    return value
+
+
+def load_prompt_texts(source: str, field: str = "prompt", limit: int | None = None, split: str = "train",
+                      tokenizer=None) -> list[str]:
     """Prompt texts from any source the collect config names (``prompts.source``).
 
-    ``builtin:train`` / ``builtin:heldout`` (the stdlib prompt builder's splits), a file :func:`load_prompts`
-    reads, or ``hf:NAME`` for a ``datasets`` data set (``split`` and ``field`` apply; offline, it must be in the HF
-    cache). Raises ValueError with one line for every problem.
+    ``builtin:train`` / ``builtin:heldout`` (the stdlib prompt builder's splits), ``chat:SET`` (a chat set of
+    :mod:`data_gen.chat_prompts`, rendered with ``tokenizer``'s chat template), a file :func:`load_prompts` reads
+    (chat rows rendered the same way), or ``hf:NAME`` for a ``datasets`` data set (``split`` and ``field`` apply;
+    offline, it must be in the HF cache). Raises ValueError with one line for every problem.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"prompts.limit must be at least 1, got {limit}")
     if source.startswith("builtin:"):
         texts = [r["prompt"] for r in build_prompts(count=limit or 10**6, split=source.split(":", 1)[1])]
+    elif source.startswith("chat:"):
+        records = build_chat_prompts(source.split(":", 1)[1], count=limit)
+        texts = [render_chat(tokenizer, r["messages"]) for r in records]
     elif source.startswith("hf:"):
         texts = _hub_prompts(source[3:], split, field, limit)
     else:
-        texts = load_prompts(source, field=field, limit=limit)
+        texts = load_prompts(source, field=field, limit=limit, tokenizer=tokenizer)
     if not texts:
         raise ValueError(f"no prompts from {source}")
     return texts

@@ -1,4 +1,4 @@
-"""Build prompt sets from held-out stdlib modules, written as JSONL.
+"""Build prompt sets, written as JSONL: code prompts from held-out stdlib modules, or chat prompts (--chat).
 
 A prompt is the text of a module up to and including the header of a function or class and its docstring, i.e. the
 point where the body's code should begin. Every record has the ``prompt`` plus provenance: module path, line
@@ -6,9 +6,17 @@ numbers, the def/class name, python version and split. Only held-out modules are
 given (for data collection): held-out prompts never contain text from a training module. The output is
 deterministic.
 
+With --chat SET the records are chat messages (``{"messages": [{"role": "user", "content": ...}]}``) for a real
+chat model, built from ../shared/data (spec_bench questions, gsm8k, humaneval; $DDTE_SHARED_DATA overrides where):
+gsm8k's train/test files are its split; humaneval and the trained spec_bench categories are held out by a hash of
+their ids (20 %); spec_bench's extraction, stem and humanities questions are never trained on (held out, group
+"unlike"). SET is train, heldout, heldout-like or heldout-unlike. Commands render these rows with the tokenizer's
+chat template; the same sets are also read directly as prompt sources chat:SET.
+
 Examples:
   ddte build-prompts --output prompts.jsonl
   ddte build-prompts --output train_prompts.jsonl --split train --num-prompts 500 --max-chars 800
+  ddte build-prompts --chat heldout-unlike --output chat_unlike.jsonl
 """
 
 from __future__ import annotations
@@ -30,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", choices=SPLITS, default="heldout",
                         help="modules to draw from ('train' only for data collection, never for evaluation)")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="prompt length cap")
+    parser.add_argument("--chat", default=None, metavar="SET",
+                        help="chat prompt set from ../shared/data instead of stdlib code: train, heldout, heldout-like "
+                        "or heldout-unlike")
     parser.add_argument("--heldout-fraction", type=float, default=HELDOUT_FRACTION,
                         help="held-out fraction of the corpus split (must match the pair's recipe)")
 
@@ -47,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0.0 < args.heldout_fraction < 1.0:
         raise UserError(f"--heldout-fraction must be in (0, 1), got {args.heldout_fraction}")
     output = check_output_file(args.output)
+    if args.chat is not None:
+        return _write_chat(args, Path(output))
     records = build_prompts(args.num_prompts, args.split, args.max_chars, args.heldout_fraction)
     if not records:
         raise UserError("no prompts could be built (no documented def/class fits --max-chars)")
@@ -55,4 +68,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {len(records)} {args.split} prompts from {modules} modules (python {python_version()}) to {output}")
     if len(records) < args.num_prompts:
         print(f"note: only {len(records)} candidates exist, fewer than --num-prompts {args.num_prompts}")
+    return 0
+
+
+def _write_chat(args: argparse.Namespace, output: Path) -> int:
+    from collections import Counter
+
+    from data_gen.chat_prompts import build_chat_prompts
+    from data_gen.prompts import write_jsonl
+
+    try:
+        records = build_chat_prompts(args.chat, count=args.num_prompts)
+    except (ValueError, OSError) as err:
+        raise UserError(str(err).splitlines()[0]) from err
+    write_jsonl(records, output)
+    sources = ", ".join(f"{n} {s}" for s, n in sorted(Counter(r["source"] for r in records).items()))
+    print(f"wrote {len(records)} chat prompts of set {args.chat} ({sources}) to {output}")
+    if len(records) < args.num_prompts:
+        print(f"note: set {args.chat} has only {len(records)} prompts, fewer than --num-prompts {args.num_prompts}")
     return 0

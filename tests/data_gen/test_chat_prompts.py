@@ -1,0 +1,74 @@
+"""Chat prompt sets from ../shared/data: the split rule, the rendering with a chat template, and chat rows in files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from data_gen.chat_prompts import CHAT_SETS, UNTRAINED_CATEGORIES, build_chat_prompts, render_chat, shared_data_dir
+from data_gen.prompts import load_prompt_texts, load_prompts
+from tests.factories import SHIPPED_TOKENIZER
+
+pytestmark = pytest.mark.skipif(not shared_data_dir().is_dir(), reason="../shared/data is not beside the checkout")
+
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer():
+    tokenizer = AutoTokenizer.from_pretrained(str(SHIPPED_TOKENIZER))
+    tokenizer.chat_template = TEMPLATE
+    return tokenizer
+
+
+def test_training_and_heldout_sets_never_share_a_prompt():
+    train = {r["id"] for r in build_chat_prompts("train")}
+    heldout = {r["id"] for r in build_chat_prompts("heldout")}
+    assert train and heldout and not train & heldout
+    contents_train = {r["messages"][0]["content"] for r in build_chat_prompts("train")}
+    assert not contents_train & {r["messages"][0]["content"] for r in build_chat_prompts("heldout-unlike")}
+
+
+def test_the_unlike_group_holds_only_categories_never_trained_on():
+    unlike = build_chat_prompts("heldout-unlike")
+    assert unlike and {r["category"] for r in unlike} <= set(UNTRAINED_CATEGORIES)
+    assert not {r["category"] for r in build_chat_prompts("train")} & set(UNTRAINED_CATEGORIES)
+    like = {r["id"] for r in build_chat_prompts("heldout-like")}
+    assert like | {r["id"] for r in unlike} == {r["id"] for r in build_chat_prompts("heldout")}
+
+
+def test_sets_are_deterministic_and_their_first_prompts_mix_the_sources():
+    first = build_chat_prompts("heldout", count=9)
+    assert first == build_chat_prompts("heldout", count=9)
+    assert {r["source"] for r in first} == {"gsm8k", "humaneval", "spec_bench"}
+
+
+def test_an_unknown_set_is_refused():
+    with pytest.raises(ValueError, match="one of " + ", ".join(CHAT_SETS)):
+        build_chat_prompts("validation")
+
+
+def test_rendering_uses_the_chat_template_with_the_generation_prompt(chat_tokenizer):
+    text = render_chat(chat_tokenizer, [{"role": "user", "content": "Hi"}])
+    assert text == "<user>Hi</user><assistant>"
+    with pytest.raises(ValueError, match="chat template"):
+        render_chat(AutoTokenizer.from_pretrained(str(SHIPPED_TOKENIZER)), [{"role": "user", "content": "Hi"}])
+    with pytest.raises(ValueError, match="role, content"):
+        render_chat(chat_tokenizer, [{"role": "user"}])
+
+
+def test_prompt_files_may_hold_chat_rows_beside_plain_ones(tmp_path, chat_tokenizer):
+    path = tmp_path / "mixed.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "Add 2 and 3."}]}, {"prompt": "def f(x):"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert load_prompts(path, tokenizer=chat_tokenizer) == ["<user>Add 2 and 3.</user><assistant>", "def f(x):"]
+    with pytest.raises(ValueError, match="row 0: chat prompts"):
+        load_prompts(path)  # no tokenizer to render the chat row with
+
+
+def test_chat_sources_read_like_any_other(chat_tokenizer):
+    texts = load_prompt_texts("chat:heldout-unlike", limit=3, tokenizer=chat_tokenizer)
+    assert len(texts) == 3 and all(t.startswith("<user>") and t.endswith("<assistant>") for t in texts)
