@@ -329,7 +329,8 @@ def _bench(config: PipelineConfig, out: Path, candidates: dict[str, dict[float, 
 
         torch.set_num_threads(stage.threads)
     pair = load_pair_config(collect.pair)
-    prompts = encode_prompts(pair, bench_prompts(None, "prompt", stage.num_prompts), stage.max_new_tokens)
+    prompts = encode_prompts(pair, bench_prompts(None, "prompt", stage.num_prompts, tokenizer=pair.tokenizer,
+                                                 default=pair.heldout_prompts), stage.max_new_tokens)
     settings = BenchSettings(stage.max_new_tokens, stage.repeats, stage.seed)
     rows = []
     for temperature in stage.temperatures:

@@ -56,12 +56,15 @@ class MethodResult:
         s = self.stats
         forwards = s.seconds["draft"] + s.seconds["target"] + s.seconds["prefill"]
         rates = [p["tokens_per_s"] for p in self.per_prompt]
+        decode_tokens = sum(p.get("decode_tokens", 0) for p in self.per_prompt)
+        decode_seconds = sum(p.get("decode_seconds", 0.0) for p in self.per_prompt)
         return {
             "method": self.method,
             "temperature": self.temperature,
             "tokens_per_s": s.tokens_per_second,
             "tokens_per_s_stdev_over_prompts": statistics.stdev(rates) if len(rates) > 1 else None,
             "speedup": s.tokens_per_second / ar_tps if ar_tps else None,
+            "tpot_ms": 1000 * decode_seconds / decode_tokens if decode_tokens else None,
             "block_efficiency": s.block_efficiency if s.steps else None,
             "acceptance_rate": s.acceptance_rate if s.steps else None,
             "new_tokens": s.new_tokens,
@@ -120,10 +123,29 @@ def unique_methods(methods: list[str]) -> tuple[list[str], list[str]]:
     return kept, dropped
 
 
-def run_hf(pair: LoadedPair, ids: list[int], max_new: int, sampling: SamplingConfig, seed: int, assisted: bool):
-    """One HF `generate` call (target alone, or assisted by the draft); returns (new tokens, seconds)."""
+class FirstTokenClock:
+    """A ``generate`` streamer that notes when the first new token arrives (its first ``put`` is the prompt)."""
+
+    def __init__(self) -> None:
+        self.puts, self.first = 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+def run_hf(pair: LoadedPair, ids: list[int], max_new: int, sampling: SamplingConfig, seed: int,
+           assisted: bool) -> tuple[int, float, float]:
+    """One HF `generate` call (target alone, or assisted by the draft); returns (new tokens, seconds, seconds to the
+    first new token)."""
     torch.manual_seed(seed)
-    kwargs = {"max_new_tokens": max_new, "do_sample": not sampling.greedy, "pad_token_id": pair.eos_token_id}
+    clock = FirstTokenClock()
+    kwargs = {"max_new_tokens": max_new, "do_sample": not sampling.greedy, "pad_token_id": pair.eos_token_id,
+              "streamer": clock}
     if not sampling.greedy:
         kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=None)
     if assisted:
@@ -131,7 +153,8 @@ def run_hf(pair: LoadedPair, ids: list[int], max_new: int, sampling: SamplingCon
     start = time.perf_counter()
     with torch.inference_mode():
         out = pair.target.model.generate(torch.tensor([ids], device=pair.target.device), **kwargs)
-    return out.shape[1] - len(ids), time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    return out.shape[1] - len(ids), seconds, (clock.first - start) if clock.first is not None else seconds
 
 
 @dataclass
@@ -150,8 +173,11 @@ def make_runner(method: str, pair: LoadedPair, settings: BenchSettings, sampling
     kind, spec = parse_method(method)
     if kind in ("ar", "hf-assisted"):
         def hf(ids: list[int], seed: int) -> GenerationStats:
-            new, seconds = run_hf(pair, ids, settings.max_new_tokens, sampling, seed, assisted=kind == "hf-assisted")
-            return GenerationStats(new_tokens=new, wall_seconds=seconds)
+            new, seconds, first = run_hf(pair, ids, settings.max_new_tokens, sampling, seed,
+                                         assisted=kind == "hf-assisted")
+            stats = GenerationStats(new_tokens=new, wall_seconds=seconds)
+            stats.seconds["prefill"] += first  # the prompt's pass and the first token: what TPOT leaves out
+            return stats
 
         return _Runner(method, hf)
     verifier = get_verifier(kind)
@@ -178,6 +204,17 @@ def make_runner(method: str, pair: LoadedPair, settings: BenchSettings, sampling
     return _Runner(method, speculative, fixed if hasattr(fixed, "call_seconds") else None)
 
 
+def decode_time(method: str, stats: GenerationStats) -> dict[str, float]:
+    """The decode phase of one generation, prefill excluded: its seconds and the tokens it produced.
+
+    HF rows (``ar``, ``hf-assisted``) leave out the time to the first new token and that token, as vLLM's TPOT
+    does; ddte rows leave out the prompt's passes, after which every token comes out of a decoding step.
+    """
+    hf = method in ("ar", "hf-assisted")
+    tokens = stats.new_tokens - 1 if hf else stats.new_tokens
+    return {"decode_seconds": stats.wall_seconds - stats.seconds["prefill"], "decode_tokens": max(tokens, 0)}
+
+
 def bench_methods(methods: list[str], pair, prompts, settings: BenchSettings, sampling) -> list[MethodResult]:
     """Run every method on every prompt, interleaved: prompt by prompt, each method in turn.
 
@@ -199,7 +236,7 @@ def bench_methods(methods: list[str], pair, prompts, settings: BenchSettings, sa
             runner.total.merge(stats)
             runner.per_prompt.append({"prompt": i, "repeat": r, "new_tokens": stats.new_tokens,
                                       "target_passes": stats.steps, "wall_seconds": stats.wall_seconds,
-                                      "tokens_per_s": stats.tokens_per_second})
+                                      "tokens_per_s": stats.tokens_per_second, **decode_time(runner.method, stats)})
     return [
         MethodResult(
             runner.method, runner.total, sampling.temperature,
@@ -232,17 +269,20 @@ def encode_prompts(pair: LoadedPair, texts: list[str], max_new: int) -> list[lis
     return [list(pair.tokenizer(t)["input_ids"])[-room:] for t in texts]
 
 
-def bench_prompts(source: str | None, field_name: str, count: int, skip: int = 0) -> list[str]:
+def bench_prompts(source: str | None, field_name: str, count: int, skip: int = 0, tokenizer=None,
+                  default: str = "builtin:heldout") -> list[str]:
     """``count`` prompt texts after the first ``skip``, from any source `ddte collect` reads (a file,
-    ``builtin:train``, ``hf:NAME``); by default the held-out stdlib modules of the prompt builder
-    (``builtin:heldout``: never seen in training). ValueError when the source has too few."""
+    ``builtin:train``, ``chat:heldout``, ``hf:NAME``; chat rows rendered with ``tokenizer``'s chat template); by
+    default ``default``, the pair's held-out prompts (never seen in training). ValueError when the source has too
+    few."""
     from data_gen.prompts import load_prompt_texts
 
     if skip < 0:
         raise ValueError(f"cannot skip a negative number of prompts ({skip})")
-    texts = load_prompt_texts(source or "builtin:heldout", field=field_name, limit=count + skip)[skip:]
+    source = source or default
+    texts = load_prompt_texts(source, field=field_name, limit=count + skip, tokenizer=tokenizer)[skip:]
     if not texts:
-        raise ValueError(f"{source or 'builtin:heldout'} has no prompts left after skipping {skip}")
+        raise ValueError(f"{source} has no prompts left after skipping {skip}")
     return texts
 
 

@@ -17,14 +17,15 @@ def format_table(rows: list[dict]) -> str:
         return "-" if x is None else format(x, fmt)
 
     lines = [
-        "| T | method | tokens/s | ± (prompts) | speedup vs ar | block efficiency | acceptance rate | outside forwards "
-        "| selector call µs | policy share |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| T | method | tokens/s | ± (prompts) | TPOT ms | speedup vs ar | block efficiency | acceptance rate "
+        "| outside forwards | selector call µs | policy share |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r.get('temperature', '-')} | {r['method']} | {r['tokens_per_s']:.1f} | "
-            f"{num(r.get('tokens_per_s_stdev_over_prompts'), '.1f')} | {num(r['speedup'], '.2f')}× | "
+            f"{num(r.get('tokens_per_s_stdev_over_prompts'), '.1f')} | {num(r.get('tpot_ms'), '.1f')} | "
+            f"{num(r['speedup'], '.2f')}× | "
             f"{num(r['block_efficiency'], '.2f')} | {num(r['acceptance_rate'], '.2f')} | "
             f"{num(r['outside_forwards_share'], '.0%')} | {num(r.get('selector_call_us_median'), '.1f')} | "
             f"{num(r.get('policy_share'), '.1%')} |"
@@ -45,7 +46,7 @@ def bench_metrics(rows: list[dict], positions: int = 8) -> dict[str, float]:
     out: dict[str, float] = {}
     for r in rows:
         prefix = f"{metric_name(r['method'])}/T{r['temperature']:g}"
-        values = {"tokens_per_s": r["tokens_per_s"], "speedup": r.get("speedup"),
+        values = {"tokens_per_s": r["tokens_per_s"], "speedup": r.get("speedup"), "tpot_ms": r.get("tpot_ms"),
                   "mean_acceptance_length": r.get("block_efficiency"), "acceptance_rate": r.get("acceptance_rate"),
                   "draft_tokens": r.get("draft_tokens"), "accepted_tokens": r.get("accepted_tokens"),
                   "tokens_per_s_stdev_over_prompts": r.get("tokens_per_s_stdev_over_prompts"),

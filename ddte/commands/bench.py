@@ -12,14 +12,17 @@ Methods:
 Static shapes that draft the same tree ((1,a,b), (K,a+b,0), ...) are benched once, under their canonical name.
 The methods run interleaved, prompt by prompt in a rotating order, so the CPU's drift over minutes reaches every
 method alike; each first runs one warm-up prompt. Tokens/s is total new tokens over total wall time, prefill
-included; ± is the standard deviation over prompts. Prompts default to the held-out stdlib modules (never seen in
-training). Several --temperature values give one block of rows per temperature. Selector rows also report the
-median network call (µs) and the share of wall time spent in the policy (features + call + decision). Every policy
-row (selector, policy file, adaptive, entropy) is then compared with its verifier's best static row in this run,
-with a paired bootstrap interval that chooses that row again in every resample (ddte/bench/compare.py).
+included; ± is the standard deviation over prompts; TPOT is the decode time per token, prefill excluded (HF rows
+also leave out the first token, as vLLM's TPOT does). Prompts default to the pair's held-out prompts (never seen in
+training): stdlib modules for the shipped pair, chat prompts rendered with the chat template for smollm2. Several
+--temperature values give one block of rows per temperature. Selector rows also report the median network call
+(µs) and the share of wall time spent in the policy (features + call + decision). Every policy row (selector,
+policy file, adaptive, entropy) is then compared with its verifier's best static row in this run, with a paired
+bootstrap interval that chooses that row again in every resample (ddte/bench/compare.py).
 
 Example:
   ddte bench --num-prompts 20 --max-new-tokens 128 --methods ar hf-assisted traversal@2,2,4 --output bench.json
+  ddte bench --pair smollm2 --temperature 0.6 1.0 --methods ar hf-assisted specinfer@1,0,4 specinfer@2,1,2
 """
 
 from __future__ import annotations
@@ -53,8 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy-file", default=None, metavar="policy.json",
                         help="also bench VERIFIER@policy=FILE for every verifier the file names")
     parser.add_argument("--prompts", default=None,
-                        help="JSONL/parquet file, builtin:heldout, builtin:train or hf:NAME, as in `ddte collect` "
-                             "(default: builtin:heldout, never seen in training)")
+                        help="JSONL/parquet file (prompt or chat messages rows), builtin:heldout, chat:heldout, "
+                             "chat:heldout-unlike or hf:NAME, as in `ddte collect` (default: the pair's held-out "
+                             "prompts: builtin:heldout for the shipped pair, chat:heldout for smollm2)")
     parser.add_argument("--field", default="prompt", help="text field of --prompts")
     parser.add_argument("--num-prompts", type=int, default=10, help="prompts to run")
     parser.add_argument("--skip-prompts", type=int, default=0, metavar="N",
@@ -109,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     pair = load_pair_from_args(args)
     with user_errors():
-        prompts = encode_prompts(pair, bench_prompts(args.prompts, args.field, args.num_prompts,
-                                                    args.skip_prompts), args.max_new_tokens)
+        prompts = encode_prompts(pair, bench_prompts(args.prompts, args.field, args.num_prompts, args.skip_prompts,
+                                                    pair.tokenizer, pair.heldout_prompts), args.max_new_tokens)
         settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p)
         rows = run_bench(methods, pair, prompts, settings, args.temperature)
     temps = ", ".join(f"{t:g}" for t in args.temperature)
