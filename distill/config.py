@@ -37,6 +37,11 @@ class DistillData:
     onpolicy_temperature: float = 1.0
     warm_start_steps: int = 100  # fixed data only before on-policy batches start
     val_blocks: int = 32  # held-out windows of seq_len for the validation acceptance
+    text: str = "stdlib"  # stdlib (the shipped pair's corpus split) or chat (distill.chat_data: ../shared/data)
+    responses: int = 0  # chat: training prompts the target answers once (cached token ids) to train on
+    response_tokens: int = 128  # chat: most tokens per target response
+    response_temperature: float = 1.0  # chat: the target's sampling temperature for its responses
+    cache_dir: str | None = None  # chat: where target responses are cached (null: $DDTE_CACHE/distill)
 
 
 @dataclass
@@ -50,6 +55,7 @@ class DistillSchedule:
     val_every: int = 250
     seed: int = 0
     threads: int | None = 2
+    max_minutes: float | None = None  # stop after this much training wall time, whatever `steps` says (null: none)
 
 
 @dataclass
@@ -66,12 +72,16 @@ class DistillConfig:
     target: str = "models/target"
     draft: str | None = "models/draft"  # the draft to start from (null with init: scratch)
     tokenizer: str | None = "models/tokenizer"
+    target_dtype: str = "float32"  # the teacher's dtype (the dtype the pair runs it in: its laws are the target's)
     init: str = "draft"  # draft (continue from `draft`) or scratch (a new draft of `shape`)
+    init_embedding: str = "random"  # scratch: random, or pca (the target's embedding projected on its top components)
+    max_positions: int | None = None  # scratch: the draft's max_position_embeddings (null: the target's)
     shape: ModelShape = field(default_factory=lambda: ModelShape(128, 512, 1, 2, 2))
     output: str = "runs/distill/draft"
     overwrite: bool = False
     divergence: str = "jsd"
     temperatures: list[float] = field(default_factory=lambda: [0.6, 1.0])  # the loss is averaged over these
+    teacher_topk: int | None = None  # train on both laws coarsened to the teacher's top k + the rest (large vocab)
     storage_dtype: str = "float16"
     data: DistillData = field(default_factory=DistillData)
     train: DistillSchedule = field(default_factory=DistillSchedule)
@@ -85,6 +95,12 @@ def load_distill_config(path: str | Path | None, overrides: list[str] | None = N
     checks = [
         (config.divergence in DIVERGENCES, f"divergence must be one of {', '.join(DIVERGENCES)}"),
         (config.init in ("draft", "scratch"), "init must be draft or scratch"),
+        (config.init_embedding in ("random", "pca"), "init_embedding must be random or pca"),
+        (config.target_dtype in ("float32", "bfloat16", "float16"), "target_dtype: float32, bfloat16 or float16"),
+        (data.text in ("stdlib", "chat"), "data.text must be stdlib or chat"),
+        (config.teacher_topk is None or config.teacher_topk >= 1, "teacher_topk must be >= 1 (or null)"),
+        (data.responses >= 0 and data.response_tokens >= 1 and data.response_temperature > 0,
+         "data: responses >= 0, response_tokens >= 1, response_temperature > 0"),
         (config.init == "scratch" or bool(config.draft), "init: draft needs a draft directory"),
         (bool(config.temperatures) and all(t > 0 for t in config.temperatures), "temperatures must be > 0"),
         (config.storage_dtype in ("float32", "float16", "bfloat16"), "storage_dtype: float32, float16 or bfloat16"),

@@ -17,15 +17,17 @@ import math
 import lightning.pytorch as pl
 import torch
 
-from distill.divergences import DIVERGENCES, acceptance
+from distill.divergences import DIVERGENCES, EPS, acceptance
 
 
 class DistillModule(pl.LightningModule):
     """Trains ``draft`` (a registered submodule) against a frozen ``target`` (kept out of the module's parameters,
     optimizer and checkpoints)."""
 
-    def __init__(self, draft, target, divergence: str, temperatures: list[float], data, schedule) -> None:
+    def __init__(self, draft, target, divergence: str, temperatures: list[float], data, schedule,
+                 teacher_topk: int | None = None) -> None:
         super().__init__()
+        self.teacher_topk = teacher_topk
         self.draft = draft
         object.__setattr__(self, "_target", target.eval().requires_grad_(False))
         self.divergence = DIVERGENCES[divergence]
@@ -38,7 +40,11 @@ class DistillModule(pl.LightningModule):
     # -------------------------------------------------------------- the loss
 
     def _loss(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, dict[float, torch.Tensor]]:
-        """Mean divergence over positions ``start ..`` (row i predicts token i + 1) and temperatures; β per T."""
+        """Mean divergence over positions ``start ..`` (row i predicts token i + 1) and temperatures; β per T.
+
+        With ``teacher_topk`` set (training only), both laws are first coarsened to the teacher's top-k tokens plus
+        one bucket for the rest (:func:`coarsen`), and β is measured on the batch's first sequence only.
+        """
         import time
 
         clock = time.perf_counter()
@@ -46,12 +52,22 @@ class DistillModule(pl.LightningModule):
             target_logits = self._target(input_ids=ids).logits[:, start:-1].float()  # (B, n, V)
         self.target_seconds += time.perf_counter() - clock
         draft_logits = self.draft(input_ids=ids).logits[:, start:-1].float()
+        topk = self.teacher_topk if self.training else None
+        if topk:
+            top = target_logits.topk(topk, dim=-1).indices  # (B, n, k)
         losses, betas = [], {}
         for t in self.temperatures:
-            p = torch.softmax(target_logits / t, dim=-1)
+            log_p = torch.log_softmax(target_logits / t, dim=-1)
             log_q = torch.log_softmax(draft_logits / t, dim=-1)
-            losses.append(self.divergence(p, log_q).mean())
-            betas[t] = acceptance(p, log_q.exp()).detach()
+            if topk:
+                with torch.no_grad():
+                    betas[t] = acceptance(log_p[:1].exp(), log_q[:1].detach().exp())
+                p_coarse, log_q_coarse = coarsen(log_p, log_q, top)
+                losses.append(self.divergence(p_coarse, log_q_coarse).mean())
+            else:
+                p = log_p.exp()
+                losses.append(self.divergence(p, log_q).mean())
+                betas[t] = acceptance(p, log_q.exp()).detach()
         return torch.stack(losses).mean(), betas
 
     def _on_policy(self, windows: torch.Tensor, sampler=None) -> torch.Tensor:
@@ -117,3 +133,19 @@ class DistillModule(pl.LightningModule):
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def coarsen(log_p: torch.Tensor, log_q: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both laws over the k tokens ``top`` ``(..., k)`` plus one bucket for every other token: ``(p, log q)`` of
+    shape ``(..., k + 1)``.
+
+    A divergence between coarsened laws is a lower bound of the divergence between the full laws (data processing)
+    and equals it when the teacher's mass lies in its top k; it costs a gather instead of several passes over a
+    49,152-token vocabulary. The draft's gradient still reaches every logit through its normaliser.
+    """
+    log_p_top = log_p.gather(-1, top)  # (..., k)
+    log_q_top = log_q.gather(-1, top)
+    p_top = log_p_top.exp()
+    p_rest = (1 - p_top.sum(-1, keepdim=True)).clamp_min(0)
+    q_rest = (1 - log_q_top.exp().sum(-1, keepdim=True)).clamp_min(EPS)
+    return torch.cat([p_top, p_rest], -1), torch.cat([log_q_top, q_rest.log()], -1)

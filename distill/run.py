@@ -43,15 +43,30 @@ def check_output(config: DistillConfig) -> Path:
     return output
 
 
+def resolve_target(target: str) -> Path:
+    """The target's folder or GGUF file: ``fetch:NAME`` is the folder ``ddte fetch NAME`` writes."""
+    from decode.fetch import fetched_model_dir, is_fetched
+
+    if target.startswith("fetch:"):
+        name = target.split(":", 1)[1]
+        if not is_fetched(name):
+            raise ValueError(f"target {name} is not fetched yet; run `ddte fetch {name}` (once)")
+        return fetched_model_dir(name)
+    return Path(target)
+
+
 def load_models(config: DistillConfig):
-    """(tokenizer, target, draft): fp32 on CPU, sharing one vocabulary; ValueError otherwise."""
+    """(tokenizer, target, draft): the target frozen in ``target_dtype``, the draft fp32, sharing one vocabulary;
+    ValueError otherwise."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from decode.models import check_same_vocab, load_causal_lm
     from decode.pair import find_tokenizer
+    from distill.saving import DTYPES
 
-    target = load_causal_lm(config.target, "cpu", torch.float32)
-    tokenizer = find_tokenizer(Path(config.target), config.tokenizer)
+    target_path = resolve_target(config.target)
+    target = load_causal_lm(target_path, "cpu", DTYPES[config.target_dtype])
+    tokenizer = find_tokenizer(target_path, config.tokenizer)
     if tokenizer is None:
         raise ValueError(f"no tokenizer found for {config.target}: set tokenizer=DIR")
     if config.init == "draft":
@@ -60,15 +75,64 @@ def load_models(config: DistillConfig):
         shape = config.shape
         torch.manual_seed(config.train.seed)
         draft = LlamaForCausalLM(LlamaConfig(
-            vocab_size=target.config.vocab_size, max_position_embeddings=target.config.max_position_embeddings,
+            vocab_size=target.config.vocab_size,
+            max_position_embeddings=config.max_positions or target.config.max_position_embeddings,
             tie_word_embeddings=True, pad_token_id=target.config.pad_token_id,
             bos_token_id=target.config.bos_token_id, eos_token_id=target.config.eos_token_id,
             **dataclasses.asdict(shape),
         )).float()
+        if config.init_embedding == "pca":
+            pca_embedding(draft, target)
     check_same_vocab(target.config, draft.config)
     if len(tokenizer) > target.config.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens, more than the models' {target.config.vocab_size}")
     return tokenizer, target, draft.train()
+
+
+def pca_embedding(draft, target) -> None:
+    """Set the draft's (tied) embedding to the target's embedding projected on its top principal components.
+
+    A from-scratch draft with a 49,152-token vocabulary spends most of its early steps learning which tokens are
+    alike; the target's table already says so. The projection ``(V, d_target) -> (V, d_draft)`` is rescaled to the
+    draft's initial row norm so the first layer sees inputs of the size it was initialised for.
+    """
+    source = target.get_input_embeddings().weight.detach().float()  # (V, d_target)
+    centred = source - source.mean(0, keepdim=True)
+    width = draft.config.hidden_size
+    _, _, v = torch.pca_lowrank(centred, q=width, center=False)  # v: (d_target, width)
+    projected = centred @ v  # (V, width)
+    weight = draft.get_input_embeddings().weight
+    with torch.no_grad():
+        scale = weight.norm(dim=1).mean() / projected.norm(dim=1).mean().clamp_min(1e-8)
+        weight.copy_(projected * scale)
+
+
+def training_text(config: DistillConfig, tokenizer, target) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(training stream, held-out stream, what was used): the stdlib corpus split, or chat conversations with the
+    target's cached responses (:mod:`distill.chat_data`)."""
+    from distill.data import corpus_files, token_stream
+
+    data = config.data
+    if data.text == "stdlib":
+        train_files, heldout_files = corpus_files(data.heldout_fraction, data.max_files)
+        return token_stream(tokenizer, train_files), token_stream(tokenizer, heldout_files), {"text": "stdlib"}
+    from decode.fetch import cache_root
+    from decode.pair import pair_fingerprint
+    from distill.chat_data import fixed_sequences, stream_of, target_responses
+
+    cache = Path(data.cache_dir) if data.cache_dir else cache_root() / "distill"
+    target_path = resolve_target(config.target)
+    fingerprint = pair_fingerprint(target_path, target_path)
+    start = time.perf_counter()
+    responses = target_responses(target, tokenizer, fingerprint, data.responses, data.response_tokens,
+                                 data.response_temperature, cache, seed=config.train.seed)
+    seconds = time.perf_counter() - start
+    eos = tokenizer.eos_token_id
+    train = stream_of(fixed_sequences(tokenizer, "train", responses), eos)
+    heldout = stream_of(fixed_sequences(tokenizer, "heldout"), eos)
+    used = {"text": "chat", "responses": len(responses), "response_tokens": sum(map(len, responses.values())),
+            "response_seconds": round(seconds, 1)}
+    return train, heldout, used
 
 
 def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
@@ -77,7 +141,7 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
     from lightning.pytorch.loggers import MLFlowLogger
     from torch.utils.data import DataLoader
 
-    from distill.data import RandomWindows, corpus_files, evenly_spaced_windows, token_stream
+    from distill.data import RandomWindows, evenly_spaced_windows
     from distill.module import DistillModule
     from distill.saving import round_to_storage
     from selector.tracking import artifact_location, git_commit, quiet_lightning, resolve_tracking_uri
@@ -86,11 +150,11 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     tokenizer, target, draft = load_models(config)
-    train_files, heldout_files = corpus_files(config.data.heldout_fraction, config.data.max_files)
-    train_stream, heldout_stream = token_stream(tokenizer, train_files), token_stream(tokenizer, heldout_files)
+    train_stream, heldout_stream, text = training_text(config, tokenizer, target)
     val_blocks = evenly_spaced_windows(heldout_stream, config.data.seq_len, config.data.val_blocks)
     windows = RandomWindows(train_stream, config.data.seq_len, config.data.batch_size, config.train.seed)
-    module = DistillModule(draft, target, config.divergence, config.temperatures, config.data, config.train)
+    module = DistillModule(draft, target, config.divergence, config.temperatures, config.data, config.train,
+                           config.teacher_topk)
 
     uri = resolve_tracking_uri(config.tracking.tracking_uri)
     logger = MLFlowLogger(experiment_name=config.tracking.experiment, tracking_uri=uri,
@@ -101,6 +165,7 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
         check_val_every_n_epoch=None, logger=logger, enable_checkpointing=False, enable_progress_bar=progress,
         enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=10,
         gradient_clip_val=config.train.grad_clip,
+        max_time={"minutes": config.train.max_minutes} if config.train.max_minutes else None,
     )
     val_loader = DataLoader(val_blocks, batch_size=config.data.batch_size)
     torch.manual_seed(config.train.seed)  # the draft's own samples (on-policy batches) are seeded too
@@ -114,7 +179,7 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
     summary = {
         "config": dataclasses.asdict(config), "before": before, "after": after, "train_seconds": round(seconds, 1),
         "target_forward_seconds": round(module.target_seconds, 1), "steps": trainer.global_step,
-        "tokens": {"train": int(train_stream.numel()), "heldout": int(heldout_stream.numel())},
+        "tokens": {"train": int(train_stream.numel()), "heldout": int(heldout_stream.numel())}, "text": text,
         "parameters": sum(p.numel() for p in draft.parameters()), "run_id": logger.run_id, "git_commit": git_commit(),
     }
     _write(draft, tokenizer, config, output, summary)

@@ -1,0 +1,114 @@
+"""Training text for a draft of a chat model: chat-templated conversations, and the target's own responses.
+
+Two kinds of sequence, each one conversation rendered with the tokenizer's chat template, ending with its eos:
+
+* **fixed text** from ``../shared/data`` (:mod:`data_gen.chat_prompts`' training split only): a gsm8k question
+  with its worked answer as the assistant's turn, a humaneval function with its canonical body, and the other
+  training prompts followed by the target's own response when one is cached;
+* **the target's responses**: the target samples a response to each of the first ``responses`` training prompts
+  once (batched HF ``generate`` in the target's dtype), and the token ids are cached as JSON under the cache folder
+  keyed by the target's fingerprint and the sampling settings. These are the contexts the draft meets in decoding:
+  every accepted token is the target's.
+
+The teacher's next-token laws are computed on the fly during training (a cache of full laws would take
+49,152 floats per token); only token ids are cached. Validation uses the held-out chat set built the same way,
+without target responses for the prompts that have no reference answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from data_gen.chat_prompts import build_chat_prompts, render_chat
+
+
+def _conversation(tokenizer, user: str, assistant: str) -> list[int]:
+    messages = [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    return list(tokenizer(text)["input_ids"])
+
+
+def reference_answer(record: dict) -> str | None:
+    """The data set's own answer to a chat record (gsm8k's worked answer, humaneval's canonical body), if any."""
+    return record.get("answer")
+
+
+def fixed_sequences(tokenizer, chat_set: str, responses: dict[str, list[int]] | None = None,
+                    root: Path | None = None) -> list[list[int]]:
+    """One token sequence per record of ``chat_set`` that has an answer: a reference answer, else a cached
+    target response (``responses`` by record id). Records with neither are skipped."""
+    sequences = []
+    for record in build_chat_prompts(chat_set, root=root):
+        user = record["messages"][0]["content"]
+        if responses and record["id"] in responses:
+            prompt = list(tokenizer(render_chat(tokenizer, record["messages"]))["input_ids"])
+            sequences.append(prompt + responses[record["id"]])
+        elif reference_answer(record) is not None:
+            sequences.append(_conversation(tokenizer, user, record["answer"]))
+    if not sequences:
+        raise ValueError(f"chat set {chat_set!r} has no sequence to train on")
+    return sequences
+
+
+def stream_of(sequences: list[list[int]], eos: int | None) -> torch.Tensor:
+    """All sequences as one stream ``(n,)``, each followed by ``eos``."""
+    ids: list[int] = []
+    for sequence in sequences:
+        ids.extend(sequence)
+        if eos is not None and (not sequence or sequence[-1] != eos):
+            ids.append(eos)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def response_cache_path(cache_dir: Path, fingerprint: str, count: int, tokens: int, temperature: float) -> Path:
+    key = hashlib.sha256(f"{fingerprint}:{count}:{tokens}:{temperature}".encode()).hexdigest()[:16]
+    return cache_dir / f"responses-{key}.json"
+
+
+def target_responses(target, tokenizer, fingerprint: str, count: int, tokens: int, temperature: float,
+                     cache_dir: Path, batch_size: int = 16, seed: int = 0,
+                     log: Callable[[str], None] = print) -> dict[str, list[int]]:
+    """The target's sampled responses (token ids, eos included when reached) to the first ``count`` training
+    prompts, by record id: read from the cache when present, else generated once and cached atomically."""
+    if count <= 0:
+        return {}
+    path = response_cache_path(cache_dir, fingerprint, count, tokens, temperature)
+    if path.is_file():
+        return {k: list(v) for k, v in json.loads(path.read_text())["responses"].items()}
+    records = build_chat_prompts("train", count=count)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    out: dict[str, list[int]] = {}
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    for first in range(0, len(records), batch_size):
+        batch = records[first : first + batch_size]
+        prompts = [list(tokenizer(render_chat(tokenizer, r["messages"]))["input_ids"]) for r in batch]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.no_grad():
+            generated = target.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
+                                        top_k=None, top_p=None, max_new_tokens=tokens, pad_token_id=pad)
+        for record, row in zip(batch, generated[:, width:].tolist(), strict=True):
+            eos = tokenizer.eos_token_id
+            out[record["id"]] = row[: row.index(eos) + 1] if eos in row else row
+        done = sum(map(len, out.values()))
+        log(f"target responses: {len(out)}/{len(records)} prompts, {done} tokens, "
+            f"{done / (time.perf_counter() - start):.0f} tokens/s")
+    seconds = time.perf_counter() - start
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=cache_dir)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"count": count, "tokens": tokens, "temperature": temperature, "seconds": round(seconds, 1),
+                   "responses": out}, handle)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return out
