@@ -9,6 +9,7 @@ Examples:
   ddte generate "def fibonacci(n):" --verifier traversal --action 2,2,4 --max-new-tokens 64
   ddte generate --prompt-ids 1,400,12 --policy adaptive --temperature 0 --num-samples 3 --output out.jsonl
   ddte generate "def f(x):" --policy-file runs/pipeline/policy.json --temperature 0.6
+  ddte generate --pair smollm2 "Write a haiku about rain." --action 2,1,3 --verifier specinfer --temperature 0.6
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", nargs="?", default=None, help="prompt text (needs the pair's tokenizer)")
     parser.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of text")
+    parser.add_argument("--chat", default="auto", choices=("auto", "on", "off"),
+                        help="send the prompt as a user message through the tokenizer's chat template (auto: when "
+                        "the pair's prompts are chat prompts, as for smollm2)")
     add_pair_arguments(parser)
     add_decoding_arguments(parser)
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per sample")
@@ -146,7 +150,9 @@ def build_decoder(args: argparse.Namespace):
     return pair, decoder, policy_factory(args, pair, verifier, sampling)
 
 
-def prompt_ids(args: argparse.Namespace, tokenizer) -> list[int]:
+def prompt_ids(args: argparse.Namespace, tokenizer, chat_pair: bool = False) -> list[int]:
+    """The prompt's token ids: --prompt-ids as given, or the text, through the chat template when --chat says so
+    (``chat_pair``: the pair's prompts are chat prompts)."""
     if (args.prompt is None) == (args.prompt_ids is None):
         raise UserError("give exactly one of a prompt text or --prompt-ids")
     if args.prompt_ids is not None:
@@ -159,7 +165,13 @@ def prompt_ids(args: argparse.Namespace, tokenizer) -> list[int]:
         return ids
     if tokenizer is None:
         raise UserError("no tokenizer found for the pair: pass --tokenizer DIR or use --prompt-ids")
-    ids = tokenizer(args.prompt)["input_ids"]
+    text = args.prompt
+    if getattr(args, "chat", "off") == "on" or (getattr(args, "chat", "off") == "auto" and chat_pair):
+        from data_gen.chat_prompts import render_chat
+
+        with user_errors(prefix="--chat: "):
+            text = render_chat(tokenizer, [{"role": "user", "content": args.prompt}])
+    ids = tokenizer(text)["input_ids"]
     if not ids:
         raise UserError("the prompt encodes to no tokens")
     return list(ids)
@@ -174,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     output = check_output_file(args.output) if args.output else None
     apply_threads(args.threads)
     pair, decoder, make_policy = build_decoder(args)
-    ids = prompt_ids(args, pair.tokenizer)
+    ids = prompt_ids(args, pair.tokenizer, pair.heldout_prompts.startswith("chat:"))
     total = GenerationStats()
     records = []
     policy_name = "?"

@@ -5,8 +5,13 @@ training figures (from recipe.json); held-out loss and perplexity; per-token lat
 for a 32-node tree pass, with the target/draft ratios; acceptance 1 − TV(p, q) at T = 1 on target-sampled
 continuations of held-out prompts; one T = 0.8 sample. It prints a markdown table and writes everything as JSON.
 
+With --pair NAME (a pair YAML, e.g. smollm2) it measures that pair instead, each model in the pair's own dtype:
+pass times in the decoding loop and their ratios, and acceptance at T = 0.6 and 1 on the pair's held-out prompts
+(for chat prompts: those like the training data and those unlike it, separately).
+
 Examples:
   ddte pair-card --output models/card.json
+  ddte pair-card --pair smollm2 --output models/smollm2-card.json
   ddte pair-card --models /tmp/pair --num-prompts 10 --repeats 5
 """
 
@@ -19,13 +24,17 @@ from ddte.commands.common import UserError, add_threads_argument, check_output_f
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="models", help="pair folder with tokenizer/, target/, draft/")
+    parser.add_argument("--pair", default=None, help="measure this pair YAML (a name under configs/pair/) instead")
     parser.add_argument("--output", default=None, help="write all measurements to this JSON file")
     deprecated(parser, "--json", "--output", "output")
     add_threads_argument(parser)
     parser.add_argument("--cache-len", type=int, default=256, help="KV cache length for latency")
-    parser.add_argument("--tree-nodes", type=int, default=32, help="nodes of the timed tree pass")
-    parser.add_argument("--repeats", type=int, default=30, help="timed calls per latency figure")
-    parser.add_argument("--num-prompts", type=int, default=100, help="held-out prompts for acceptance")
+    parser.add_argument("--tree-nodes", type=int, default=None, help="nodes of the timed tree pass (default: 32; "
+                        "8 with --pair)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per latency figure (default: 30; "
+                        "10 with --pair)")
+    parser.add_argument("--num-prompts", type=int, default=None, help="held-out prompts for acceptance (default: "
+                        "100; 24 per group with --pair)")
     deprecated(parser, "--prompts", "--num-prompts", "num_prompts", type=int)
     parser.add_argument("--max-new-tokens", type=int, default=32, help="sampled tokens per prompt")
     deprecated(parser, "--new-tokens", "--max-new-tokens", "max_new_tokens", type=int)
@@ -40,10 +49,16 @@ def run(args: argparse.Namespace) -> int:
 
     from ddte.pair.card import CardSettings, markdown, measure, write_json
 
+    defaults = {"tree_nodes": (32, 8), "repeats": (30, 10), "num_prompts": (100, 24)}
+    for name, (folder_default, pair_default) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, pair_default if args.pair else folder_default)
     for name in ("threads", "cache_len", "tree_nodes", "repeats", "num_prompts", "max_new_tokens", "sample_tokens"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     output = check_output_file(args.output) if args.output else None
+    if args.pair:
+        return _run_pair(args, output)
     settings = CardSettings(args.models, args.threads, args.cache_len, args.tree_nodes, args.repeats,
                             args.num_prompts, args.max_new_tokens, args.heldout_blocks, args.sample_tokens, args.seed)
     with user_errors():
@@ -53,4 +68,21 @@ def run(args: argparse.Namespace) -> int:
     print(markdown(result))
     print("T = 0.8 sample from", result["sample_T0.8"]["prompt_id"])
     print(result["sample_T0.8"]["completion"])
+    return 0
+
+
+def _run_pair(args: argparse.Namespace, output) -> int:
+    from pathlib import Path
+
+    from ddte.pair.card import write_json
+    from ddte.pair.pair_card import PairCardSettings, measure_pair, pair_markdown
+
+    settings = PairCardSettings(args.pair, args.threads, args.cache_len, args.tree_nodes, args.repeats,
+                                args.num_prompts, args.max_new_tokens, args.sample_tokens, args.seed)
+    with user_errors():
+        result = measure_pair(settings)
+    if output is not None:
+        write_json(result, Path(output))
+    print(pair_markdown(result))
+    print("T = 0.8 sample:", result["sample_T0.8"]["completion"])
     return 0

@@ -54,3 +54,21 @@ def test_card_runs_end_to_end(tiny_pair, tmp_path):
     assert loop["draft_wrapper"] == "FastCachedLM" and loop["ratio_one_token"] > 0
     text = card.markdown(result)
     assert "acceptance" in text and "corr(top probability" in text and "in the decoding loop" in text
+
+
+def test_the_card_of_a_pair_yaml_reports_loop_ratios_and_acceptance_per_temperature(tmp_path):
+    from tests.factories import save_tiny_pair
+
+    root = save_tiny_pair(tmp_path / "pair", vocab=4096, context=128)
+    out = tmp_path / "card.json"
+    argv = ["--pair", str(root / "pair.yaml"), "--output", str(out), "--num-prompts", "2", "--max-new-tokens", "3",
+            "--repeats", "1", "--sample-tokens", "3", "--cache-len", "16", "--tree-nodes", "4"]
+    assert run_subcommand(pair_card, argv) == 0
+    result = json.loads(out.read_text())
+    loop = result["loop_latency"]
+    assert loop["target_one_token_ms"] > 0 and loop["draft_first_pass_ms"] >= loop["draft_one_token_ms"] > 0
+    for t in ("0.6", "1"):
+        assert result[f"acceptance_heldout_T{t}"]["contexts"] == 2 * 3
+    from ddte.pair.pair_card import pair_markdown
+
+    assert "draft, a step's first pass" in pair_markdown(result) and "heldout (2 prompts" in pair_markdown(result)

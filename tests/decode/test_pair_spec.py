@@ -1,0 +1,48 @@
+"""Pair YAMLs: names under configs/pair/, per-model dtypes, prompt defaults and fetched targets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from decode.fetch import fetched_model_dir
+from decode.pair import read_pair_config, resolve_pair_path
+from tests.factories import REPO, save_tiny_pair
+
+
+def test_pair_names_resolve_under_configs_pair():
+    assert resolve_pair_path("shipped") == REPO / "configs" / "pair" / "shipped.yaml"
+    spec = read_pair_config("shipped")
+    assert spec.target == REPO / "models" / "target" and spec.heldout_prompts == "builtin:heldout"
+
+
+def test_the_smollm2_pair_names_a_fetched_bf16_target_and_chat_prompts(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDTE_CACHE", str(tmp_path))
+    spec = read_pair_config("smollm2")
+    assert spec.fetch == "smollm2" and spec.target == fetched_model_dir("smollm2")
+    assert spec.target_dtype == spec.draft_dtype == "bfloat16"
+    assert spec.train_prompts == "chat:train" and spec.heldout_prompts == "chat:heldout"
+    with pytest.raises(ValueError, match="ddte fetch smollm2"):
+        spec.load()
+
+
+@pytest.mark.parametrize(("extra", "message"), [({"colour": "red"}, "unknown: colour"),
+                                                ({"target_dtype": "int8"}, "target_dtype must be")])
+def test_bad_pair_yamls_are_refused(tmp_path, extra, message):
+    path = tmp_path / "pair.yaml"
+    path.write_text(json.dumps({"target": "t", "draft": "d", **extra}))
+    with pytest.raises(ValueError, match=message):
+        read_pair_config(path)
+
+
+def test_each_model_loads_in_its_own_dtype_unless_dtype_overrides_both(tmp_path):
+    root = save_tiny_pair(tmp_path / "pair", vocab=64)
+    path = root / "pair.yaml"
+    path.write_text(json.dumps({"target": str(root / "target"), "draft": str(root / "draft"),
+                                "target_dtype": "bfloat16", "draft_dtype": "float32"}))
+    pair = read_pair_config(path).load()
+    assert pair.target.dtype == torch.bfloat16 and pair.draft.dtype == torch.float32
+    both = read_pair_config(path).load(dtype="float32")
+    assert both.target.dtype == torch.float32 and both.draft.dtype == torch.float32
