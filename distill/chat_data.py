@@ -42,15 +42,15 @@ def reference_answer(record: dict) -> str | None:
 
 
 def fixed_sequences(tokenizer, chat_set: str, responses: dict[str, list[int]] | None = None,
-                    root: Path | None = None) -> list[list[int]]:
-    """One token sequence per record of ``chat_set`` that has an answer: a reference answer, else a cached
-    target response (``responses`` by record id). Records with neither are skipped."""
+                    root: Path | None = None, response_weight: int = 1) -> list[list[int]]:
+    """One token sequence per record of ``chat_set`` that has an answer: a cached target response (``responses`` by
+    record id, ``response_weight`` copies), else a reference answer. Records with neither are skipped."""
     sequences = []
     for record in build_chat_prompts(chat_set, root=root):
         user = record["messages"][0]["content"]
         if responses and record["id"] in responses:
             prompt = list(tokenizer(render_chat(tokenizer, record["messages"]))["input_ids"])
-            sequences.append(prompt + responses[record["id"]])
+            sequences.extend([prompt + responses[record["id"]]] * response_weight)
         elif reference_answer(record) is not None:
             sequences.append(_conversation(tokenizer, user, record["answer"]))
     if not sequences:

@@ -41,6 +41,8 @@ class DistillData:
     responses: int = 0  # chat: training prompts the target answers once (cached token ids) to train on
     response_tokens: int = 128  # chat: most tokens per target response
     response_temperature: float = 1.0  # chat: the target's sampling temperature for its responses
+    response_weight: int = 1  # chat: copies of each target response in the training stream (they are few and
+    # they are what decoding meets, while reference answers are many)
     cache_dir: str | None = None  # chat: where target responses are cached (null: $DDTE_CACHE/distill)
 
 
@@ -99,8 +101,9 @@ def load_distill_config(path: str | Path | None, overrides: list[str] | None = N
         (config.target_dtype in ("float32", "bfloat16", "float16"), "target_dtype: float32, bfloat16 or float16"),
         (data.text in ("stdlib", "chat"), "data.text must be stdlib or chat"),
         (config.teacher_topk is None or config.teacher_topk >= 1, "teacher_topk must be >= 1 (or null)"),
-        (data.responses >= 0 and data.response_tokens >= 1 and data.response_temperature > 0,
-         "data: responses >= 0, response_tokens >= 1, response_temperature > 0"),
+        (data.responses >= 0 and data.response_tokens >= 1 and data.response_temperature > 0
+         and data.response_weight >= 1,
+         "data: responses >= 0, response_tokens >= 1, response_temperature > 0, response_weight >= 1"),
         (config.init == "scratch" or bool(config.draft), "init: draft needs a draft directory"),
         (bool(config.temperatures) and all(t > 0 for t in config.temperatures), "temperatures must be > 0"),
         (config.storage_dtype in ("float32", "float16", "bfloat16"), "storage_dtype: float32, float16 or bfloat16"),

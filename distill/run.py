@@ -128,7 +128,7 @@ def training_text(config: DistillConfig, tokenizer, target) -> tuple[torch.Tenso
                                  data.response_temperature, cache, seed=config.train.seed)
     seconds = time.perf_counter() - start
     eos = tokenizer.eos_token_id
-    train = stream_of(fixed_sequences(tokenizer, "train", responses), eos)
+    train = stream_of(fixed_sequences(tokenizer, "train", responses, response_weight=data.response_weight), eos)
     heldout = stream_of(fixed_sequences(tokenizer, "heldout"), eos)
     used = {"text": "chat", "responses": len(responses), "response_tokens": sum(map(len, responses.values())),
             "response_seconds": round(seconds, 1)}
