@@ -50,3 +50,16 @@ def test_pair_loads_offline_and_generates(tokenizer):
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
         assert out.shape == (1, ids.shape[1] + 5)
         assert isinstance(tokenizer.decode(out[0, ids.shape[1] :]), str)
+
+
+def test_the_real_pairs_draft_is_safetensors_and_within_budget():
+    """models/smollm2-draft at most 30 MB, all of models/ at most 80 MB, no pickle and no code anywhere."""
+    folder = SHIPPED / "smollm2-draft"
+    files = list(folder.iterdir())
+    assert any(p.name == "model.safetensors" for p in files)
+    assert sum(p.stat().st_size for p in files) <= 30 * 2**20
+    everything = [p for p in SHIPPED.rglob("*") if p.is_file()]
+    assert not [p for p in everything if p.name.endswith((".bin", ".pt", ".pkl", ".py"))]
+    assert sum(p.stat().st_size for p in everything) <= 80 * 2**20
+    summary = json.loads((folder / "distill.json").read_text())
+    assert summary["config"]["target"] == "fetch:smollm2" and summary["steps"] >= 1
