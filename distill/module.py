@@ -140,8 +140,9 @@ def coarsen(log_p: torch.Tensor, log_q: torch.Tensor, top: torch.Tensor) -> tupl
     shape ``(..., k + 1)``.
 
     A divergence between coarsened laws is a lower bound of the divergence between the full laws (data processing)
-    and, for fkl, tvd and jsd, equals it when the teacher's mass lies in its top k; it costs a gather instead of several passes over a
-    49,152-token vocabulary. The draft's gradient still reaches every logit through its normaliser.
+    and, for fkl, tvd and jsd, equals it when the teacher's mass lies in its top k; it costs a gather instead of
+    several passes over a 49,152-token vocabulary. The draft's gradient still reaches every logit through its
+    normaliser.
     """
     log_p_top = log_p.gather(-1, top)  # (..., k)
     log_q_top = log_q.gather(-1, top)
