@@ -85,3 +85,16 @@ def collect_overrides(folder: Path, out: Path, **extra) -> list[str]:
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def chat_tokenizer():
+    """The shipped tokenizer with a tiny chat template: ``<user>text</user><assistant>`` for one user turn."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(SHIPPED_TOKENIZER))
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer

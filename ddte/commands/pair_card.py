@@ -45,9 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from ddte.pair.card import CardSettings, markdown, measure, write_json
+    from ddte.pair.card import CardSettings, markdown, measure
 
     defaults = {"tree_nodes": (32, 8), "repeats": (30, 10), "num_prompts": (100, 24)}
     for name, (folder_default, pair_default) in defaults.items():
@@ -58,31 +56,28 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     output = check_output_file(args.output) if args.output else None
     if args.pair:
-        return _run_pair(args, output)
+        from ddte.pair.pair_card import PairCardSettings, measure_pair, pair_markdown
+
+        settings = PairCardSettings(args.pair, args.threads, args.cache_len, args.tree_nodes, args.repeats,
+                                    args.num_prompts, args.max_new_tokens, args.sample_tokens, args.seed)
+        return _measure_and_print(measure_pair, settings, pair_markdown, output)
     settings = CardSettings(args.models, args.threads, args.cache_len, args.tree_nodes, args.repeats,
                             args.num_prompts, args.max_new_tokens, args.heldout_blocks, args.sample_tokens, args.seed)
-    with user_errors():
-        result = measure(settings)
-    if output is not None:
-        write_json(result, Path(output))
-    print(markdown(result))
-    print("T = 0.8 sample from", result["sample_T0.8"]["prompt_id"])
-    print(result["sample_T0.8"]["completion"])
-    return 0
+    return _measure_and_print(measure, settings, markdown, output)
 
 
-def _run_pair(args: argparse.Namespace, output) -> int:
+def _measure_and_print(measure_fn, settings, markdown_fn, output) -> int:
+    """Measure, write the JSON (when asked), print the tables and the T = 0.8 sample."""
     from pathlib import Path
 
     from ddte.pair.card import write_json
-    from ddte.pair.pair_card import PairCardSettings, measure_pair, pair_markdown
 
-    settings = PairCardSettings(args.pair, args.threads, args.cache_len, args.tree_nodes, args.repeats,
-                                args.num_prompts, args.max_new_tokens, args.sample_tokens, args.seed)
     with user_errors():
-        result = measure_pair(settings)
+        result = measure_fn(settings)
     if output is not None:
         write_json(result, Path(output))
-    print(pair_markdown(result))
-    print("T = 0.8 sample:", result["sample_T0.8"]["completion"])
+    print(markdown_fn(result))
+    sample = result["sample_T0.8"]
+    print(f"T = 0.8 sample from {sample.get('prompt_id', 'the first held-out prompt')}:")
+    print(sample["completion"])
     return 0

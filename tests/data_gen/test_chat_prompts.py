@@ -9,19 +9,15 @@ from transformers import AutoTokenizer
 
 from data_gen.chat_prompts import CHAT_SETS, UNTRAINED_CATEGORIES, build_chat_prompts, render_chat, shared_data_dir
 from data_gen.prompts import load_prompt_texts, load_prompts
+from tests import factories
 from tests.factories import SHIPPED_TOKENIZER
 
 pytestmark = pytest.mark.skipif(not shared_data_dir().is_dir(), reason="../shared/data is not beside the checkout")
 
-TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
-
 
 @pytest.fixture(scope="module")
 def chat_tokenizer():
-    tokenizer = AutoTokenizer.from_pretrained(str(SHIPPED_TOKENIZER))
-    tokenizer.chat_template = TEMPLATE
-    return tokenizer
+    return factories.chat_tokenizer()
 
 
 def test_training_and_heldout_sets_never_share_a_prompt():

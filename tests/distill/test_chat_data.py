@@ -7,24 +7,19 @@ import json
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 from data_gen.chat_prompts import build_chat_prompts, shared_data_dir
 from distill.chat_data import fixed_sequences, stream_of, target_responses
 from distill.divergences import DIVERGENCES
 from distill.module import coarsen
-from tests.factories import SHIPPED_TOKENIZER, tiny_llama
+from tests.factories import chat_tokenizer, tiny_llama
 
 needs_data = pytest.mark.skipif(not shared_data_dir().is_dir(), reason="../shared/data is not beside the checkout")
-TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    tok = AutoTokenizer.from_pretrained(str(SHIPPED_TOKENIZER))
-    tok.chat_template = TEMPLATE
-    return tok
+    return chat_tokenizer()
 
 
 @pytest.mark.parametrize("name", sorted(DIVERGENCES))
