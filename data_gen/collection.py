@@ -82,9 +82,9 @@ def collect(
     verifiers = check_verifiers(config.verifiers)
     check_output(out, resume)
     pair = load_collect_pair(config)
-    prompts = tokenize_prompts(pair, load_prompt_texts(config.prompts.source, config.prompts.field,
-                                                       config.prompts.limit, config.prompts.split, pair.tokenizer),
-                               config)
+    source = config.prompts.source or pair.train_prompts
+    texts = load_prompt_texts(source, config.prompts.field, config.prompts.limit, config.prompts.split, pair.tokenizer)
+    prompts = tokenize_prompts(pair, texts, config)
     create_output(out)  # only now: a refused collection leaves no folder behind
     # the one on disk wins: its latency table labels every shard of every worker
     metadata = write_metadata_once(out, dataset_metadata(config, pair, verifiers))

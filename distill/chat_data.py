@@ -7,8 +7,8 @@ Two kinds of sequence, each one conversation rendered with the tokenizer's chat 
   training prompts followed by the target's own response when one is cached;
 * **the target's responses**: the target samples a response to each of the first ``responses`` training prompts
   once (batched HF ``generate`` in the target's dtype), and the token ids are cached as JSON under the cache folder
-  keyed by the target's fingerprint and the sampling settings. These are the contexts the draft meets in decoding:
-  every accepted token is the target's.
+  keyed by the target's weights, its dtype and the sampling settings. These are the contexts the draft meets in
+  decoding: every accepted token is the target's.
 
 The teacher's next-token laws are computed on the fly during training (a cache of full laws would take
 49,152 floats per token); only token ids are cached. Validation uses the held-out chat set built the same way,

@@ -45,14 +45,10 @@ def check_output(config: DistillConfig) -> Path:
 
 def resolve_target(target: str) -> Path:
     """The target's folder or GGUF file: ``fetch:NAME`` is the folder ``ddte fetch NAME`` writes."""
-    from decode.fetch import fetched_model_dir, is_fetched
+    from decode.fetch import fetch_name, require_fetched
 
-    if target.startswith("fetch:"):
-        name = target.split(":", 1)[1]
-        if not is_fetched(name):
-            raise ValueError(f"target {name} is not fetched yet; run `ddte fetch {name}` (once)")
-        return fetched_model_dir(name)
-    return Path(target)
+    name = fetch_name(target)
+    return require_fetched(name) if name is not None else Path(target)
 
 
 def load_models(config: DistillConfig):
@@ -117,12 +113,12 @@ def training_text(config: DistillConfig, tokenizer, target) -> tuple[torch.Tenso
         train_files, heldout_files = corpus_files(data.heldout_fraction, data.max_files)
         return token_stream(tokenizer, train_files), token_stream(tokenizer, heldout_files), {"text": "stdlib"}
     from decode.fetch import cache_root
-    from decode.pair import pair_fingerprint
+    from decode.pair import model_fingerprint
     from distill.chat_data import fixed_sequences, stream_of, target_responses
 
     cache = Path(data.cache_dir) if data.cache_dir else cache_root() / "distill"
     target_path = resolve_target(config.target)
-    fingerprint = pair_fingerprint(target_path, target_path)
+    fingerprint = f"{model_fingerprint(target_path)}:{config.target_dtype}"  # the responses follow the law as run
     start = time.perf_counter()
     responses = target_responses(target, tokenizer, fingerprint, data.responses, data.response_tokens,
                                  data.response_temperature, cache, seed=config.train.seed)

@@ -166,7 +166,7 @@ def prompt_ids(args: argparse.Namespace, tokenizer, chat_pair: bool = False) -> 
     if tokenizer is None:
         raise UserError("no tokenizer found for the pair: pass --tokenizer DIR or use --prompt-ids")
     text = args.prompt
-    if getattr(args, "chat", "off") == "on" or (getattr(args, "chat", "off") == "auto" and chat_pair):
+    if args.chat == "on" or (args.chat == "auto" and chat_pair):
         from data_gen.chat_prompts import render_chat
 
         with user_errors(prefix="--chat: "):
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     output = check_output_file(args.output) if args.output else None
     apply_threads(args.threads)
     pair, decoder, make_policy = build_decoder(args)
-    ids = prompt_ids(args, pair.tokenizer, pair.heldout_prompts.startswith("chat:"))
+    ids = prompt_ids(args, pair.tokenizer, pair.chat)
     total = GenerationStats()
     records = []
     policy_name = "?"
