@@ -35,6 +35,7 @@ from data_gen.store import (
     write_metadata_once,
 )
 from data_gen.workers import WorkPlan, run_plan
+from ddte_core.paths import refuse_file_in_the_way
 from decode.actions import action_grid
 from decode.features import SCALAR_NAMES
 from decode.latency import LatencyTable
@@ -100,9 +101,7 @@ def collect(
 
 def check_output(out: Path, resume: bool) -> None:
     """The output must be new, empty, or hold this data set (``resume``); never a folder with foreign files."""
-    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        raise ValueError(f"cannot write to the output folder {out} ({blocking} is a file)")
+    refuse_file_in_the_way(out)
     existing = [p for p in out.iterdir() if not p.name.startswith(".tmp-")] if out.is_dir() else []
     if existing and not (out / METADATA_FILE).is_file():
         raise ValueError(f"{out} is not empty and holds no data set ({METADATA_FILE}): choose an empty or new "

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_gen.schema import DEFAULT_VERIFIERS
-from decode.yamlconfig import load_yaml_config
+from ddte_core.yamlconfig import load_yaml_config
 
 
 @dataclass

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue as queue_module
-import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from data_gen.config import CollectConfig
 from data_gen.store import shard_path, write_shard
+from ddte_core.signals import sigterm_as_interrupt
 from decode.actions import parse_actions
 from decode.pair import LoadedPair
 
@@ -79,29 +79,28 @@ def _run_processes(plan: WorkPlan, bar) -> int:
         proc.start()
     done, finished, errors = 0, set(), []
     clean = False
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a killed parent must take its workers down
     try:
-        while len(finished) < n:
-            try:
-                kind, value = queue.get(timeout=1.0)
-            except queue_module.Empty:
-                # A worker that died without a word (killed, out of memory) must not leave us waiting forever.
-                dead = [w for w, p in enumerate(procs) if w not in finished and p.exitcode not in (None, 0)]
-                if dead:
-                    errors.append(f"worker {dead[0]} exited with code {procs[dead[0]].exitcode}")
-                    break
-                continue
-            if kind == "roots":
-                done += value
-                bar.update(value)
-            elif kind == "error":
-                errors.append(value[1])
-                finished.add(value[0])
-            else:
-                finished.add(value)
+        with sigterm_as_interrupt():  # a killed parent must take its workers down
+            while len(finished) < n:
+                try:
+                    kind, value = queue.get(timeout=1.0)
+                except queue_module.Empty:
+                    # A worker that died without a word (killed, out of memory) must not leave us waiting forever.
+                    dead = [w for w, p in enumerate(procs) if w not in finished and p.exitcode not in (None, 0)]
+                    if dead:
+                        errors.append(f"worker {dead[0]} exited with code {procs[dead[0]].exitcode}")
+                        break
+                    continue
+                if kind == "roots":
+                    done += value
+                    bar.update(value)
+                elif kind == "error":
+                    errors.append(value[1])
+                    finished.add(value[0])
+                else:
+                    finished.add(value)
         clean = not errors
     finally:
-        signal.signal(signal.SIGTERM, previous)
         for proc in procs:
             if not clean and proc.is_alive():
                 proc.terminate()
@@ -109,10 +108,6 @@ def _run_processes(plan: WorkPlan, bar) -> int:
     if errors:
         raise RuntimeError(f"a worker failed: {errors[0]}")
     return done
-
-
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
 
 
 def _worker_main(plan: WorkPlan, index: int, tasks, queue) -> None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import signal
 import sys
 from collections.abc import Sequence
 
 from ddte import __version__
 from ddte.commands.common import HelpFormatter, UserError
+from ddte_core.signals import sigterm_as_interrupt
 
 # name -> (shell module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -62,10 +62,6 @@ def chosen_command(argv: Sequence[str]) -> str | None:
     return word if word in SUBCOMMANDS else None
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(chosen_command(argv))
@@ -73,19 +69,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    # A kill (SIGTERM) unwinds like Ctrl-C, so every command's clean-up runs: staging folders and temporary files
-    # are removed, worker processes stopped.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return int(args._module.run(args) or 0)
+        with sigterm_as_interrupt():  # a kill unwinds like Ctrl-C: every command's clean-up runs
+            return int(args._module.run(args) or 0)
     except UserError as err:
         print(f"ddte {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"ddte {args.command}: interrupted", file=sys.stderr)
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

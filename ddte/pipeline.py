@@ -28,7 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from decode.yamlconfig import load_yaml_config
+from ddte_core.paths import refuse_file_in_the_way
+from ddte_core.yamlconfig import load_yaml_config
 
 
 @dataclass
@@ -96,10 +97,7 @@ def check_pipeline_config(config: PipelineConfig) -> None:
                          "non-empty")
     if any(not t >= 0 for t in bench.temperatures):
         raise ValueError(f"bench.temperatures must be >= 0, got {bench.temperatures}")
-    output = Path(config.output)
-    blocking = next((p for p in (output, *output.parents) if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        raise ValueError(f"output {output}: {blocking} is a file, not a folder")
+    refuse_file_in_the_way(config.output)
 
 
 def _collect_config(config: PipelineConfig, data: Path):
@@ -140,7 +138,7 @@ class _Tracking:
     def __init__(self, out: Path, config: PipelineConfig) -> None:
         from mlflow.tracking import MlflowClient
 
-        from selector.tracking import experiment_id, log_environment, start_child_run
+        from ddte_core.tracking import experiment_id, log_environment, start_child_run
 
         self.uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
         self.client = MlflowClient(self.uri)
@@ -155,7 +153,7 @@ class _Tracking:
             self.client.log_param(self.parent, key, str(value)[:500])
 
     def child(self, name: str) -> str:
-        from selector.tracking import start_child_run
+        from ddte_core.tracking import start_child_run
 
         return start_child_run(self.client, self.experiment, self.parent, name)
 
@@ -233,7 +231,7 @@ def _run_stages(config: PipelineConfig, out: Path, tracking: _Tracking) -> Pipel
 def _collect(config: PipelineConfig, out: Path, tracking: _Tracking) -> Path:
     from data_gen.collection import collect
     from data_gen.config import config_to_dict
-    from selector.tracking import log_data_set_input
+    from ddte_core.tracking import log_data_set_input
 
     run = tracking.child("collect")
     if config.collect.reuse:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ddte_core.registry import Registry
 from decode.actions import Action
-from decode.registry import Registry
 
 if TYPE_CHECKING:  # the interface itself is light: listing policy names must not import torch
     import torch

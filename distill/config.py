@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from decode.yamlconfig import load_yaml_config
+from ddte_core.yamlconfig import load_yaml_config
 from distill.divergences import DIVERGENCES
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ddte_core.paths import refuse_file_in_the_way
 from distill.config import DistillConfig
 
 PRODUCTS = ("config.json", "model.safetensors", "distill.json")
@@ -34,10 +35,7 @@ class DistillResult:
 
 def check_output(config: DistillConfig) -> Path:
     """The output folder: new, or an existing one with ``overwrite``; never under a file."""
-    output = Path(config.output)
-    blocking = next((p for p in output.parents if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        raise ValueError(f"output {output}: {blocking} is a file, not a folder")
+    output = refuse_file_in_the_way(config.output)
     if output.exists() and not config.overwrite:
         raise ValueError(f"output {output} exists: choose another, or set overwrite=true")
     return output
@@ -137,10 +135,16 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
     from lightning.pytorch.loggers import MLFlowLogger
     from torch.utils.data import DataLoader
 
+    from ddte_core.tracking import (
+        artifact_location,
+        flatten_params,
+        git_commit,
+        quiet_lightning,
+        resolve_tracking_uri,
+    )
     from distill.data import RandomWindows, evenly_spaced_windows
     from distill.module import DistillModule
     from distill.saving import round_to_storage
-    from selector.tracking import artifact_location, git_commit, quiet_lightning, resolve_tracking_uri
 
     output = check_output(config)
     if config.train.threads:
@@ -180,7 +184,7 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
     }
     _write(draft, tokenizer, config, output, summary)
     client = logger.experiment
-    for key, value in _flatten("config", summary["config"]).items():
+    for key, value in flatten_params("config", summary["config"]).items():
         client.log_param(logger.run_id, key, value)
     client.log_artifacts(logger.run_id, str(output), "draft")
     client.log_metric(logger.run_id, "train_seconds", seconds)
@@ -215,13 +219,3 @@ def _write(draft, tokenizer, config: DistillConfig, output: Path, summary: dict)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def _flatten(prefix: str, value, out: dict | None = None) -> dict:
-    out = {} if out is None else out
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flatten(f"{prefix}/{k}", v, out)
-    else:
-        out[prefix] = value
-    return out

@@ -235,7 +235,7 @@ def export_selector(
     import numpy as np
     import torch
 
-    from selector.tracking import resolve_tracking_uri
+    from ddte_core.tracking import resolve_tracking_uri
 
     module = load_selector(checkpoint)
     net = module.deployed()  # the network + softmax for the policy objective: what the decoder runs

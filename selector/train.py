@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ddte_core.tracking import artifact_location, git_commit, quiet_lightning, resolve_tracking_uri
 from selector.reporting import fit_guard, log_head_room, log_plots
-from selector.tracking import artifact_location, git_commit, quiet_lightning, resolve_tracking_uri
 
 DEFAULT_CONFIG = "configs/train/default.yaml"
 OWN_FLAGS = ("--baselines", "--print-config")
@@ -221,7 +221,7 @@ def _log_run_facts(cli, config_yaml: str, info: dict[str, Any]) -> None:
     the environment, data fingerprint, git commit, split sizes, static baselines."""
     import yaml
 
-    from selector.tracking import log_data_set_input, log_environment
+    from ddte_core.tracking import log_data_set_input, log_environment
 
     logger, run_id = cli.mlflow_logger, cli.mlflow_logger.run_id
     cli.out_dir.mkdir(parents=True, exist_ok=True)

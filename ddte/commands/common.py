@@ -24,6 +24,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from ddte_core.paths import refuse_file_in_the_way
+
 
 class UserError(Exception):
     """A problem with the user's input: printed as one line, exit code 2, no traceback."""
@@ -125,10 +127,10 @@ def check_output_file(path: str | Path, what: str = "--output") -> Path:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a folder; give a file name")
+    with user_errors(ValueError):
+        refuse_file_in_the_way(path, what, folder=False)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as err:
-        raise UserError(f"{what} {path}: a parent of it is a file, not a folder") from err
     except OSError as err:
         raise UserError(f"{what} {path}: cannot create its folder ({err.strerror})") from err
     if not os.access(path.parent, os.W_OK):

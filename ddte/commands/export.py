@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from ddte.commands.common import UserError, user_errors
+from ddte.commands.common import UserError, check_output_file, user_errors
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,16 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from selector.export import export_selector
 
     if args.parity_rows < 1:
         raise UserError("--parity-rows must be >= 1")
-    output = Path(args.output)
-    blocking = next((p for p in output.parents if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        raise UserError(f"--output {output}: {blocking} is a file, not a folder")
+    output = check_output_file(args.output)
     with user_errors(ValueError, FileNotFoundError, OSError):
         result = export_selector(args.checkpoint, output, tracking_uri=args.tracking_uri, run_id=args.run_id,
                                  data_dir=args.data, log_mlflow=not args.no_mlflow, parity_rows=args.parity_rows)

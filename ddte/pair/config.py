@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from decode.yamlconfig import load_yaml_config
+from ddte_core.yamlconfig import load_yaml_config
 from distill.config import ModelShape
 
 

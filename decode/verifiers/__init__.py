@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from decode.registry import Registry
+from ddte_core.registry import Registry
 
 if TYPE_CHECKING:
     from decode.verifiers.base import Verifier

@@ -234,7 +234,7 @@ def test_unwritable_output_fails_cleanly(tiny_pair, tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     code, err = _cli(_overrides(tiny_pair, blocker / "out"), capsys)
-    assert code == 2 and "cannot write to the output folder" in err
+    assert code == 2 and "is a file, not a folder" in err
 
 
 def test_a_different_config_in_the_same_folder_is_refused(tiny_pair, tmp_path, capsys):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from selector.train import format_summary, resolve_tracking_uri
+from selector.train import format_summary
 from tests.factories import TINY_TRAIN_CONFIG as TINY_CONFIG
 from tests.factories import TRAINED_EPOCHS
 
@@ -72,14 +72,6 @@ def test_summary_and_checkpoint(trained):
     assert ckpt["ddte"]["run_id"] == trained.run_id and ckpt["ddte"]["decision"] == "argmax"
     table = format_summary(trained)
     assert trained.run_id in table and "| mean |" in table
-
-
-def test_relative_sqlite_uri_is_made_absolute(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert resolve_tracking_uri(None) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
-    assert resolve_tracking_uri(None) == "http://127.0.0.1:5000"
 
 
 @pytest.fixture(scope="module")

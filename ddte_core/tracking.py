@@ -10,6 +10,7 @@ import subprocess
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,6 +81,17 @@ def quiet_lightning() -> Iterator[None]:
         for lg in loggers:
             lg.removeFilter(tip_filter)
         alembic.setLevel(alembic_level)
+
+
+def flatten_params(prefix: str, value: Any) -> dict[str, Any]:
+    """A nested dict as flat MLflow params: ``flatten_params("config", {"run": {"seed": 0}})`` is
+    ``{"config/run/seed": 0}``; an empty ``prefix`` adds none."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        out.update(flatten_params(f"{prefix}/{k}" if prefix else str(k), v))
+    return out
 
 
 def environment() -> dict[str, str | int | None]:

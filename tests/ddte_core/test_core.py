@@ -1,0 +1,47 @@
+"""The bottom package: the output-path check, flat MLflow params, SIGTERM as Ctrl-C, tracking URIs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from ddte_core.paths import refuse_file_in_the_way
+from ddte_core.signals import sigterm_as_interrupt
+from ddte_core.tracking import flatten_params, resolve_tracking_uri
+
+
+def test_a_file_in_the_way_of_an_output_is_refused(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert refuse_file_in_the_way(tmp_path / "new" / "out") == tmp_path / "new" / "out"
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        refuse_file_in_the_way(blocker / "out")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        refuse_file_in_the_way(blocker)  # a folder output cannot be a file
+    assert refuse_file_in_the_way(blocker, folder=False) == blocker  # a file output may be overwritten
+    assert not (tmp_path / "new").exists()  # nothing is created
+
+
+def test_nested_params_are_flattened():
+    assert flatten_params("config", {"run": {"seed": 0, "tags": [1]}, "lr": 0.1}) == {
+        "config/run/seed": 0, "config/run/tags": [1], "config/lr": 0.1}
+    assert flatten_params("", {"a": {"b": 1}}) == {"a/b": 1}
+
+
+def test_sigterm_unwinds_like_ctrl_c_and_the_old_handler_returns():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # not reached: the handler raises as soon as the signal arrives
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_relative_sqlite_uri_is_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert resolve_tracking_uri(None) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert resolve_tracking_uri(None) == "http://127.0.0.1:5000"
