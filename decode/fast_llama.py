@@ -92,7 +92,7 @@ class FastCachedLM(CachedLM):
                     "bd": _fused_bias(mlp.down_proj),
                 })
             self.final_norm = inner.norm.weight.detach()
-            self.lm_head = self.model.lm_head.weight.detach()
+            self.head = self.model.get_output_embeddings()  # nn.Linear, or a draft vocabulary's SubsetHead
             theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 1e4))
             inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
             positions = torch.arange(2 * self.context_limit + 1, dtype=torch.float32)  # tree depths stay below
@@ -156,7 +156,7 @@ class FastCachedLM(CachedLM):
                 gate, up = F.linear(h, w["wgu"], w["bgu"]).chunk(2, dim=-1)
                 x = x + F.linear(F.silu(gate) * up, w["wd"], w["bd"])
             hidden = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
-            logits = F.linear(hidden, self.lm_head).float()
+            logits = self.head(hidden).float()  # (n, V)
             return (logits, hidden.float()) if output_hidden else logits
 
     def _masks(self, allowed: np.ndarray | None, pos: np.ndarray, n: int,

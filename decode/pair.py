@@ -113,7 +113,7 @@ def load_pair(
     target_dtype = resolve_dtype(dtype, dev)
     draft_torch_dtype = resolve_dtype(draft_dtype, dev) or target_dtype
     target_lm = CachedLM(load_causal_lm(target, dev, target_dtype), dev, target_dtype)
-    draft_lm = cached_lm(load_causal_lm(draft, dev, draft_torch_dtype), dev, draft_torch_dtype, fast=fast_draft)
+    draft_lm = cached_lm(load_draft_model(draft, dev, draft_torch_dtype), dev, draft_torch_dtype, fast=fast_draft)
     check_same_vocab(target_lm.config, draft_lm.config)
     tokenizer_dir = find_tokenizer_dir(Path(target), tokenizer)
     tok = _load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
@@ -125,6 +125,19 @@ def load_pair(
     if tokenizer_dir is not None:
         paths["tokenizer"] = tokenizer_dir
     return LoadedPair(target_lm, draft_lm, tok, eos, paths)
+
+
+def load_draft_model(path: str | Path, device: torch.device, dtype: torch.dtype | None):
+    """The draft as decoding runs it: its weights, with its reduced output vocabulary when its folder has one
+    (:mod:`decode.draft_vocab`)."""
+    from decode.draft_vocab import DraftVocab, attach_draft_vocab
+    from decode.models import load_causal_lm
+
+    model = load_causal_lm(path, device, dtype)
+    vocab = DraftVocab.load(path) if Path(path).is_dir() else None
+    if vocab is not None:
+        attach_draft_vocab(model, vocab)
+    return model
 
 
 def load_pair_config(path: str | Path, device: str = "cpu", dtype: str | None = None,
