@@ -37,12 +37,15 @@ class DistillData:
     onpolicy_temperature: float = 1.0
     warm_start_steps: int = 100  # fixed data only before on-policy batches start
     val_blocks: int = 32  # held-out windows of seq_len for the validation acceptance
-    text: str = "stdlib"  # stdlib (the shipped pair's corpus split) or chat (distill.chat_data: ../shared/data)
+    text: str = "stdlib"  # stdlib (the shipped pair's corpus split), chat (distill.chat_data: ../shared/data), or
+    # laws (distill.teacher_cache: the target's responses with its laws, sampled once and cached; no target in training)
     responses: int = 0  # chat: training prompts the target answers once (cached token ids) to train on
     response_tokens: int = 128  # chat: most tokens per target response
     response_temperature: float = 1.0  # chat: the target's sampling temperature for its responses
     response_weight: int = 1  # chat: copies of each target response in the training stream (they are few and
     # they are what decoding meets, while reference answers are many)
+    sample_temperatures: list[float] = field(default_factory=lambda: [0.6, 1.0])  # laws: each prompt is answered
+    # once at each of these (decoding meets the contexts of every temperature it serves)
     cache_dir: str | None = None  # chat: where target responses are cached (null: $DDTE_CACHE/distill)
 
 
@@ -99,7 +102,10 @@ def load_distill_config(path: str | Path | None, overrides: list[str] | None = N
         (config.init in ("draft", "scratch"), "init must be draft or scratch"),
         (config.init_embedding in ("random", "pca"), "init_embedding must be random or pca"),
         (config.target_dtype in ("float32", "bfloat16", "float16"), "target_dtype: float32, bfloat16 or float16"),
-        (data.text in ("stdlib", "chat"), "data.text must be stdlib or chat"),
+        (data.text in ("stdlib", "chat", "laws"), "data.text must be stdlib, chat or laws"),
+        (data.text != "laws" or (data.responses >= 1 and config.teacher_topk is not None
+                                 and bool(data.sample_temperatures) and min(data.sample_temperatures) > 0),
+         "data.text=laws needs responses >= 1, teacher_topk set and sample_temperatures > 0"),
         (config.teacher_topk is None or config.teacher_topk >= 1, "teacher_topk must be >= 1 (or null)"),
         (data.responses >= 0 and data.response_tokens >= 1 and data.response_temperature > 0
          and data.response_weight >= 1,

@@ -18,6 +18,7 @@ import lightning.pytorch as pl
 import torch
 
 from distill.divergences import DIVERGENCES, EPS, acceptance
+from distill.teacher_cache import LawBatch
 
 
 class DistillModule(pl.LightningModule):
@@ -88,7 +89,28 @@ class DistillModule(pl.LightningModule):
 
     # -------------------------------------------------------------- lightning
 
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+    def _law_loss(self, batch: LawBatch) -> tuple[torch.Tensor, dict[float, torch.Tensor]]:
+        """The coarsened divergence against cached teacher laws (:mod:`distill.teacher_cache`), averaged over the
+        masked positions and the training temperatures (the laws' own, checked when the batches were built); no
+        target pass. β per T is 1 − TV between the coarsened laws, a lower bound of the acceptance."""
+        draft_logits = self.draft(input_ids=batch.ids).logits[:, :-1].float()  # (B, S-1, V)
+        losses, betas = [], {}
+        for index, t in enumerate(self.temperatures):
+            log_q = torch.log_softmax(draft_logits / t, dim=-1)
+            p, log_q_coarse = coarsen_top(batch.log_p_top[index], log_q.gather(-1, batch.top_ids))  # (B, S-1, k+1)
+            losses.append(self.divergence(p, log_q_coarse)[batch.mask].mean())
+            with torch.no_grad():
+                betas[t] = acceptance(p, log_q_coarse.exp())[batch.mask]
+        return torch.stack(losses).mean(), betas
+
+    def training_step(self, batch: torch.Tensor | LawBatch, batch_idx: int) -> torch.Tensor:
+        if isinstance(batch, LawBatch):
+            loss, betas = self._law_loss(batch)
+            self.log("train/loss", loss, prog_bar=True, batch_size=batch.size)
+            for t, beta in betas.items():
+                self.log(f"train/acceptance_T{t:g}", beta.mean(), prog_bar=t == max(self.temperatures),
+                         batch_size=batch.size)
+            return loss
         coin = float(torch.rand(1, generator=self._coin))
         warm = self.global_step < self.data.warm_start_steps
         on_policy = not warm and coin < self.data.onpolicy_fraction
@@ -144,9 +166,14 @@ def coarsen(log_p: torch.Tensor, log_q: torch.Tensor, top: torch.Tensor) -> tupl
     several passes over a 49,152-token vocabulary. The draft's gradient still reaches every logit through its
     normaliser.
     """
-    log_p_top = log_p.gather(-1, top)  # (..., k)
-    log_q_top = log_q.gather(-1, top)
+    return coarsen_top(log_p.gather(-1, top), log_q.gather(-1, top))
+
+
+def coarsen_top(log_p_top: torch.Tensor, log_q_top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(p, log q)`` ``(..., k + 1)`` from both laws' log-probabilities on the same k tokens ``(..., k)``: the k
+    tokens plus one bucket holding the rest of each law's mass."""
     p_top = log_p_top.exp()
     p_rest = (1 - p_top.sum(-1, keepdim=True)).clamp_min(0)
     q_rest = (1 - log_q_top.exp().sum(-1, keepdim=True)).clamp_min(EPS)
     return torch.cat([p_top, p_rest], -1), torch.cat([log_q_top, q_rest.log()], -1)
+

@@ -129,6 +129,32 @@ def training_text(config: DistillConfig, tokenizer, target) -> tuple[torch.Tenso
     return train, heldout, used
 
 
+def training_laws(config: DistillConfig, tokenizer, target, log=print):
+    """The target's responses to the first ``data.responses`` training chat prompts, each sampled at every
+    ``data.sample_temperatures``, with its laws (:mod:`distill.teacher_cache`): read from the cache, else sampled
+    once and cached."""
+    from data_gen.chat_prompts import build_chat_prompts, render_chat
+    from decode.fetch import cache_root
+    from decode.pair import model_fingerprint
+    from distill.teacher_cache import TeacherLaws, cache_path, sample_responses
+
+    data = config.data
+    cache = Path(data.cache_dir) if data.cache_dir else cache_root() / "distill"
+    records = build_chat_prompts("train", count=data.responses)
+    plan = [(r["id"], t) for t in data.sample_temperatures for r in records]
+    fingerprint = f"{model_fingerprint(resolve_target(config.target))}:{config.target_dtype}"
+    path = cache_path(cache, fingerprint, plan, data.response_tokens, config.teacher_topk, config.temperatures,
+                      config.train.seed)
+    if path.is_file():
+        return TeacherLaws.load(path), path
+    prompts = {r["id"]: list(tokenizer(render_chat(tokenizer, r["messages"]))["input_ids"]) for r in records}
+    laws = sample_responses(target, tokenizer, [prompts[i] for i, _ in plan], [t for _, t in plan],
+                            data.response_tokens, config.teacher_topk, config.temperatures, seed=config.train.seed,
+                            log=log)
+    laws.save(path)
+    return laws, path
+
+
 def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
     """Run the job (see the module docstring); returns where the draft went and what it reached."""
     import lightning.pytorch as pl
@@ -150,9 +176,21 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     tokenizer, target, draft = load_models(config)
-    train_stream, heldout_stream, text = training_text(config, tokenizer, target)
+    if config.data.text == "laws":
+        from distill.teacher_cache import LawBatches
+
+        laws, laws_path = training_laws(config, tokenizer, target)
+        windows = LawBatches(laws, config.data.batch_size, config.data.seq_len, config.train.seed)
+        heldout_stream = training_text(replace_text(config, "chat"), tokenizer, target)[1]
+        train_tokens = int(laws.tokens.numel())
+        text = {"text": "laws", "cache": str(laws_path), "sequences": len(laws),
+                "response_tokens": laws.response_token_count(), "sample_seconds": round(laws.seconds, 1),
+                "cache_mb": round(laws_path.stat().st_size / 2**20, 1)}
+    else:
+        train_stream, heldout_stream, text = training_text(config, tokenizer, target)
+        windows = RandomWindows(train_stream, config.data.seq_len, config.data.batch_size, config.train.seed)
+        train_tokens = int(train_stream.numel())
     val_blocks = evenly_spaced_windows(heldout_stream, config.data.seq_len, config.data.val_blocks)
-    windows = RandomWindows(train_stream, config.data.seq_len, config.data.batch_size, config.train.seed)
     module = DistillModule(draft, target, config.divergence, config.temperatures, config.data, config.train,
                            config.teacher_topk)
 
@@ -179,7 +217,7 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
     summary = {
         "config": dataclasses.asdict(config), "before": before, "after": after, "train_seconds": round(seconds, 1),
         "target_forward_seconds": round(module.target_seconds, 1), "steps": trainer.global_step,
-        "tokens": {"train": int(train_stream.numel()), "heldout": int(heldout_stream.numel())}, "text": text,
+        "tokens": {"train": train_tokens, "heldout": int(heldout_stream.numel())}, "text": text,
         "parameters": sum(p.numel() for p in draft.parameters()), "run_id": logger.run_id, "git_commit": git_commit(),
     }
     _write(draft, tokenizer, config, output, summary)
@@ -190,6 +228,11 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
     client.log_metric(logger.run_id, "train_seconds", seconds)
     client.set_terminated(logger.run_id)
     return DistillResult(output, logger.run_id, uri, before, after, summary)
+
+
+def replace_text(config: DistillConfig, text: str) -> DistillConfig:
+    """``config`` with ``data.text`` set to ``text`` and no target responses (the held-out text of that kind)."""
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, text=text, responses=0))
 
 
 def _validate(trainer, module, loader) -> dict[str, float]:
