@@ -27,6 +27,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train-pair": ("ddte.commands.train_pair", "train the shipped draft/target pair and its tokenizer from a recipe"),
     "pair-card": ("ddte.commands.pair_card", "measure the pair's losses, latencies and acceptance for its model card"),
     "distill": ("ddte.commands.distill", "distil a draft from its target to maximise acceptance (DistillSpec)"),
+    "draft-vocab": ("ddte.commands.draft_vocab", "give a draft a reduced output vocabulary chosen from its target's "
+                    "responses"),
     "collect": ("ddte.commands.collect", "collect the selector's training set: root features and exact labels"),
     "relabel": ("ddte.commands.relabel", "relabel a data set's step times with a latency model measured here"),
     "analyze": ("ddte.commands.analyze", "per-depth acceptance, best static actions and honest head-room"),

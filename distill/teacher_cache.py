@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import IterableDataset
 
+from decode.draft_vocab import DraftVocab, most_frequent
+
 FORMAT = "ddte-teacher-laws/1"
 
 
@@ -224,3 +226,22 @@ class LawBatches(IterableDataset):
         while True:
             picks = torch.randint(0, len(self.laws), (self.batch_size,), generator=generator).tolist()
             yield self.batch(picks)
+
+
+def target_token_mass(laws: TeacherLaws, vocab_size: int, temperature_index: int = -1) -> torch.Tensor:
+    """``(V,)`` the target's expected token counts over its responses: Σ over response tokens of p_T(i), each law
+    known on its top k (the rest of its mass, spread over unknown tokens, is left out)."""
+    p_top = (laws.top_logits / laws.temperatures[temperature_index]
+             - laws.log_norm[:, temperature_index].unsqueeze(-1)).exp()  # (N, k)
+    return torch.zeros(vocab_size).index_add_(0, laws.top_ids.flatten().long(), p_top.flatten())
+
+
+def choose_draft_vocab(laws: TeacherLaws, vocab_size: int, size: int, always: list[int]) -> DraftVocab:
+    """The ``size`` tokens of largest expected count in the target's responses (plus ``always``), with the share
+    of the target's mass they hold on those responses (at the last training temperature, a lower bound)."""
+    mass = target_token_mass(laws, vocab_size)
+    chosen = most_frequent(mass, size, always)
+    covered = float(mass[chosen.token_ids].sum()) / laws.response_token_count()
+    return DraftVocab(chosen.token_ids, vocab_size, {
+        "source": "target responses' laws (ddte draft-vocab)", "response_tokens": laws.response_token_count(),
+        "temperature": laws.temperatures[-1], "target_mass_covered": round(covered, 4)})

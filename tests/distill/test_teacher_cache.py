@@ -11,7 +11,15 @@ import torch
 
 from data_gen.chat_prompts import shared_data_dir
 from ddte.cli import main
-from distill.teacher_cache import LawBatches, TeacherLaws, keep_laws, sample_responses
+from decode.draft_vocab import DraftVocab
+from distill.teacher_cache import (
+    LawBatches,
+    TeacherLaws,
+    choose_draft_vocab,
+    keep_laws,
+    sample_responses,
+    target_token_mass,
+)
 from tests.factories import chat_tokenizer, save_tiny_pair, tiny_llama
 
 TEMPS = [0.6, 1.0]
@@ -112,3 +120,28 @@ def test_distill_on_cached_laws_end_to_end(tmp_path):
     stamp = cache.stat().st_mtime_ns
     assert main([*argv, "overwrite=true"]) == 0  # the second run reads the cache
     assert cache.stat().st_mtime_ns == stamp
+
+
+def test_the_draft_vocabulary_holds_the_tokens_of_largest_target_mass(laws):
+    _, _, cached = laws
+    mass = target_token_mass(cached, 64)
+    assert float(mass.sum()) <= cached.response_token_count() + 1e-4  # each law's top k holds at most 1
+    vocab = choose_draft_vocab(cached, 64, 8, always=[1])
+    outside = torch.ones(64, dtype=torch.bool)
+    outside[vocab.token_ids] = False
+    assert 1 in vocab.token_ids.tolist() and float(mass[outside].max()) <= float(mass[vocab.token_ids].max())
+    assert 0 < vocab.info["target_mass_covered"] <= 1
+
+
+def test_draft_vocab_command_writes_the_set_beside_the_draft(laws, tmp_path, capsys):
+    _, _, cached = laws
+    cached.save(tmp_path / "laws.safetensors")
+    tiny_llama(2, vocab=64, hidden=16).save_pretrained(tmp_path / "draft")
+    argv = ["draft-vocab", "--draft", str(tmp_path / "draft"), "--size", "8"]
+    assert main([*argv, "--laws", str(tmp_path / "laws.safetensors")]) == 0
+    vocab = DraftVocab.load(tmp_path / "draft")
+    assert vocab.vocab_size == 64 and 8 <= vocab.size <= 9 and "holding" in capsys.readouterr().out
+    assert main(argv) == 2  # no --laws, and the draft's folder names none
+    assert main([*argv, "--laws", str(tmp_path / "nothing.safetensors")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "give --laws" in err[0] and "no cached laws" in err[1]
