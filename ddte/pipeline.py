@@ -12,24 +12,26 @@
    The choice goes to `<output>/policy.json` (`--policy-file` of `ddte generate` and `ddte bench`).
 
 Why bench several statics, and why a test before leaving the offline choice: the offline ranking can be wrong by more
-than the candidates differ (a small collection; a latency table bent by a slow phase of the machine once ranked
-K-wide trees 5 % too cheap), and the bench catches a gross error; but near-tied rows of a 16-prompt bench differ by
-noise, and the fastest of them chosen on half of the prompts ran 0.975-1.0× the offline choice on the other half.
+than the candidates differ, and the bench catches a gross error; but near-tied rows of a small bench differ by noise,
+so chasing its fastest row costs more than it gains (docs/selector.md, "What the pipeline deploys", has the runs).
 
-Every stage's settings are checked before the first one starts. Everything goes to the `output` folder: data/,
-mlflow.db, selectors/, bench.json, bench.png, policy.json and results.md.
+Every stage's config is read once and checked before the first stage starts (:func:`load_pipeline`). Everything
+goes to the `output` folder: data/, mlflow.db, selectors/, bench.json, bench.png, policy.json and results.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from data_gen.config import CollectConfig, load_collect_config
 from ddte_core.paths import refuse_file_in_the_way
 from ddte_core.yamlconfig import load_yaml_config
+from selector.train import TrainConfig, TrainResult, load_train_config, train
 
 
 @dataclass
@@ -65,22 +67,31 @@ class PipelineConfig:
     bench: BenchStage = field(default_factory=BenchStage)
 
 
-def load_pipeline_config(path: str | Path | None, overrides: list[str]) -> PipelineConfig:
-    """The pipeline config with every stage's settings checked (ValueError naming the first bad one)."""
-    config = load_yaml_config(PipelineConfig, path, overrides)
-    check_pipeline_config(config)
-    return config
+@dataclass
+class PipelinePlan:
+    """A checked pipeline config and the stage configs it names, each read once."""
+
+    config: PipelineConfig
+    collect: CollectConfig  # the collection's config, writing to <output>/data
+    train: TrainConfig  # train.config with train.overrides; each verifier's run sets its data and tracking keys
 
 
-def check_pipeline_config(config: PipelineConfig) -> None:
+def load_pipeline(path: str | Path | None, overrides: list[str]) -> PipelinePlan:
+    """The pipeline config and its stages' configs, every setting checked (ValueError naming the first bad one)."""
+    return plan_pipeline(load_yaml_config(PipelineConfig, path, overrides))
+
+
+def plan_pipeline(config: PipelineConfig) -> PipelinePlan:
     """Everything that can be checked before the first stage: a 6-minute collection must not end in a refusal."""
-    from data_gen.collection import check_verifiers
-    from selector.train import build_cli_args
+    from data_gen.collection import check_output, check_verifiers
 
-    collect = _collect_config(config, Path(config.output) / "data")
+    refuse_file_in_the_way(config.output)
+    try:
+        collect = load_collect_config(config.collect.config,
+                                      [*config.collect.overrides, f"output={Path(config.output) / 'data'}"])
+    except ValueError as err:
+        raise ValueError(f"collect config: {err}") from err
     if not config.collect.reuse:
-        from data_gen.collection import check_output
-
         check_output(Path(collect.output), resume=True)
     if config.collect.reuse and not (Path(config.collect.reuse) / "dataset.json").is_file():
         raise ValueError(f"collect.reuse: {config.collect.reuse} is not a collected data set")
@@ -90,23 +101,17 @@ def check_pipeline_config(config: PipelineConfig) -> None:
     if missing:
         raise ValueError(f"train.verifiers {missing} have no labels in the collection (it labels "
                          f"{', '.join(labelled)}): add them to collect verifiers or drop them")
-    build_cli_args(config.train.config, config.train.overrides)  # the config file exists, overrides are KEY=VALUE
+    try:
+        train_config = load_train_config(config.train.config, config.train.overrides)
+    except ValueError as err:
+        raise ValueError(f"train config: {err}") from err
     bench = config.bench
     if min(bench.num_prompts, bench.max_new_tokens, bench.repeats, bench.candidates) < 1 or not bench.temperatures:
         raise ValueError("bench: num_prompts, max_new_tokens, repeats and candidates must be >= 1 and temperatures "
                          "non-empty")
     if any(not t >= 0 for t in bench.temperatures):
         raise ValueError(f"bench.temperatures must be >= 0, got {bench.temperatures}")
-    refuse_file_in_the_way(config.output)
-
-
-def _collect_config(config: PipelineConfig, data: Path):
-    from data_gen.config import load_collect_config
-
-    try:
-        return load_collect_config(config.collect.config, [*config.collect.overrides, f"output={data}"])
-    except ValueError as err:
-        raise ValueError(f"collect config: {err}") from err
+    return PipelinePlan(config, collect, train_config)
 
 
 def _labelled_verifiers(config: PipelineConfig, collect) -> list[str]:
@@ -169,13 +174,13 @@ class _Tracking:
         self.client.set_terminated(run_id, status)
 
 
-def run_pipeline(config: PipelineConfig) -> PipelineResult:
+def run_pipeline(plan: PipelinePlan) -> PipelineResult:
     """Run the stages; returns the results table (also written to ``<output>/results.md``) and the policy file."""
-    out = Path(config.output)
+    out = Path(plan.config.output)
     out.mkdir(parents=True, exist_ok=True)
-    tracking = _Tracking(out, config)
+    tracking = _Tracking(out, plan.config)
     try:
-        result = _run_stages(config, out, tracking)
+        result = _run_stages(plan, out, tracking)
     except BaseException:
         tracking.finish(tracking.parent, "FAILED")
         raise
@@ -183,15 +188,16 @@ def run_pipeline(config: PipelineConfig) -> PipelineResult:
     return result
 
 
-def _run_stages(config: PipelineConfig, out: Path, tracking: _Tracking) -> PipelineResult:
+def _run_stages(plan: PipelinePlan, out: Path, tracking: _Tracking) -> PipelineResult:
     from decode.deployment import Deployment
 
+    config = plan.config
     timings = {}
     started = _stage(1, "collect")
-    data_dir = _collect(config, out, tracking)
+    data_dir = _collect(plan, out, tracking)
     timings["collect"] = time.perf_counter() - started
     started = _stage(2, f"train ({', '.join(config.train.verifiers)})")
-    trained = {v: _train(config, out, data_dir, v, tracking) for v in config.train.verifiers}
+    trained = {v: _train(plan.train, out, data_dir, v, tracking) for v in config.train.verifiers}
     timings["train"] = time.perf_counter() - started
     started = _stage(3, "export")
     selectors = {v: _export(out, v, result, data_dir) for v, result in trained.items()}
@@ -202,7 +208,7 @@ def _run_stages(config: PipelineConfig, out: Path, tracking: _Tracking) -> Pipel
                                        config.bench.candidates) for v in selectors}
     active = {v: path for v, path in selectors.items()
               if any(m.margin is not None for m in metadata[v].fallbacks)}
-    bench = _bench(config, out, candidates, active, tracking)
+    bench = _bench(config.bench, plan.collect, out, candidates, active, tracking)
     timings["bench"] = time.perf_counter() - started
     _stage(5, "decide")
     kept = keep_statics(bench["rows"], candidates)
@@ -228,21 +234,21 @@ def _run_stages(config: PipelineConfig, out: Path, tracking: _Tracking) -> Pipel
     return PipelineResult(text, path, bench)
 
 
-def _collect(config: PipelineConfig, out: Path, tracking: _Tracking) -> Path:
+def _collect(plan: PipelinePlan, out: Path, tracking: _Tracking) -> Path:
     from data_gen.collection import collect
     from data_gen.config import config_to_dict
     from ddte_core.tracking import log_data_set_input
 
     run = tracking.child("collect")
-    if config.collect.reuse:
-        print(f"reusing the data set in {config.collect.reuse}")
-        data = Path(config.collect.reuse)
+    reuse = plan.config.collect.reuse
+    if reuse:
+        print(f"reusing the data set in {reuse}")
+        data = Path(reuse)
     else:
-        data = out / "data"
-        collect_config = _collect_config(config, data)
-        for key, value in config_to_dict(collect_config).items():
+        data = Path(plan.collect.output)
+        for key, value in config_to_dict(plan.collect).items():
             tracking.client.log_param(run, key, str(value)[:500])
-        summary = collect(collect_config, resume=(data / "dataset.json").exists())
+        summary = collect(plan.collect, resume=(data / "dataset.json").exists())
         print(summary.line())
         tracking.log_metrics(run, {"roots": summary.roots, "seconds": summary.seconds,
                                    "roots_per_s": summary.roots / max(summary.seconds, 1e-9),
@@ -253,16 +259,15 @@ def _collect(config: PipelineConfig, out: Path, tracking: _Tracking) -> Path:
     return data
 
 
-def _train(config: PipelineConfig, out: Path, data_dir: Path, verifier: str, tracking: _Tracking):
-    from selector.train import train_selector
-
-    overrides = [
-        f"data.data_dir={data_dir}", f"data.verifier={verifier}", f"run.output_dir={out / 'selectors' / 'runs'}",
-        f"run.tracking_uri={tracking.uri}", f"run.experiment={tracking.EXPERIMENT}",
-        f"run.parent_run_id={tracking.parent}", f"run.run_name=train-{verifier}", *config.train.overrides,
-    ]
+def _train(base: TrainConfig, out: Path, data_dir: Path, verifier: str, tracking: _Tracking) -> TrainResult:
+    """One selector: the stage's train config with this verifier's data, and tracked as a child of the pipeline."""
+    config = dataclasses.replace(
+        base, data=dataclasses.replace(base.data, data_dir=str(data_dir), verifier=verifier),
+        run=dataclasses.replace(base.run, output_dir=str(out / "selectors" / "runs"), tracking_uri=tracking.uri,
+                                experiment=tracking.EXPERIMENT, parent_run_id=tracking.parent,
+                                run_name=f"train-{verifier}"))
     try:
-        return train_selector(config.train.config, overrides)
+        return train(config)
     except ValueError as err:
         raise ValueError(f"train {verifier}: {err}") from err
 
@@ -313,15 +318,13 @@ def static_candidates(metadata, summary: dict, temperatures: list[float], count:
     return out
 
 
-def _bench(config: PipelineConfig, out: Path, candidates: dict[str, dict[float, list[str]]],
+def _bench(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dict[str, dict[float, list[str]]],
            selectors: dict[str, Path], tracking: _Tracking) -> dict:
     """One interleaved bench per temperature of AR, the static candidates and the selectors; bench.json/png."""
     from ddte.bench.methods import BenchSettings, bench_prompts, encode_prompts, environment, run_bench
     from ddte.bench.report import bench_metrics, format_table, plot
     from decode.pair import load_pair_config
 
-    stage = config.bench
-    collect = _collect_config(config, out / "data")
     if stage.threads:
         import torch
 

@@ -72,10 +72,6 @@ def quiet_lightning() -> Iterator[None]:
             warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
             warnings.filterwarnings("ignore", message=r".*smaller than the logging interval.*")
             warnings.filterwarnings("ignore", message=r".*exists and is not empty.*")  # config.yaml is there first
-            # LightningCLI 2.6 still calls jsonargparse APIs deprecated in 4.49: not ours to fix.
-            warnings.filterwarnings("ignore", message=r"(?s).*(deprecated in v4\.|JsonargparseDeprecationWarning)")
-            # `ddte train` always passes args= while sys.argv holds the subcommand: intended here.
-            warnings.filterwarnings("ignore", message=r".*LightningCLI's args parameter.*")
             yield
     finally:
         for lg in loggers:

@@ -61,7 +61,7 @@ def build_dataclass(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
 def apply_override(data: dict[str, Any], assignment: str) -> None:
     """Apply one ``dotted.key=value`` override in place; the value is parsed as YAML (``null``, ``[1, 2]``)."""
     if "=" not in assignment:
-        raise ValueError(f"override {assignment!r} is not of the form key=value")
+        raise ValueError(f"override {assignment!r} is not KEY=VALUE")
     key, raw = assignment.split("=", 1)
     parts = key.strip().split(".")
     node = data

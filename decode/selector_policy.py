@@ -40,7 +40,7 @@ def _session(path: Path, providers: list[str]):
     options.intra_op_num_threads = 1  # a per-step call on a tiny MLP: threads only add wake-up latency
     options.inter_op_num_threads = 1
     # The call runs right after the model passes have flushed the caches; the arena and memory-pattern planner
-    # add code and memory to touch per call (measured: cold call 128 µs with them, 110 µs without).
+    # add code and memory to touch per call (docs/selector.md, "At decode time", has the measurement).
     options.enable_cpu_mem_arena = False
     options.enable_mem_pattern = False
     options.log_severity_level = 3

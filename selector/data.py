@@ -300,9 +300,11 @@ def ranked_static_actions(arrays: RootArrays) -> dict[int, list[int]]:
     return out
 
 
-def best_static_actions(arrays: RootArrays) -> dict[int, int]:
-    """a_base per sampling configuration: the action with the highest stream throughput (data_gen/throughput.py)."""
-    return {config: ranked[0] for config, ranked in ranked_static_actions(arrays).items()}
+def best_static_actions(arrays: RootArrays, ranking: dict[int, list[int]] | None = None) -> dict[int, int]:
+    """a_base per sampling configuration: the action with the highest stream throughput (data_gen/throughput.py),
+    the first of ``ranking`` (:func:`ranked_static_actions` of ``arrays`` when not given)."""
+    ranking = ranked_static_actions(arrays) if ranking is None else ranking
+    return {config: ranked[0] for config, ranked in ranking.items()}
 
 
 # ---------------------------------------------------------------------------------------------------- batches
@@ -374,7 +376,7 @@ class SelectorDataModule(pl.LightningDataModule):
         self.fallback_static = 0
         self.valid_actions: np.ndarray | None = None
 
-    # Shapes the model is built with; LightningCLI links them into the model's arguments.
+    # Shapes the model is built with (selector/train.py passes them to SelectorModule).
     @property
     def hidden_sizes(self) -> dict[str, int]:
         return self.info.hidden_sizes
@@ -396,7 +398,7 @@ class SelectorDataModule(pl.LightningDataModule):
         train = rows.take(index["train"])
         self.normalisation = fit_normalisation(train.scalars, self.log1p_scalars)
         self.static_ranking = ranked_static_actions(train)
-        self.static_actions = {config: ranked[0] for config, ranked in self.static_ranking.items()}
+        self.static_actions = best_static_actions(train, self.static_ranking)
         self.fallback_static = best_static_actions(_as_one_config(train))[0]
         self.valid_actions = train.valid.any(axis=0)
         rows.base_index = np.array([self.static_actions.get(int(c), self.fallback_static) for c in rows.sampling_index],

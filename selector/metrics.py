@@ -86,11 +86,6 @@ class OfflineMetrics:
         return out
 
 
-def _pick(values: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """values[i, chosen[i]] for (N, A) values and (N,) indices."""
-    return np.take_along_axis(values, chosen[:, None].astype(np.int64), axis=1)[:, 0]
-
-
 def row_throughput(be: np.ndarray, step_ms: np.ndarray) -> np.ndarray:
     """be / step_ms (N, A), −inf where the action has no label (so argmax never picks it)."""
     valid = np.isfinite(be) & np.isfinite(step_ms) & (step_ms > 0)

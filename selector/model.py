@@ -27,11 +27,11 @@ import torch
 from torch import nn
 
 from decode.features import HIDDEN_NAMES, SCALAR_NAMES
+from decode.selector_file import OBJECTIVES
 
 # Score given to actions that never had a label for this verifier: finite (ONNX parity compares it exactly, and
 # −inf would turn be/step_ms decisions into NaN arithmetic) yet below any real score.
 INVALID_SCORE = -1.0e9
-DECISIONS = {"policy": "argmax", "be": "throughput"}
 
 
 class SelectorNet(nn.Module):
@@ -188,8 +188,8 @@ class SelectorModule(pl.LightningModule):
         super().__init__()
         if not hidden_sizes or num_actions < 1:
             raise ValueError("SelectorModule needs hidden_sizes and num_actions (taken from the data set)")
-        if objective not in DECISIONS:
-            raise ValueError(f"objective must be one of {', '.join(DECISIONS)}, got '{objective}'")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got '{objective}'")
         if mlp_hidden is None:
             mlp_hidden = [512, 32]
         self.save_hyperparameters()
@@ -205,7 +205,7 @@ class SelectorModule(pl.LightningModule):
 
     @property
     def decision(self) -> str:
-        return DECISIONS[self.objective]
+        return OBJECTIVES[self.objective][0]  # (decision, output) per objective: the selector file's contract
 
     def forward(self, target_hidden_prev, draft_hidden_prev, draft_hidden_root, scalars) -> torch.Tensor:
         return self.net(target_hidden_prev, draft_hidden_prev, draft_hidden_root, scalars)

@@ -20,7 +20,7 @@ def predict(model, arrays) -> Any:
         return model.net(*inputs).numpy()
 
 
-def log_plots(cli, model, test) -> dict[str, Any]:
+def log_plots(logger, model, test) -> dict[str, Any]:
     """Test-split plots as artifacts: predicted vs true Ê (be objective), chosen vs oracle throughput, histogram."""
     import matplotlib.pyplot as plt
     import numpy as np
@@ -50,7 +50,7 @@ def log_plots(cli, model, test) -> dict[str, Any]:
         figures["predicted_vs_true_be.png"] = predicted_vs_true_figure(
             np.where(valid, scores, np.nan), test.be, f"{verifier}: Ê[τ+1] on the test split (valid actions)")
     for name, fig in figures.items():
-        cli.mlflow_logger.experiment.log_figure(cli.mlflow_logger.run_id, fig, f"plots/{name}")
+        logger.experiment.log_figure(logger.run_id, fig, f"plots/{name}")
         plt.close(fig)
     return {"chosen": chosen, "oracle": oracle}
 
@@ -66,7 +66,7 @@ def deployed_scores(model, arrays) -> Any:
         return model.deployed()(*inputs).numpy()
 
 
-def fit_guard(cli, model, dm) -> dict[str, float]:
+def fit_guard(logger, model, dm) -> dict[str, float]:
     """The never-lose guard (selector/guard.py): per sampling configuration, the fallback (best static action of the
     training split) and the margin fitted on the validation split, stored in ``model.ddte_info["fallbacks"]``.
     Logs each margin's validation curve and returns the test metrics of the guarded rule."""
@@ -80,7 +80,7 @@ def fit_guard(cli, model, dm) -> dict[str, float]:
     val, test = dm.splits["val"], dm.splits["test"]
     values = {name: decision_values(deployed_scores(model, arrays), arrays.step_ms, arrays.valid, model.decision)
               for name, arrays in (("val", val), ("test", test))}
-    client, run_id = cli.mlflow_logger.experiment, cli.mlflow_logger.run_id
+    client, run_id = logger.experiment, logger.run_id
     fallbacks, fits = [], {}
     for c, conf in enumerate(info["sampling"]):
         fallback = dm.static_actions.get(c, dm.fallback_static)
@@ -110,7 +110,7 @@ def fit_guard(cli, model, dm) -> dict[str, float]:
     return metrics
 
 
-def log_head_room(cli, dm) -> dict[str, dict]:
+def log_head_room(logger, dm) -> dict[str, dict]:
     """Honest head-room on the test split, per sampling configuration (data_gen/headroom.py): the same-tree oracle
     (biased), the cross-fitted oracle and the cross-fitted per-prompt static, each vs the best static action.
     Logged as MLflow metrics ``headroom/<figure>/cfg<i>``; returns them for summary.json."""
@@ -119,7 +119,7 @@ def log_head_room(cli, dm) -> dict[str, dict]:
     from data_gen.headroom import head_room
 
     test = dm.splits["test"]
-    client, run_id = cli.mlflow_logger.experiment, cli.mlflow_logger.run_id
+    client, run_id = logger.experiment, logger.run_id
     out = {}
     for c in np.unique(test.sampling_index):
         rows = test.sampling_index == c

@@ -1,19 +1,22 @@
 """Train a selector on a collected data set (Lightning), tracked in MLflow.
 
-The config is a LightningCLI YAML (default configs/train/default.yaml) with five sections:
+The config is typed YAML with ``KEY=VALUE`` overrides, as for every ddte command (ddte_core/yamlconfig.py; default
+configs/train/default.yaml): :class:`TrainConfig`, five sections key for key.
 
   seed_everything   the seed of everything (splits have their own data.split_seed)
-  trainer           lightning.pytorch.Trainer arguments (max_epochs, accelerator, devices, ...)
+  trainer           lightning.pytorch.Trainer arguments (max_epochs, accelerator, devices, ...): TrainerOptions
   model             selector.model.SelectorModule: objective (policy | be), d_proj, mlp_hidden, dropout, lr,
-                    weight_decay, lam (λ), alpha (α) of Eq. 12
+                    weight_decay, lam (λ), alpha (α) of Eq. 12, min_lr_ratio: ModelOptions
   data              selector.data.SelectorDataModule: data_dir, verifier (one selector per verifier), val_fraction,
-                    test_fraction, split_seed, batch_size, log1p_scalars
+                    test_fraction, split_seed, batch_size, log1p_scalars, num_workers: DataOptions
   run               output_dir (checkpoints + summary.json), tracking_uri (default: $MLFLOW_TRACKING_URI, else
                     sqlite:///mlflow.db resolved to an absolute path, artifacts in mlartifacts/ beside it),
-                    experiment, run_name, baselines (also fit the sklearn baselines), monitor (checkpoint metric)
+                    experiment, run_name, baselines (also fit the sklearn baselines), monitor (checkpoint metric),
+                    threads: RunOptions
 
-Any key is overridden as KEY=VALUE (lists and dicts take YAML: model.mlp_hidden=[256,32]); LightningCLI's own
-``--key value`` flags pass through after ``--``.
+Any key is overridden as KEY=VALUE (lists take YAML: model.mlp_hidden=[256,32]); an unknown key is an error.
+:func:`train` takes a :class:`TrainConfig` and returns a :class:`TrainResult`; :func:`train_selector` reads the
+YAML first.
 
 Logged to MLflow: the resolved config (artifact config.yaml and params config/...), the data fingerprint, the git
 commit, per epoch the offline metrics of the validation split (throughput ratio vs the best static action per
@@ -24,20 +27,65 @@ plots, the best checkpoint and summary.json. At the end a table of the test metr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from ddte_core.tracking import artifact_location, git_commit, quiet_lightning, resolve_tracking_uri
+from ddte_core.tracking import artifact_location, flatten_params, git_commit, quiet_lightning, resolve_tracking_uri
+from ddte_core.yamlconfig import load_yaml_config
+from decode.selector_file import OBJECTIVES
 from selector.reporting import fit_guard, log_head_room, log_plots
 
 DEFAULT_CONFIG = "configs/train/default.yaml"
-OWN_FLAGS = ("--baselines", "--print-config")
+
+
+@dataclass
+class TrainerOptions:
+    """``lightning.pytorch.Trainer`` arguments (the ``trainer`` section); the logger and callbacks are ddte's."""
+
+    accelerator: str = "cpu"
+    devices: int = 1
+    max_epochs: int = 40
+    log_every_n_steps: int = 10
+    num_sanity_val_steps: int = 0
+    enable_progress_bar: bool = False
+    enable_model_summary: bool = True
+    deterministic: bool = False
+
+
+@dataclass
+class ModelOptions:
+    """:class:`selector.model.SelectorModule`'s arguments (the ``model`` section). The network's input and output
+    widths come from the data set, never from the config."""
+
+    objective: str = "policy"
+    d_proj: int = 128
+    mlp_hidden: list[int] = field(default_factory=lambda: [512, 32])
+    dropout: float = 0.1
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    lam: float = 1.0
+    alpha: float = 0.1
+    min_lr_ratio: float = 0.1
+
+
+@dataclass
+class DataOptions:
+    """:class:`selector.data.SelectorDataModule`'s arguments (the ``data`` section)."""
+
+    data_dir: str = "data/collect/default"
+    verifier: str = "specinfer"
+    val_fraction: float = 0.15
+    test_fraction: float = 0.15
+    split_seed: int = 0
+    batch_size: int = 64
+    log1p_scalars: list[str] | None = None  # null: selector.data.DEFAULT_LOG1P_SCALARS
+    num_workers: int = 0
 
 
 @dataclass
@@ -54,7 +102,7 @@ class RunOptions:
         monitor: validation metric that picks the best checkpoint.
         monitor_mode: ``max`` or ``min`` for ``monitor``.
         threads: torch CPU threads while training (null: torch's default). The MLP is small: one thread is
-            nearly as fast and cannot oversubscribe a shared machine (2 threads beside another job ran 15x slower).
+            nearly as fast, and more threads beside another job oversubscribe a shared machine (docs/selector.md).
         parent_run_id: an MLflow run (of the same experiment) to nest this run under, e.g. a pipeline's.
         progress: print one line per epoch (train and validation loss, validation ratio vs the best static action).
     """
@@ -66,15 +114,26 @@ class RunOptions:
     baselines: bool = False
     baseline_max_samples: int = 60000
     monitor: str = "val/ratio_vs_static"
-    monitor_mode: Literal["max", "min"] = "max"
+    monitor_mode: str = "max"
     threads: int | None = 1
     parent_run_id: str | None = None
     progress: bool = True
 
 
 @dataclass
+class TrainConfig:
+    """One training run: the YAML of ``ddte train``, key for key."""
+
+    seed_everything: int = 0
+    trainer: TrainerOptions = field(default_factory=TrainerOptions)
+    model: ModelOptions = field(default_factory=ModelOptions)
+    data: DataOptions = field(default_factory=DataOptions)
+    run: RunOptions = field(default_factory=RunOptions)
+
+
+@dataclass
 class TrainResult:
-    """What a training run produced."""
+    """What a training run produced; ``summary`` is what summary.json holds."""
 
     checkpoint_path: Path
     run_id: str | None
@@ -85,14 +144,87 @@ class TrainResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------------------------------------------- the CLI
+# ---------------------------------------------------------------------------------------------------- the config
 
 
-def _cli_class():
-    """LightningCLI subclass (built lazily: `ddte --help` must not import lightning)."""
-    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-    from lightning.pytorch.cli import LightningCLI
+def load_train_config(path: str | Path | None = DEFAULT_CONFIG, overrides: Sequence[str] = ()) -> TrainConfig:
+    """The YAML at ``path`` (None: the defaults) with ``KEY=VALUE`` overrides on top, in order; ValueError naming
+    the first bad file, key or value."""
+    config = load_yaml_config(TrainConfig, path, list(overrides))
+    check_train_config(config)
+    return config
+
+
+def check_train_config(config: TrainConfig) -> None:
+    """The values a type cannot check (the data folder and its verifier are checked when the data set is read)."""
+    if config.model.objective not in OBJECTIVES:
+        raise ValueError(f"model.objective must be one of {', '.join(OBJECTIVES)}, got {config.model.objective!r}")
+    if config.run.monitor_mode not in ("max", "min"):
+        raise ValueError(f"run.monitor_mode must be max or min, got {config.run.monitor_mode!r}")
+
+
+def config_yaml(config: TrainConfig) -> str:
+    """The resolved config as YAML (``ddte train --print-config``, and the run's config.yaml artifact)."""
+    import yaml
+
+    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------------------- the run
+
+
+@dataclass
+class _Run:
+    """One run's parts: the data module, the network built for its shapes, the MLflow run and the trainer."""
+
+    config: TrainConfig
+    datamodule: Any
+    model: Any
+    logger: Any  # lightning's MLFlowLogger: its run is created with it
+    tracking_uri: str
+    out_dir: Path
+    checkpoint: Any = None
+    trainer: Any = None
+
+
+def _data_and_model(config: TrainConfig):
+    """Seed, read the data set, build the network for its shapes: a bad folder or verifier fails here, before any
+    MLflow run or output folder exists."""
+    import lightning.pytorch as pl
+
+    from selector.data import SelectorDataModule
+    from selector.model import SelectorModule
+
+    pl.seed_everything(config.seed_everything, workers=True)
+    dm = SelectorDataModule(**dataclasses.asdict(config.data))
+    model = SelectorModule(hidden_sizes=dm.hidden_sizes, num_actions=dm.num_actions,
+                           **dataclasses.asdict(config.model))
+    return dm, model
+
+
+def _open_run(config: TrainConfig, dm, model) -> _Run:
+    """The MLflow run (its id names the checkpoint folder)."""
     from lightning.pytorch.loggers import MLFlowLogger
+
+    run = config.run
+    verifier, objective = dm.hparams.verifier, model.hparams.objective
+    tracking_uri = resolve_tracking_uri(run.tracking_uri)
+    logger = MLFlowLogger(
+        experiment_name=run.experiment,
+        run_name=run.run_name or f"{verifier}-{objective}",
+        tracking_uri=tracking_uri,
+        artifact_location=artifact_location(tracking_uri),
+        tags={"ddte.verifier": verifier, "ddte.objective": objective,
+              **({"mlflow.parentRunId": run.parent_run_id} if run.parent_run_id else {})},
+    )
+    out_dir = Path(run.output_dir) / f"{verifier}-{objective}-{logger.run_id}"  # logger.run_id creates the run
+    return _Run(config, dm, model, logger, tracking_uri, out_dir)
+
+
+def _add_trainer(run: _Run) -> None:
+    """The trainer, logging to the run, keeping the best checkpoint by ``run.monitor``."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
     class EpochLine(Callback):
         """One line per epoch (the progress bar is off in CI logs): loss and the validation throughput ratio."""
@@ -108,129 +240,28 @@ def _cli_class():
                     parts.append(f"{label} {float(m[key]):.4f}")
             print(", ".join(parts), flush=True)
 
-    class SelectorCLI(LightningCLI):
-        def add_arguments_to_parser(self, parser) -> None:
-            parser.add_class_arguments(RunOptions, "run")
-            # The network's input and output widths come from the data set, never from the config.
-            parser.link_arguments("data.hidden_sizes", "model.hidden_sizes", apply_on="instantiate")
-            parser.link_arguments("data.num_actions", "model.num_actions", apply_on="instantiate")
-
-        def instantiate_trainer(self, **kwargs: Any):
-            run = self.config_init["run"]
-            verifier, objective = self.datamodule.hparams.verifier, self.model.hparams.objective
-            self.tracking_uri = resolve_tracking_uri(run.tracking_uri)
-            self.mlflow_logger = MLFlowLogger(
-                experiment_name=run.experiment,
-                run_name=run.run_name or f"{verifier}-{objective}",
-                tracking_uri=self.tracking_uri,
-                artifact_location=artifact_location(self.tracking_uri),
-                tags={"ddte.verifier": verifier, "ddte.objective": objective,
-                      **({"mlflow.parentRunId": run.parent_run_id} if run.parent_run_id else {})},
-            )
-            run_id = self.mlflow_logger.run_id  # creates the run now: its id names the checkpoint folder
-            self.out_dir = Path(run.output_dir) / f"{verifier}-{objective}-{run_id}"
-            self.checkpoint = ModelCheckpoint(
-                dirpath=self.out_dir, filename="best", monitor=run.monitor, mode=run.monitor_mode, save_top_k=1,
-                auto_insert_metric_name=False, enable_version_counter=False,
-            )
-            callbacks = list(self.config_init["trainer"].get("callbacks") or []) + [self.checkpoint]
-            if run.progress:
-                callbacks.append(EpochLine())
-            return super().instantiate_trainer(logger=self.mlflow_logger, callbacks=callbacks, **kwargs)
-
-    return SelectorCLI
+    options = run.config.run
+    run.checkpoint = ModelCheckpoint(
+        dirpath=run.out_dir, filename="best", monitor=options.monitor, mode=options.monitor_mode, save_top_k=1,
+        auto_insert_metric_name=False, enable_version_counter=False,
+    )
+    callbacks = [run.checkpoint, *([EpochLine()] if options.progress else [])]
+    run.trainer = pl.Trainer(**dataclasses.asdict(run.config.trainer), logger=run.logger, callbacks=callbacks)
 
 
-def normalise_overrides(items: Sequence[str]) -> list[str]:
-    """KEY=VALUE items -> LightningCLI's ``--KEY=VALUE``; ``--flag value`` pairs, and everything after ``--``, pass."""
-    out: list[str] = []
-    raw = flag_wants_value = False
-    for item in items:
-        if item == "--" and not raw:
-            raw = True
-        elif raw or flag_wants_value:
-            out.append(item)
-            flag_wants_value = False
-        elif item.startswith("-"):
-            out.append(item)
-            flag_wants_value = "=" not in item
-        elif "=" in item:
-            out.append("--" + item)
-        else:
-            raise ValueError(f"override '{item}' is not KEY=VALUE (e.g. model.lr=0.001)")
-    return out
-
-
-def build_cli_args(config: str | Path, overrides: Sequence[str]) -> list[str]:
-    """The argument list for LightningCLI: the config file, then the overrides in order (later ones win)."""
-    path = Path(config)
-    if not path.is_file():
-        raise ValueError(f"config file '{config}' not found")
-    return ["--config", str(path), *normalise_overrides(overrides)]
-
-
-def make_cli(args: list[str]):
-    """Parse and instantiate (model, data module, trainer, logger) without running anything."""
-    from jsonargparse import ArgumentError
-
-    from selector.data import SelectorDataModule
-    from selector.model import SelectorModule
-
-    try:
-        return _cli_class()(
-            SelectorModule, SelectorDataModule, args=args, run=False, save_config_callback=None,
-            auto_configure_optimizers=False, load_from_checkpoint_support=False, seed_everything_default=0,
-            parser_kwargs={"exit_on_error": False, "prog": "ddte train"},
-        )
-    except ArgumentError as err:
-        raise ValueError(one_line(str(err))) from err
-
-
-def one_line(message: str) -> str:
-    """jsonargparse errors span several lines (key, union subtypes, per-type errors, value): keep one line."""
-    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-    if len(lines) <= 1:
-        return message.strip()
-    parts = [lines[0].rstrip(":")]
-    subtypes = next((ln for ln in lines if ln.startswith("Subtypes:")), None)
-    expected = next((ln for ln in lines if ln.startswith("Expected")), None)
-    given = next((ln for ln in lines if ln.startswith("Given value:")), None)
-    if subtypes:
-        parts.append("expected one of " + subtypes.split(":", 1)[1].strip())
-    elif expected:
-        parts.append(expected)
-    if given and (not expected or "Got value" not in expected):
-        parts.append(given)
-    return "; ".join(parts)
-
-
-# ---------------------------------------------------------------------------------------------------- the run
-
-
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flatten(f"{prefix}/{k}" if prefix else str(k), v, out)
-    else:
-        out[prefix] = value
-    return out
-
-
-def _log_run_facts(cli, config_yaml: str, info: dict[str, Any]) -> None:
+def _log_run_facts(run: _Run, info: dict[str, Any]) -> None:
     """Config (artifact; params for the sections Lightning does not log itself), the data set as the run's input,
     the environment, data fingerprint, git commit, split sizes, static baselines."""
-    import yaml
-
     from ddte_core.tracking import log_data_set_input, log_environment
 
-    logger, run_id = cli.mlflow_logger, cli.mlflow_logger.run_id
-    cli.out_dir.mkdir(parents=True, exist_ok=True)
-    config_path = cli.out_dir / "config.yaml"
-    config_path.write_text(config_yaml)
+    logger, run_id = run.logger, run.logger.run_id
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run.out_dir / "config.yaml"
+    config_path.write_text(config_yaml(run.config))
     logger.experiment.log_artifact(run_id, str(config_path))
-    resolved = yaml.safe_load(config_yaml)
     # model and data hyper-parameters are logged by Lightning under their own names: not twice
-    params = _flatten("config", {k: v for k, v in resolved.items() if k not in ("model", "data")}, {})
+    params = flatten_params("config", {k: v for k, v in dataclasses.asdict(run.config).items()
+                                       if k not in ("model", "data")})
     log_data_set_input(logger.experiment, run_id, info["data_dir"], info["data_fingerprint"])
     log_environment(logger.experiment, run_id)
     commit = git_commit()
@@ -248,24 +279,25 @@ def _log_run_facts(cli, config_yaml: str, info: dict[str, Any]) -> None:
         logger.experiment.set_tag(run_id, "mlflow.source.git.commit", commit)
 
 
-def _run_baselines(cli, max_samples: int) -> dict[str, dict[str, float]]:
+def _run_baselines(run: _Run) -> dict[str, dict[str, float]]:
     from selector.baselines import run_baselines
 
-    logger = cli.mlflow_logger
-    results = run_baselines(cli.datamodule, tracking_uri=cli.tracking_uri, experiment_id=logger.experiment_id,
-                            parent_run_id=logger.run_id, max_samples=max_samples,
-                            seed=int(cli.config.get("seed_everything") or 0))
+    logger = run.logger
+    results = run_baselines(run.datamodule, tracking_uri=run.tracking_uri, experiment_id=logger.experiment_id,
+                            parent_run_id=logger.run_id, max_samples=run.config.run.baseline_max_samples,
+                            seed=run.config.seed_everything)
     return {r.name: r.metrics["test"].as_dict() | {"run_id": r.run_id} for r in results}
 
 
-def _write_summary(cli, model, test_metrics: dict[str, float], baselines: dict, train_s: float,
-                   head_room: dict) -> Path:
-    info = model.ddte_info
-    summary = {
-        "run_id": cli.mlflow_logger.run_id,
-        "tracking_uri": cli.tracking_uri,
-        "checkpoint": str(Path(cli.checkpoint.best_model_path).resolve()),
-        "best_epoch_metric": {cli.checkpoint.monitor: float(cli.checkpoint.best_model_score or float("nan"))},
+def _summary(run: _Run, test_metrics: dict[str, float], baselines: dict, train_s: float,
+             head_room: dict) -> dict[str, Any]:
+    """What summary.json holds (JSON-ready)."""
+    info = run.model.ddte_info
+    return {
+        "run_id": run.logger.run_id,
+        "tracking_uri": run.tracking_uri,
+        "checkpoint": str(Path(run.checkpoint.best_model_path).resolve()),
+        "best_epoch_metric": {run.checkpoint.monitor: float(run.checkpoint.best_model_score or float("nan"))},
         "verifier": info["verifier"],
         "objective": info["objective"],
         "decision": info["decision"],
@@ -284,100 +316,90 @@ def _write_summary(cli, model, test_metrics: dict[str, float], baselines: dict, 
         "head_room": head_room,
         "baselines": baselines,
     }
-    path = cli.out_dir / "summary.json"
-    path.write_text(json.dumps(summary, indent=2) + "\n")
-    return path
 
 
-def _resolve_config(config: dict | str | Path | None, stack: contextlib.ExitStack) -> Path:
-    """A config path; a dict is written to a temporary YAML that lives as long as ``stack``."""
-    if config is None:
-        return Path(DEFAULT_CONFIG)
-    if isinstance(config, dict):
-        import yaml
-
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ddte-train-"))) / "config.yaml"
-        tmp.write_text(yaml.safe_dump(config, sort_keys=False))
-        return tmp
-    return Path(config)
-
-
-def train_selector(config: dict | str | Path | None = None, overrides: Sequence[str] = (),
-                   verbose: bool = True) -> TrainResult:
-    """Train one selector; the Python twin of ``ddte train``.
+def train(config: TrainConfig, verbose: bool = True) -> TrainResult:
+    """Train one selector: the function behind ``ddte train`` and the pipeline's train stage.
 
     Args:
-        config: a config path or dict (None: configs/train/default.yaml).
-        overrides: ``KEY=VALUE`` strings applied on top, in order (e.g. ``"data.verifier=traversal"``).
+        config: the run (:func:`load_train_config` reads one from YAML).
         verbose: let Lightning print its progress (model summary, epochs); False for quiet library use.
 
     Raises:
-        ValueError: bad config, override, data folder or verifier (one line, for the user).
+        ValueError: bad config value, data folder or verifier (one line, for the user).
     """
+    check_train_config(config)
+    if not verbose:
+        config = dataclasses.replace(config, run=dataclasses.replace(config.run, progress=False))
     with contextlib.ExitStack() as stack:
         stack.enter_context(quiet_lightning())
         if not verbose:
             lightning_log = logging.getLogger("lightning.pytorch")
-            old_level = lightning_log.level
+            stack.callback(lightning_log.setLevel, lightning_log.level)
             lightning_log.setLevel(logging.WARNING)
-            stack.callback(lightning_log.setLevel, old_level)
-        quiet = [] if verbose else ["run.progress=false"]
-        args = build_cli_args(_resolve_config(config, stack), [*overrides, *quiet])
-        cli = make_cli(args)
+        dm, model = _data_and_model(config)
+        run = _open_run(config, dm, model)
         try:
-            return _train(cli)
+            _add_trainer(run)
+            return _train(run)
         except BaseException:
-            # the MLflow run exists from instantiation on: never leave it RUNNING after a failure
-            cli.mlflow_logger.experiment.set_terminated(cli.mlflow_logger.run_id, "FAILED")
+            # the MLflow run exists from here on: never leave it RUNNING after a failure
+            run.logger.experiment.set_terminated(run.logger.run_id, "FAILED")
             raise
 
 
-def _train(cli) -> TrainResult:
-    """The body of ``train_selector`` under the configured torch thread count (restored afterwards)."""
+def train_selector(config: str | Path | None = DEFAULT_CONFIG, overrides: Sequence[str] = (),
+                   verbose: bool = True) -> TrainResult:
+    """:func:`train` on the YAML at ``config`` (None: the defaults) with ``KEY=VALUE`` overrides (e.g.
+    ``"data.verifier=traversal"``): the Python twin of ``ddte train``."""
+    return train(load_train_config(config, overrides), verbose)
+
+
+def _train(run: _Run) -> TrainResult:
+    """The body of :func:`train` under the configured torch thread count (restored afterwards)."""
     import torch
 
-    threads = cli.config_init["run"].threads
+    threads = run.config.run.threads
     previous = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _fit_and_report(cli)
+        return _fit_and_report(run)
     finally:
         torch.set_num_threads(previous)
 
 
-def _fit_and_report(cli) -> TrainResult:
+def _fit_and_report(run: _Run) -> TrainResult:
     """Fit, test the best checkpoint, log plots, baselines, checkpoint and summary."""
-    model, dm, trainer = cli.model, cli.datamodule, cli.trainer
+    model, dm, trainer, logger = run.model, run.datamodule, run.trainer, run.logger
     dm.setup("fit")  # splits and baselines first: "too few prompts" fails before any run output
-    config_yaml = cli.parser.dump(cli.config)
-    model.ddte_info.update(run_id=cli.mlflow_logger.run_id, tracking_uri=cli.tracking_uri)
-    _log_run_facts(cli, config_yaml, dm.describe())
+    model.ddte_info.update(run_id=logger.run_id, tracking_uri=run.tracking_uri)
+    _log_run_facts(run, dm.describe())
 
     start = time.perf_counter()
     trainer.fit(model, datamodule=dm)
     train_s = time.perf_counter() - start
-    best = cli.checkpoint.best_model_path
+    best = run.checkpoint.best_model_path
     if not best:
         raise ValueError("no checkpoint was saved: is the monitored metric "
-                         f"'{cli.checkpoint.monitor}' logged (validation split empty?)")
+                         f"'{run.checkpoint.monitor}' logged (validation split empty?)")
     trainer.test(model, datamodule=dm, ckpt_path=best, verbose=False)  # loads the best weights into `model`
     test_metrics = {k[len("test/"):]: float(v) for k, v in trainer.callback_metrics.items()
                     if k.startswith("test/")}
-    test_metrics.update(fit_guard(cli, model, dm))
-    head_room = log_head_room(cli, dm)
+    test_metrics.update(fit_guard(logger, model, dm))
+    head_room = log_head_room(logger, dm)
     trainer.save_checkpoint(best)  # the best weights, now with the guard in their ddte metadata
-    log_plots(cli, model, dm.splits["test"])
-    run = cli.config_init["run"]
-    baselines = _run_baselines(cli, run.baseline_max_samples) if run.baselines else {}
-    summary_path = _write_summary(cli, model, test_metrics, baselines, train_s, head_room)
-    client, run_id = cli.mlflow_logger.experiment, cli.mlflow_logger.run_id
+    log_plots(logger, model, dm.splits["test"])
+    baselines = _run_baselines(run) if run.config.run.baselines else {}
+    summary = _summary(run, test_metrics, baselines, train_s, head_room)
+    summary_path = run.out_dir / "summary.json"
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    client, run_id = logger.experiment, logger.run_id
     client.log_artifact(run_id, best, "checkpoint")
     client.log_artifact(run_id, str(summary_path))
     client.log_metric(run_id, "train_seconds", train_s)
-    summary = json.loads(summary_path.read_text())
     return TrainResult(checkpoint_path=Path(best).resolve(), run_id=run_id, metrics=test_metrics,
-                       summary_path=summary_path.resolve(), tracking_uri=cli.tracking_uri, baselines=baselines,
+                       summary_path=summary_path.resolve(), tracking_uri=run.tracking_uri, baselines=baselines,
                        summary=summary)
 
 
@@ -423,16 +445,3 @@ def format_summary(result: TrainResult) -> str:
 
 def _ratio(value: float | None) -> str:
     return "unavailable (schema-1 data: no per-tree labels)" if value is None else f"{value:.3f}"
-
-
-def print_config(config: str | Path, overrides: Sequence[str]) -> None:
-    """Parse (without instantiating anything) and print the resolved YAML; ValueError for a bad config or key."""
-    from jsonargparse import ArgumentError
-
-    try:
-        with quiet_lightning():
-            make_cli(build_cli_args(config, overrides) + ["--print_config"])
-    except SystemExit:  # jsonargparse prints, then exits 0
-        return
-    except ArgumentError as err:
-        raise ValueError(one_line(str(err))) from err

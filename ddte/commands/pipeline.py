@@ -31,13 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ddte.pipeline import load_pipeline_config, run_pipeline
+    from ddte.pipeline import load_pipeline, run_pipeline
 
     overrides = list(args.overrides) + ([f"output={args.output}"] if args.output else [])
     with user_errors():
-        config = load_pipeline_config(args.config, overrides)
+        plan = load_pipeline(args.config, overrides)
     with user_errors(ValueError, OSError, RuntimeError):
-        result = run_pipeline(config)
+        result = run_pipeline(plan)
     print(result.results_markdown)
     print(f"\ndeploy with: ddte generate ... --policy-file {Path(result.deployment_path)}")
     return 0

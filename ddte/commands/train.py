@@ -1,16 +1,17 @@
 """Train a selector on a collected data set (Lightning), tracked in MLflow.
 
-The config is a LightningCLI YAML (default configs/train/default.yaml) with sections seed_everything, trainer,
-model (objective policy | be, widths, lr, λ and α of Eq. 12), data (data_dir, verifier, splits by prompt) and run
-(output_dir, tracking_uri, experiment, baselines, monitor). Any key is overridden as KEY=VALUE (lists and dicts
-take YAML: model.mlp_hidden=[256,32]); after `--`, LightningCLI's own flags pass through.
+The config is typed YAML (default configs/train/default.yaml) with sections seed_everything, trainer (Lightning's
+max_epochs, accelerator, ...), model (objective policy | be, widths, lr, λ and α of Eq. 12), data (data_dir,
+verifier, splits by prompt) and run (output_dir, tracking_uri, experiment, baselines, monitor). Any key is
+overridden as KEY=VALUE, as in every ddte command (lists take YAML: model.mlp_hidden=[256,32]); an unknown key is
+an error.
 
 After training it fits the never-lose guard (the margin on validation prompts, per sampling configuration),
 stores it with the best checkpoint and prints the test split's offline figures.
 
 Examples:
   ddte train --config configs/train/default.yaml --data data/collect/default --verifier traversal
-  ddte train --data data/collect/default model.objective=be trainer.max_epochs=40 --baselines
+  ddte train --data data/collect/default --baselines model.objective=be trainer.max_epochs=40
   ddte train --print-config
 """
 
@@ -19,10 +20,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddte.commands.common import UserError, deprecated
+from ddte.commands.common import add_overrides_argument, deprecated, user_errors
 
 DEFAULT_CONFIG = "configs/train/default.yaml"
-OWN_FLAGS = ("--baselines", "--print-config")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,8 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tracking-uri", default=None, help="shortcut for run.tracking_uri=... (any MLflow URI)")
     parser.add_argument("--baselines", action="store_true", help="also fit the sklearn baselines (run.baselines)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
-    parser.add_argument("overrides", nargs=argparse.REMAINDER, metavar="KEY=VALUE",
-                        help="config overrides, e.g. model.lr=0.001 trainer.max_epochs=20 (after the options)")
+    add_overrides_argument(parser, "model.lr=0.001 trainer.max_epochs=20")
 
 
 def overrides_from_args(args: argparse.Namespace) -> list[str]:
@@ -44,25 +43,20 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
                        ("run.tracking_uri", args.tracking_uri)):
         if value is not None:
             items.append(f"{key}={value}")
-    if args.baselines or "--baselines" in args.overrides:
+    if args.baselines:
         items.append("run.baselines=true")
-    return items + [o for o in args.overrides if o not in OWN_FLAGS]
+    return items + list(args.overrides)
 
 
 def run(args: argparse.Namespace) -> int:
-    from selector.train import format_summary, one_line, print_config, train_selector
+    from selector.train import config_yaml, format_summary, load_train_config, train
 
-    overrides = overrides_from_args(args)
-    try:
-        if args.print_config or "--print-config" in args.overrides:
-            print_config(args.config, overrides)
+    with user_errors(ValueError, FileNotFoundError):
+        config = load_train_config(args.config, overrides_from_args(args))
+        if args.print_config:
+            print(config_yaml(config), end="")
             return 0
-        result = train_selector(args.config, overrides)
-    except (ValueError, FileNotFoundError) as err:
-        raise UserError(one_line(str(err))) from err
+        result = train(config)
     print(format_summary(result))
     sys.stdout.flush()
     return 0
-
-
-

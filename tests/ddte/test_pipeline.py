@@ -35,7 +35,7 @@ def _argv(tiny, out, *extra):
         (["train.verifiers=[gbv]"], "have no labels in the collection"),
         (["train.verifiers=[bogus]"], "unknown verifier 'bogus'"),
         (["train.overrides=[not-a-key-value]"], "is not KEY=VALUE"),
-        (["train.config=/nonexistent.yaml"], "not found"),
+        (["train.config=/nonexistent.yaml"], "does not exist"),
         (["bench.num_prompts=0"], "bench"),
         (["collect.overrides=[verifiers=[a,b]]"], "not valid YAML"),
         (["collect.overrides=[prompts.limit=0]"], "prompts.limit"),

@@ -22,7 +22,7 @@ def _one_line_error(capsys, command: str) -> str:
         (["data.data_dir={missing}"], "does not exist"),
         (["data.data_dir={data}", "data.verifier=bogus"], "unknown verifier 'bogus'"),
         (["data.data_dir={data}", "model.objective=ranking"], "model.objective"),
-        (["data.data_dir={data}", "model.no_such_key=1"], "unrecognized arguments"),
+        (["data.data_dir={data}", "model.no_such_key=1"], "unknown config key(s): model.no_such_key"),
         (["not-a-key-value"], "is not KEY=VALUE"),
     ],
 )
@@ -51,17 +51,22 @@ def test_train_too_few_prompts_fails_the_run(capsys, tmp_path):
 
 
 def test_override_forms():
-    from selector.train import normalise_overrides
+    """The one override syntax of every command: dotted KEY=VALUE, the value as YAML, later ones win."""
+    from selector.train import load_train_config
 
-    assert normalise_overrides(["model.lr=0.1", "--trainer.max_epochs", "3", "--", "--data.verifier", "gbv"]) == [
-        "--model.lr=0.1", "--trainer.max_epochs", "3", "--data.verifier", "gbv"]
+    config = load_train_config(TINY_CONFIG, ["model.lr=0.1", "model.mlp_hidden=[8, 4]", "run.tracking_uri=null",
+                                             "trainer.max_epochs=3", "trainer.max_epochs=5"])
+    assert (config.model.lr, config.model.mlp_hidden, config.run.tracking_uri) == (0.1, [8, 4], None)
+    assert config.trainer.max_epochs == 5
     with pytest.raises(ValueError, match="not KEY=VALUE"):
-        normalise_overrides(["lr"])
+        load_train_config(TINY_CONFIG, ["lr"])
+    with pytest.raises(ValueError, match="trainer.max_epochs: expected int"):
+        load_train_config(TINY_CONFIG, ["trainer.max_epochs=many"])
 
 
 def test_train_missing_config(capsys, tmp_path):
     assert main(["train", "--config", str(tmp_path / "none.yaml")]) == 2
-    assert "not found" in _one_line_error(capsys, "train")
+    assert "does not exist" in _one_line_error(capsys, "train")
 
 
 def test_train_print_config(capsys, synthetic_dir):
