@@ -69,7 +69,7 @@ class FastCachedLM(CachedLM):
     def _load_weights(self) -> None:
         cfg, inner = self.config, self.model.model
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.head_dim = self._head_dim_of_config()
         self.eps = cfg.rms_norm_eps
         with torch.no_grad():
             self.embed = inner.embed_tokens.weight.detach()
@@ -110,6 +110,7 @@ class FastCachedLM(CachedLM):
         self._values = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def _head_dim_of_config(self) -> int:
+        """The config's head_dim, else hidden_size / heads (the cache is made before the weights are read)."""
         cfg = self.config
         return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
