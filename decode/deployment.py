@@ -3,7 +3,8 @@
 ``ddte pipeline`` benches each selector against the static candidates and writes this file; ``ddte generate`` and
 ``ddte bench`` load it with one flag (``--policy-file``). Each choice is either a static action or a selector file
 (a path relative to the policy file), with the measured ratio that justified it. This module is the file's one
-reader and writer.
+reader and writer. :meth:`Deployment.policy_for` turns a verifier's choices into one policy that serves any
+sampling configuration: each generation starts the choice measured nearest to its own.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from decode.actions import Action
+from decode.policies import Policy, StaticPolicy
 
 FORMAT = "ddte-deployment/1"
 
@@ -50,27 +54,36 @@ class Deployment:
     source: dict = field(default_factory=dict)
     path: Path | None = None
 
-    def choice_for(self, verifier: str, temperature: float, top_p: float) -> Choice:
-        """The choice of this verifier at the nearest measured sampling configuration."""
+    def choices_of(self, verifier: str) -> list[Choice]:
+        """This verifier's choices, one per measured sampling configuration; ValueError when it has none."""
         mine = [c for c in self.choices if c.verifier == verifier]
         if not mine:
             known = sorted({c.verifier for c in self.choices})
             raise ValueError(f"no choice for verifier '{verifier}' (the file has {', '.join(known)})")
-        return min(mine, key=lambda c: (abs(c.temperature - temperature), abs(c.top_p - top_p)))
+        return mine
 
-    def policy_for(self, verifier: str, sampling, pair):
-        """The policy this file chooses for ``verifier`` under ``sampling`` on ``pair`` (checked against it)."""
-        from decode.actions import Action
-        from decode.policies import StaticPolicy
-        from decode.selector_policy import OnnxSelectorPolicy
+    def choice_for(self, verifier: str, temperature: float, top_p: float) -> Choice:
+        """The choice of this verifier at the nearest measured sampling configuration."""
+        return min(self.choices_of(verifier), key=lambda c: (abs(c.temperature - temperature), abs(c.top_p - top_p)))
+
+    def policy_for(self, verifier: str, pair) -> DeployedPolicy:
+        """The policy this file chooses for ``verifier`` on ``pair``, at any sampling configuration; every choice's
+        selector is loaded (once per file) and checked against the pair here."""
+        from decode.selector_policy import OnnxSelectorPolicy  # onnxruntime and numpy: only where a file names one
 
         if self.pair_fingerprint and self.pair_fingerprint != pair.fingerprint():
             raise ValueError(f"{self.path}: measured on another pair (fingerprint {self.pair_fingerprint[:12]}…)")
-        choice = self.choice_for(verifier, sampling.temperature, sampling.top_p)
-        if choice.policy == "selector":
-            base = self.path.parent if self.path is not None else Path.cwd()
-            return OnnxSelectorPolicy.for_pair(base / choice.selector, verifier, pair, sampling)
-        return StaticPolicy(Action.parse(choice.action))
+        base = self.path.parent if self.path is not None else Path.cwd()
+        selectors: dict[str, Policy] = {}
+        policies: dict[tuple[float, float], Policy] = {}
+        for choice in self.choices_of(verifier):
+            if choice.policy == "selector":
+                if choice.selector not in selectors:
+                    selectors[choice.selector] = OnnxSelectorPolicy.for_pair(base / choice.selector, verifier, pair)
+                policies[choice.temperature, choice.top_p] = selectors[choice.selector]
+            else:
+                policies[choice.temperature, choice.top_p] = StaticPolicy(Action.parse(choice.action))
+        return DeployedPolicy(self, verifier, policies)
 
     def write(self, path: str | Path) -> Path:
         """Write atomically (temporary file, then rename)."""
@@ -83,6 +96,29 @@ class Deployment:
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
         return path
+
+
+class DeployedPolicy(Policy):
+    """A policy file's choices for one verifier: a generation runs the choice measured nearest to its sampling.
+
+    It chooses no action itself: :meth:`start` hands each generation the chosen policy, started.
+    """
+
+    name = "policy-file"
+
+    def __init__(self, deployment: Deployment, verifier: str, policies: dict[tuple[float, float], Policy]) -> None:
+        self.deployment, self.verifier, self._policies = deployment, verifier, policies
+
+    def chosen(self, sampling) -> Policy:
+        """The policy of the choice nearest ``sampling``."""
+        choice = self.deployment.choice_for(self.verifier, sampling.temperature, sampling.top_p)
+        return self._policies[choice.temperature, choice.top_p]
+
+    def start(self, sampling) -> Policy:
+        return self.chosen(sampling).start(sampling)
+
+    def describe(self, sampling) -> str:
+        return f"{self.chosen(sampling).describe(sampling)}, from {self.deployment.path}"
 
 
 def load_deployment(path: str | Path) -> Deployment:

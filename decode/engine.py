@@ -6,9 +6,10 @@ bonus token of the previous step (the last prompt token at first). Its logits co
 pass that verifies the new tree. The draft's pending tokens are the root plus any accepted leaf (leaves are
 never run by the draft). After verification both caches keep the accepted path and drop the rest.
 
-The decoder holds the models and the settings; everything that belongs to one generation (pending tokens, the
-previous token's states for root features, statistics) lives in a :class:`Request` that the steps pass along
-(gpt-fast's free-function style), so one decoder serves any number of generations one after another.
+The decoder holds the models and the verifier; everything that belongs to one generation (its sampling settings, the
+policy serving it, pending tokens, the previous token's states for root features, statistics) lives in a
+:class:`Request` that the steps pass along. Sampling settings come with each call, as in gpt-fast, so one decoder
+serves any number of generations, at any temperature, one after another.
 """
 
 from __future__ import annotations
@@ -43,12 +44,22 @@ class Generation:
     stats: GenerationStats
     stopped_by: str  # "eos" or "length"
 
+    def as_dict(self, tokenizer=None) -> dict:
+        """The sample as JSON: its tokens, why it stopped, its statistics, and its text when given a tokenizer."""
+        record = {"tokens": self.tokens, "stopped_by": self.stopped_by, "stats": self.stats.as_dict()}
+        if tokenizer is not None:
+            record["text"] = tokenizer.decode(self.tokens)
+        return record
+
 
 @dataclass
 class Request:
     """The state of one generation between steps.
 
     Attributes:
+        policy: the policy serving this generation (what :meth:`Policy.start` returned for its sampling).
+        sampling: how this generation turns logits into p and q.
+        features: whether the policy reads root features (its declared ``needs_root_features``).
         target_pending, draft_pending: committed tokens each model has not run yet (see the module docstring).
         target_root_logits, draft_root_logits: ``(V,)`` after a one-token prompt, whose root ran at prefill.
         target_prev, draft_prev: each model's state at the token before the root (root features only).
@@ -57,6 +68,7 @@ class Request:
 
     policy: Policy
     rng: RandomSource
+    sampling: SamplingConfig
     features: bool
     stats: GenerationStats = field(default_factory=GenerationStats)
     target_pending: list[int] = field(default_factory=list)
@@ -68,6 +80,12 @@ class Request:
     target_root_hidden: torch.Tensor | None = None
     draft_root_hidden: torch.Tensor | None = None
 
+    @classmethod
+    def start(cls, policy: Policy, rng: RandomSource, sampling: SamplingConfig) -> Request:
+        """A new generation at ``sampling``: the policy starts it; what it starts declares whether it reads features."""
+        policy = policy.start(sampling)
+        return cls(policy, rng, sampling, features=policy.needs_root_features)
+
 
 class SpeculativeDecoder:
     """Lossless speculative decoding of a target model with a draft model and delayed trees."""
@@ -77,14 +95,13 @@ class SpeculativeDecoder:
         target: CachedLM,
         draft: CachedLM,
         verifier: Verifier,
-        sampling: SamplingConfig,
         eos_token_id: int | None = None,
         allow_padded_vocab: bool = False,
         latency: LatencyTable | None = None,
     ) -> None:
         self.vocab = check_same_vocab(target.config, draft.config, allow_padded_tail=allow_padded_vocab)
         self.target, self.draft = target, draft
-        self.verifier, self.sampling = verifier, sampling
+        self.verifier = verifier
         self.eos_token_id = eos_token_id
         self.context_limit = min(target.context_limit, draft.context_limit)
         self.without_replacement = verifier.draft_regime == Regime.WITHOUT_REPLACEMENT
@@ -92,11 +109,16 @@ class SpeculativeDecoder:
 
     # --- the loop -------------------------------------------------------------------------------------------
     def generate(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, policy: Policy, rng: RandomSource
+        self, prompt_ids: Sequence[int], max_new_tokens: int, policy: Policy, rng: RandomSource,
+        sampling: SamplingConfig,
     ) -> Generation:
-        """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (stops early at EOS)."""
+        """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` at ``sampling`` (stops early at EOS).
+
+        ``policy`` may serve every call: the request runs what ``policy.start(sampling)`` returns (a fresh copy of a
+        stateful policy).
+        """
         self._check_request(prompt_ids, max_new_tokens)
-        request = Request(policy, rng, features=policy.needs_root_features)
+        request = Request.start(policy, rng, sampling)
         if request.features and self.latency is None:
             # every block size up to the largest default tree (1 + 8 + 4·8); beyond it the table holds its edge
             self.latency = measure_latency(self.target, self.draft, lengths=[32, 256], repeats=3)
@@ -112,6 +134,7 @@ class SpeculativeDecoder:
                 stopped_by = "eos"
                 break
         request.stats.wall_seconds = time.perf_counter() - start
+        request.stats.network_seconds.extend(request.policy.network_seconds())
         return Generation(out, request.stats, stopped_by)
 
     def _prefill(self, request: Request, prompt_ids: Sequence[int]) -> None:
@@ -127,8 +150,8 @@ class SpeculativeDecoder:
             d_logits, d_hidden = _split(self.draft.prefill(prefix, output_hidden=hidden), hidden)
             request.target_pending, request.draft_pending = [root], [root]
             if hidden:
-                request.target_prev = (t_hidden[-1], distributions(t_logits[-1], self.sampling))
-                request.draft_prev = (d_hidden[-1], distributions(d_logits[-1], self.sampling))
+                request.target_prev = (t_hidden[-1], distributions(t_logits[-1], request.sampling))
+                request.draft_prev = (d_hidden[-1], distributions(d_logits[-1], request.sampling))
             return
         t_logits, t_hidden = _split(self.target.prefill([root], output_hidden=hidden), hidden)
         d_logits, d_hidden = _split(self.draft.prefill([root], output_hidden=hidden), hidden)
@@ -144,21 +167,22 @@ class SpeculativeDecoder:
         stats, policy = request.stats, request.policy
         clock = _Clock(stats)
         started = clock.last
-        q_root = distributions(self._run_draft_pending(request), self.sampling)
+        q_root = distributions(self._run_draft_pending(request), request.sampling)
         stats.draft_calls += 1
         clock.lap("draft")
         room = min(self.context_limit - context_length - 1, budget - 1)
         features = self._root_features(request, q_root, context_length) if request.features else None
-        action = policy.choose(RootState(context_length, q_root, room, features, self.latency)).clipped(max(room, 0))
+        root = RootState(context_length, q_root, room, request.sampling, features, self.latency)
+        action = policy.choose(root).clipped(max(room, 0))
         clock.lap("policy")
         drafted = draft_delayed_tree(
-            self.draft, q_root, action, self.sampling, request.rng, self.without_replacement,
+            self.draft, q_root, action, request.sampling, request.rng, self.without_replacement,
             output_hidden=request.features,
         )
         stats.draft_calls += drafted.draft_calls
         clock.lap("draft")
         logits, target_hidden = _split(self._target_pass(request, drafted), request.features)
-        p = distributions(logits, self.sampling)
+        p = distributions(logits, request.sampling)
         clock.lap("target")
         try:
             result = self.verifier.verify(drafted.tree, p, drafted.q.to(p.dtype), request.rng)
@@ -187,7 +211,7 @@ class SpeculativeDecoder:
         if hidden:
             request.draft_root_hidden = states[-1]
             if len(pending) > 1:  # the previous token was an accepted leaf the draft had not run
-                request.draft_prev = (states[-2], distributions(logits[-2], self.sampling))
+                request.draft_prev = (states[-2], distributions(logits[-2], request.sampling))
         return logits[-1]
 
     def _target_pass(self, request: Request, drafted: DraftedTree):
@@ -233,7 +257,7 @@ class SpeculativeDecoder:
         (target_hidden, p_prev), (draft_hidden, q_prev) = request.target_prev, request.draft_prev
         return root_features(
             target_hidden, draft_hidden, request.draft_root_hidden, p_prev, q_prev, q_root,
-            context_length, self.sampling, self.latency.pass_times,
+            context_length, request.sampling, self.latency.pass_times,
         )
 
     def _cut(self, emitted: list[int], budget: int) -> tuple[list[int], bool]:

@@ -4,10 +4,13 @@
 step went. Choosing from root information only keeps every verifier lossless: the shape is independent of
 the draft samples of this step.
 
-A policy declares what it needs from the decoder, as class attributes, so the decoder never guesses:
-``needs_root_features`` (the root features of decode.features, and with them the latency table) and
-``stateful`` (it keeps state across steps, so each generation needs a fresh one). :data:`POLICIES` names every
-policy; :func:`make_policy` builds one from its name and options.
+A policy declares what it needs from the decoder on its class, so no caller guesses or tests a name:
+``needs_root_features`` (the root features of decode.features, and with them the latency table) and ``stateful``
+(it keeps state across the steps of a generation). Each generation begins with ``start(sampling)``, which returns the
+policy that serves it: the policy itself, a fresh copy of a stateful one, or the simpler policy it amounts to at
+that sampling configuration; the decoder reads the capabilities of what ``start`` returns. So one policy object
+serves every generation, at any temperature. :data:`POLICIES` names every policy; :func:`make_policy` builds one
+from its name and options.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from decode.actions import Action
 if TYPE_CHECKING:  # the interface itself is light: listing policy names must not import torch
     import torch
 
+    from decode.sampling import SamplingConfig
+
 
 @dataclass
 class RootState:
@@ -30,6 +35,7 @@ class RootState:
         context_length: tokens in the context, the root token included.
         q_root: ``(V,)`` the draft's distribution after the root.
         max_depth: the deepest tree that still fits the context window and the token budget.
+        sampling: the generation's sampling settings (p and q are formed with them).
         features: the root feature vector (decode.features), for a policy that needs it.
         latency: the decoder's latency table (decode.latency), when it has one.
     """
@@ -37,6 +43,7 @@ class RootState:
     context_length: int
     q_root: torch.Tensor
     max_depth: int
+    sampling: SamplingConfig
     features: object | None = None
     latency: object | None = None
 
@@ -54,17 +61,36 @@ class StepOutcome:
 
 
 class Policy:
-    """The interface: ``choose`` the action at a root, ``observe`` the step's outcome; capabilities declared."""
+    """The interface: ``start`` a generation, ``choose`` the action at a root, ``observe`` the step's outcome.
+
+    Capabilities, declared on the class: ``needs_root_features`` (``choose`` reads ``root.features`` and
+    ``root.latency``) and ``stateful`` (it keeps state across steps, so ``start`` must give each generation a fresh
+    copy).
+    """
 
     name: str = ""
     needs_root_features: bool = False
     stateful: bool = False
+
+    def start(self, sampling: SamplingConfig) -> Policy:
+        """The policy that serves one generation at ``sampling``: this one, as it keeps no state across steps."""
+        if self.stateful:
+            raise NotImplementedError(f"{type(self).__name__} keeps state across steps: it must start a fresh copy")
+        return self
 
     def choose(self, root: RootState) -> Action:
         raise NotImplementedError
 
     def observe(self, outcome: StepOutcome) -> None:
         """Nothing to learn by default."""
+
+    def describe(self, sampling: SamplingConfig) -> str:
+        """One line on what serves a generation at ``sampling`` (for summaries)."""
+        return self.name
+
+    def network_seconds(self) -> list[float]:
+        """Wall time of each network call this policy made in its generation (none without a network)."""
+        return []
 
 
 @dataclass
@@ -99,6 +125,9 @@ class StaticPolicy(Policy):
     def choose(self, root: RootState) -> Action:
         return self.action
 
+    def describe(self, sampling: SamplingConfig) -> str:
+        return f"static {self.action}"
+
 
 class AdaptiveLengthPolicy(Policy):
     """HF assisted generation's heuristic schedule on a single path: +2 after a fully accepted draft, else -1."""
@@ -109,13 +138,17 @@ class AdaptiveLengthPolicy(Policy):
     def __init__(self, initial: int = 4, minimum: int = 1, maximum: int = 16) -> None:
         if not 1 <= minimum <= initial <= maximum:
             raise ValueError(f"need 1 <= minimum <= initial <= maximum, got {minimum}, {initial}, {maximum}")
-        self.length, self.minimum, self.maximum = initial, minimum, maximum
+        self.initial, self.minimum, self.maximum = initial, minimum, maximum
+        self.length = initial
 
     @classmethod
     def from_options(cls, options: PolicyOptions) -> AdaptiveLengthPolicy:
         if options.max_draft < 1:
             raise ValueError(f"the adaptive policy needs a longest draft >= 1, got {options.max_draft}")
         return cls(initial=min(4, options.max_draft), maximum=options.max_draft)
+
+    def start(self, sampling: SamplingConfig) -> AdaptiveLengthPolicy:
+        return AdaptiveLengthPolicy(self.initial, self.minimum, self.maximum)
 
     def choose(self, root: RootState) -> Action:
         return Action(1, self.length, 0)

@@ -8,22 +8,26 @@ selectors) or its predicted Ê[τ+1] over the latency model's step time T̂ (``b
 
 The never-lose guard: the policy drafts the best action only where its decision value beats the fallback
 action's (the best static action of its training data) by more than the margin fitted on validation prompts;
-otherwise it drafts the fallback. A selector whose margin is ``None`` for this sampling configuration never left
-its fallback on validation, so the policy skips the features and the network and is exactly the static policy.
+otherwise it drafts the fallback. Fallback and margin are those of the sampling configuration nearest the root's
+(``root.sampling``), so one loaded selector serves every temperature. Where the margin is ``None`` the selector
+never left its fallback on validation: a generation at that sampling starts as the static fallback policy, with no
+features and no network.
 """
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from decode.actions import Action
 from decode.latency import draft_passes
-from decode.policies import Policy, RootState, StepOutcome
+from decode.policies import Policy, RootState, StaticPolicy, StepOutcome
 from decode.sampling import SamplingConfig
 from decode.selector_file import INPUT_NAMES, SelectorFileError, SelectorMetadata
 
@@ -50,26 +54,43 @@ def _session(path: Path, providers: list[str]):
         raise SelectorError(f"{path}: not a readable ONNX selector ({type(err).__name__}: {err})") from err
 
 
+@dataclass(frozen=True)
+class Guard:
+    """The never-lose guard at one sampling configuration.
+
+    Attributes:
+        action: the fallback, drafted unless the network's choice clears the margin.
+        index: the fallback's position in the selector's output.
+        margin: relative margin needed to leave the fallback; None = never leave it.
+    """
+
+    action: Action
+    index: int
+    margin: float | None
+
+
 class OnnxSelectorPolicy(Policy):
     """Chooses (K, L1, L2) per step from the root features with an exported selector.
+
+    Stateful: it calibrates the unmodelled step time over the steps of a generation, so :meth:`start` gives each
+    generation a fresh copy (sharing the loaded network).
 
     Args:
         path: the ``.onnx`` file.
         verifier: the decoder's verifier (the selector must have been trained on its labels).
         target_hidden, draft_hidden: the pair's hidden sizes.
-        sampling: the decoder's sampling configuration (picks the fallback and margin).
         pair_fingerprint: the pair's fingerprint; None skips that check.
         use_cuda: run on onnxruntime's CUDA provider when it is available.
 
     Attributes:
         actions: the selector's action list (its output order).
-        fallback: the action drafted unless the network's choice clears the margin.
-        margin: relative margin of the guard; None = always the fallback.
-        call_seconds: wall time of every network call (for the benchmark's overhead figures).
         provider: the onnxruntime execution provider actually in use.
+        overhead_ms: this generation's calibrated step time beyond T̂ (see :meth:`observe`).
     """
 
     name = "selector"
+    needs_root_features = True
+    stateful = True
 
     def __init__(
         self,
@@ -78,7 +99,6 @@ class OnnxSelectorPolicy(Policy):
         verifier: str,
         target_hidden: int,
         draft_hidden: int,
-        sampling: SamplingConfig,
         pair_fingerprint: str | None = None,
         use_cuda: bool = False,
     ) -> None:
@@ -103,27 +123,53 @@ class OnnxSelectorPolicy(Policy):
             self.actions = [Action.parse(a) for a in self.metadata.actions]
         except ValueError as err:
             raise SelectorError(f"{self.path}: bad action list ({err})") from err
-        guard = self.metadata.fallback_for(sampling.temperature, sampling.top_p)
-        self.fallback, self.margin = Action.parse(guard.action), guard.margin
-        self._fallback_index = self.actions.index(self.fallback)
-        # A selector that never beat its fallback costs nothing: no features, no network call.
-        self.needs_root_features = self.margin is not None
         self.throughput = self.metadata.decision == "throughput"
-        self.call_seconds: list[float] = []
+        self._guards: dict[SamplingConfig, Guard] = {}
         self._step_cache: dict[tuple[int, int], np.ndarray] = {}
         self._index = {a: i for i, a in enumerate(self.actions)}
         self._passes = draft_passes(self.actions)
+        self._bound = self._bind_buffers(ort) if self.provider == "CPUExecutionProvider" else None
+        self._begin()
+
+    def _begin(self) -> None:
+        """The state of one generation: the step-time calibration and the network's call times."""
         self._latency = None
         self._overheads: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
         self.overhead_ms = 0.0
-        self._bound = self._bind_buffers(ort) if self.provider == "CPUExecutionProvider" else None
+        self._call_seconds: list[float] = []
 
     @classmethod
-    def for_pair(cls, path: str | Path, verifier: str, pair, sampling: SamplingConfig) -> OnnxSelectorPolicy:
+    def for_pair(cls, path: str | Path, verifier: str, pair) -> OnnxSelectorPolicy:
         """The selector checked against a loaded pair (hidden sizes, fingerprint), on its device."""
         return cls(path, verifier=verifier, target_hidden=int(pair.target.config.hidden_size),
-                   draft_hidden=int(pair.draft.config.hidden_size), sampling=sampling,
-                   pair_fingerprint=pair.fingerprint(), use_cuda=pair.target.device.type == "cuda")
+                   draft_hidden=int(pair.draft.config.hidden_size), pair_fingerprint=pair.fingerprint(),
+                   use_cuda=pair.target.device.type == "cuda")
+
+    def guard(self, sampling: SamplingConfig) -> Guard:
+        """The guard of the sampling configuration nearest ``sampling`` (looked up once per configuration)."""
+        guard = self._guards.get(sampling)
+        if guard is None:
+            nearest = self.metadata.fallback_for(sampling.temperature, sampling.top_p)
+            action = Action.parse(nearest.action)
+            guard = self._guards[sampling] = Guard(action, self.actions.index(action), nearest.margin)
+        return guard
+
+    def start(self, sampling: SamplingConfig) -> Policy:
+        """A fresh copy for one generation (the loaded network shared), or the static fallback where the guard at
+        ``sampling`` never leaves it: then the generation costs no features and no network call."""
+        guard = self.guard(sampling)
+        if guard.margin is None:
+            return StaticPolicy(guard.action)
+        run = copy.copy(self)
+        run._begin()
+        return run
+
+    def describe(self, sampling: SamplingConfig) -> str:
+        guard = self.guard(sampling)
+        return f"selector {self.path} (fallback {guard.action}, margin {guard.margin})"
+
+    def network_seconds(self) -> list[float]:
+        return self._call_seconds
 
     def _bind_buffers(self, ort):
         """Fixed ``(1, ·)`` float32 input and output buffers bound once to the session (CPU only): a call then
@@ -148,17 +194,18 @@ class OnnxSelectorPolicy(Policy):
                 np.copyto(buffer[0], getattr(features, name).numpy(), casting="same_kind")
             start = time.perf_counter()
             self.session.run_with_iobinding(binding)
-            self.call_seconds.append(time.perf_counter() - start)
+            self._call_seconds.append(time.perf_counter() - start)
             return output[0]
         feeds = {name: getattr(features, name).numpy()[None].astype(np.float32, copy=False) for name in INPUT_NAMES}
         start = time.perf_counter()
         out = self.session.run(None, feeds)[0][0]
-        self.call_seconds.append(time.perf_counter() - start)
+        self._call_seconds.append(time.perf_counter() - start)
         return out
 
     def choose(self, root: RootState) -> Action:
-        if self.margin is None:
-            return self.fallback
+        guard = self.guard(root.sampling)
+        if guard.margin is None:
+            return guard.action
         if root.features is None:
             raise ValueError("the selector policy needs root features (the decoder computes them when asked)")
         value = self.scores(root.features)
@@ -171,9 +218,9 @@ class OnnxSelectorPolicy(Policy):
             self._latency = root.latency
             value = value / (self._step_ms(root.latency, root.context_length) + self.overhead_ms)
         best = int(np.argmax(value))
-        if value[best] > (1.0 + self.margin) * value[self._fallback_index]:
+        if value[best] > (1.0 + guard.margin) * value[guard.index]:
             return self.actions[best]
-        return self.fallback
+        return guard.action
 
     def observe(self, outcome: StepOutcome) -> None:
         """Calibrate T̂ online: the latency model counts the passes (with their sampling) and the cold first draft
@@ -199,6 +246,3 @@ class OnnxSelectorPolicy(Policy):
         if key not in self._step_cache:
             self._step_cache[key] = latency.step_ms_many(bucket, self._passes)
         return self._step_cache[key]
-
-    def median_call_us(self) -> float | None:
-        return 1e6 * statistics.median(self.call_seconds) if self.call_seconds else None

@@ -25,6 +25,7 @@ class GenerationStats:
     accepted_counts: Counter = field(default_factory=Counter)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     wall_seconds: float = 0.0
+    network_seconds: list[float] = field(default_factory=list)  # each call of a learned policy's network
 
     def record_step(self, action: str, depth: int, accepted: int, emitted: int) -> None:
         self.steps += 1
@@ -58,6 +59,14 @@ class GenerationStats:
         for phase in PHASES:
             self.seconds[phase] += other.seconds[phase]
         self.wall_seconds += other.wall_seconds
+        self.network_seconds.extend(other.network_seconds)
+
+    def summary(self) -> str:
+        """One line: tokens, target passes, block efficiency, acceptance rate, tokens/s and the share of each phase."""
+        split = ", ".join(f"{k} {v / max(self.wall_seconds, 1e-12):.0%}" for k, v in self.seconds.items())
+        return (f"{self.new_tokens} tokens in {self.steps} target passes, block efficiency "
+                f"{self.block_efficiency:.2f}, acceptance rate {self.acceptance_rate:.2f}, "
+                f"{self.tokens_per_second:.1f} tokens/s (time: {split})")
 
     def as_dict(self) -> dict:
         return {

@@ -5,16 +5,17 @@ A method is ``ar``, ``hf-assisted`` or ``VERIFIER@SPEC`` with SPEC a static shap
 draft the same tree are one method, written as their canonical (1, depth, 0) single path. Each method first runs
 one warm-up prompt; then the methods run interleaved, prompt by prompt in a rotating order, so the CPU's drift
 over minutes reaches all of them alike. Every prompt runs ``repeats`` times with fixed seeds
-(seed + 1000·repeat + prompt index).
+(seed + 1000·repeat + prompt index). Each method is made ready once and runs at every temperature: methods of one
+verifier share one decoder, and the sampling settings travel with each generation.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -23,7 +24,7 @@ from tqdm import tqdm
 from decode.actions import Action
 from decode.engine import SpeculativeDecoder, check_action
 from decode.pair import LoadedPair
-from decode.policies import PolicyOptions, StaticPolicy, make_policy
+from decode.policies import Policy, PolicyOptions, StaticPolicy, make_policy
 from decode.rng import TorchRandom
 from decode.sampling import SamplingConfig
 from decode.stats import GenerationStats
@@ -40,6 +41,10 @@ class BenchSettings:
     repeats: int = 1
     seed: int = 0
     top_p: float = 1.0
+
+    def sampling(self, temperature: float) -> SamplingConfig:
+        """The sampling settings of one temperature's block (top-p is the run's)."""
+        return SamplingConfig(temperature, self.top_p)
 
 
 @dataclass
@@ -159,49 +164,55 @@ def run_hf(pair: LoadedPair, ids: list[int], max_new: int, sampling: SamplingCon
 
 @dataclass
 class _Runner:
-    """One method ready to run: ``one(ids, seed)`` generates one prompt; ``total`` accumulates its statistics."""
+    """One method, ready to run any prompt at any sampling: HF's ``generate`` (no decoder), or a ddte decoder with the
+    method's policy (which the decoder starts afresh for every generation)."""
 
     method: str
-    one: Callable[[list[int], int], GenerationStats]
-    selector: object | None = None
-    total: GenerationStats = field(default_factory=GenerationStats)
-    per_prompt: list[dict] = field(default_factory=list)
+    pair: LoadedPair
+    decoder: SpeculativeDecoder | None = None
+    policy: Policy | None = None
+    assisted: bool = False
 
-
-def make_runner(method: str, pair: LoadedPair, settings: BenchSettings, sampling: SamplingConfig) -> _Runner:
-    """A ready runner for ``method`` (ValueError for a bad method or a selector/policy file that does not fit)."""
-    kind, spec = parse_method(method)
-    if kind in ("ar", "hf-assisted"):
-        def hf(ids: list[int], seed: int) -> GenerationStats:
-            new, seconds, first = run_hf(pair, ids, settings.max_new_tokens, sampling, seed,
-                                         assisted=kind == "hf-assisted")
+    def one(self, ids: list[int], seed: int, sampling: SamplingConfig, max_new: int) -> GenerationStats:
+        """Generate once after ``ids``; the statistics."""
+        if self.decoder is None:
+            new, seconds, first = run_hf(self.pair, ids, max_new, sampling, seed, self.assisted)
             stats = GenerationStats(new_tokens=new, wall_seconds=seconds)
             stats.seconds["prefill"] += first  # the prompt's pass and the first token: what TPOT leaves out
             return stats
+        return self.decoder.generate(ids, max_new, self.policy, TorchRandom(seed), sampling).stats
 
-        return _Runner(method, hf)
-    verifier = get_verifier(kind)
-    decoder = SpeculativeDecoder(pair.target, pair.draft, verifier, sampling, pair.eos_token_id)
-    fixed = None
-    if spec.startswith("selector="):
+
+def method_policy(spec: str, verifier: str, pair: LoadedPair) -> Policy:
+    """The policy of a ddte method's SPEC, checked against the pair (ValueError for a file that does not fit)."""
+    kind, _, path = spec.partition("=")
+    if kind == "selector":
         from decode.selector_policy import OnnxSelectorPolicy
 
-        fixed = OnnxSelectorPolicy.for_pair(spec.split("=", 1)[1], verifier.name, pair, sampling)
-    elif spec.startswith("policy="):
+        return OnnxSelectorPolicy.for_pair(path, verifier, pair)
+    if kind == "policy":
         from decode.deployment import load_deployment
 
-        fixed = load_deployment(spec.split("=", 1)[1]).policy_for(verifier.name, sampling, pair)
+        return load_deployment(path).policy_for(verifier, pair)
+    if spec in NAMED_POLICIES:
+        return make_policy(spec, PolicyOptions())
+    return StaticPolicy(Action.parse(spec))
 
-    def speculative(ids: list[int], seed: int) -> GenerationStats:
-        if fixed is not None:
-            policy = fixed
-        elif spec in NAMED_POLICIES:
-            policy = make_policy(spec, PolicyOptions())
-        else:
-            policy = StaticPolicy(Action.parse(spec))
-        return decoder.generate(ids, settings.max_new_tokens, policy, TorchRandom(seed)).stats
 
-    return _Runner(method, speculative, fixed if hasattr(fixed, "call_seconds") else None)
+def make_runners(methods: list[str], pair: LoadedPair) -> list[_Runner]:
+    """A ready runner per method, the methods of one verifier sharing one decoder (ValueError for a bad method or a
+    selector/policy file that does not fit)."""
+    decoders: dict[str, SpeculativeDecoder] = {}
+    runners = []
+    for method in methods:
+        kind, spec = parse_method(method)
+        if kind in ("ar", "hf-assisted"):
+            runners.append(_Runner(method, pair, assisted=kind == "hf-assisted"))
+            continue
+        if kind not in decoders:
+            decoders[kind] = SpeculativeDecoder(pair.target, pair.draft, get_verifier(kind), pair.eos_token_id)
+        runners.append(_Runner(method, pair, decoders[kind], method_policy(spec, kind, pair)))
+    return runners
 
 
 def decode_time(method: str, stats: GenerationStats) -> dict[str, float]:
@@ -215,44 +226,41 @@ def decode_time(method: str, stats: GenerationStats) -> dict[str, float]:
     return {"decode_seconds": stats.wall_seconds - stats.seconds["prefill"], "decode_tokens": max(tokens, 0)}
 
 
-def bench_methods(methods: list[str], pair, prompts, settings: BenchSettings, sampling) -> list[MethodResult]:
-    """Run every method on every prompt, interleaved: prompt by prompt, each method in turn.
+def bench_methods(runners: list[_Runner], prompts, settings: BenchSettings, sampling) -> list[MethodResult]:
+    """Run every method on every prompt at ``sampling``, interleaved: prompt by prompt, each method in turn.
 
     A CPU's speed drifts by 10–20 % over minutes (thermal, other tenants). Running one method's prompts after
     another's would fold that drift into the comparison; interleaving spreads it over all methods alike, and the
     order of the methods rotates from one prompt to the next so no method always runs right after the same one.
-    Each method first runs one warm-up prompt (not counted).
+    A first round runs the first prompt as a warm-up (first-call costs, the latency table), not counted.
     """
-    runners = [make_runner(m, pair, settings, sampling) for m in methods]
-    for runner in runners:
-        runner.one(prompts[0], settings.seed)  # warm-up: first-call costs and the selector's latency table
-        if runner.selector is not None:
-            runner.selector.call_seconds.clear()
-    rounds = [(i, r) for i in range(len(prompts)) for r in range(settings.repeats)]
-    for n, (i, r) in enumerate(tqdm(rounds, desc=f"T={sampling.temperature}", unit="prompt", leave=False)):
-        shift = n % len(runners)
-        for runner in runners[shift:] + runners[:shift]:
-            stats = runner.one(prompts[i], settings.seed + 1000 * r + i)
-            runner.total.merge(stats)
-            runner.per_prompt.append({"prompt": i, "repeat": r, "new_tokens": stats.new_tokens,
+    results = [MethodResult(runner.method, GenerationStats(), sampling.temperature) for runner in runners]
+    pairs = list(zip(runners, results, strict=True))
+    timed = enumerate(itertools.product(range(len(prompts)), range(settings.repeats)))  # prompt, then repeat
+    rounds = [(0, 0, 0, False)] + [(i, r, n % len(pairs), True) for n, (i, r) in timed]  # warm-up, then timed
+    for i, r, shift, counted in tqdm(rounds, desc=f"T={sampling.temperature}", unit="prompt", leave=False):
+        for runner, result in pairs[shift:] + pairs[:shift]:
+            stats = runner.one(prompts[i], settings.seed + 1000 * r + i, sampling, settings.max_new_tokens)
+            if not counted:
+                continue
+            result.stats.merge(stats)
+            result.per_prompt.append({"prompt": i, "repeat": r, "new_tokens": stats.new_tokens,
                                       "target_passes": stats.steps, "wall_seconds": stats.wall_seconds,
                                       "tokens_per_s": stats.tokens_per_second, **decode_time(runner.method, stats)})
-    return [
-        MethodResult(
-            runner.method, runner.total, sampling.temperature,
-            runner.selector.median_call_us() if runner.selector is not None else None, runner.per_prompt,
-        )
-        for runner in runners
-    ]
+    for result in results:
+        calls = result.stats.network_seconds
+        result.selector_call_us = 1e6 * statistics.median(calls) if calls else None
+    return results
 
 
 def run_bench(methods: list[str], pair, prompts: list[list[int]], settings: BenchSettings,
               temperatures: list[float]) -> list[dict]:
     """Every method at every temperature (one interleaved block per temperature); the rows of all of them."""
+    runners = make_runners(methods, pair)
     rows = []
     for temperature in temperatures:
-        sampling = SamplingConfig(temperature, settings.top_p)
-        results = bench_methods(methods, pair, prompts, settings, sampling)
+        sampling = settings.sampling(temperature)
+        results = bench_methods(runners, prompts, settings, sampling)
         ar = next((r.stats.tokens_per_second for r in results if r.method == "ar"), None)
         rows.extend(r.row(ar) for r in results)
     return rows

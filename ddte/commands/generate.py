@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ddte.commands.common import (
@@ -32,6 +33,7 @@ from decode.policies import POLICIES
 from decode.verifiers import VERIFIERS, verifier_names
 
 DEFAULT_ACTION = "2,2,4"
+DEFAULT_VERIFIER = "traversal"
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,8 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=None, help="write one JSON line per sample (tokens, text, stats)")
 
 
-def check_decoding_arguments(args: argparse.Namespace) -> None:
-    """Every decoding option checked with its flag's name, before any model is loaded."""
+def check_arguments(args: argparse.Namespace) -> list[int] | None:
+    """Every option checked with its flag's name, before any model is loaded; the --prompt-ids, read (None when the
+    prompt is text)."""
     if args.verifier is not None and args.verifier not in VERIFIERS:
         raise UserError(f"--verifier: unknown verifier '{args.verifier}'; known: {', '.join(verifier_names())}")
     if args.policy not in POLICIES:
@@ -91,157 +94,82 @@ def check_decoding_arguments(args: argparse.Namespace) -> None:
         raise UserError(f"--temperature must be >= 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
-
-
-def policy_factory(args: argparse.Namespace, pair, verifier, sampling):
-    """A function giving the policy of one generation: fresh for a stateful policy, shared otherwise.
-
-    The policy comes from --policy-file, --selector or --policy; a file that does not match this pair, verifier or
-    feature schema is refused.
-    """
-    from decode.actions import Action
-    from decode.engine import check_action
-    from decode.policies import PolicyOptions, make_policy
-    from decode.selector_policy import OnnxSelectorPolicy
-
-    if args.policy_file:
-        from decode.deployment import load_deployment
-
-        with user_errors(prefix="--policy-file: "):
-            policy = load_deployment(args.policy_file).policy_for(verifier.name, sampling, pair)
-        return lambda: policy
-    if args.selector:
-        with user_errors():
-            selector = OnnxSelectorPolicy.for_pair(args.selector, verifier.name, pair, sampling)
-        return lambda: selector  # stateless between generations: one onnxruntime session serves every sample
-    with user_errors(prefix="--action: "):
-        action = Action.parse(args.action or DEFAULT_ACTION)
-        if args.policy == "static":
-            check_action(verifier, action)
-    options = PolicyOptions(action, args.max_draft, args.entropy_threshold)
-    with user_errors():
-        policy = make_policy(args.policy, options)
-    return (lambda: make_policy(args.policy, options)) if policy.stateful else (lambda: policy)
-
-
-def resolve_verifier(args: argparse.Namespace) -> None:
-    """--verifier, else the --policy-file's verifier, else traversal."""
-    if args.verifier is None and args.policy_file:
-        from decode.deployment import load_deployment
-
-        with user_errors(prefix="--policy-file: "):
-            args.verifier = load_deployment(args.policy_file).verifier
-    args.verifier = args.verifier or "traversal"
-
-
-def build_decoder(args: argparse.Namespace):
-    """Validate the options, load the pair, build (pair, decoder, policy factory); UserError on bad input."""
-    from decode.engine import SpeculativeDecoder
-    from decode.sampling import SamplingConfig
-    from decode.verifiers import get_verifier
-
-    check_decoding_arguments(args)
-    resolve_verifier(args)
-    sampling = SamplingConfig(args.temperature, args.top_p)
-    verifier = get_verifier(args.verifier)
-    pair = load_pair_from_args(args)
-    with user_errors():
-        decoder = SpeculativeDecoder(pair.target, pair.draft, verifier, sampling, pair.eos_token_id)
-    return pair, decoder, policy_factory(args, pair, verifier, sampling)
-
-
-def prompt_ids(args: argparse.Namespace, tokenizer, chat_pair: bool = False) -> list[int]:
-    """The prompt's token ids: --prompt-ids as given, or the text, through the chat template when --chat says so
-    (``chat_pair``: the pair's prompts are chat prompts)."""
+    if args.max_new_tokens < 1 or args.num_samples < 1:
+        raise UserError("--max-new-tokens and --num-samples must be >= 1")
     if (args.prompt is None) == (args.prompt_ids is None):
         raise UserError("give exactly one of a prompt text or --prompt-ids")
-    if args.prompt_ids is not None:
-        try:
-            ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
-        except ValueError as err:
-            raise UserError(f"--prompt-ids must be comma-separated integers, got '{args.prompt_ids}'") from err
-        if not ids:
-            raise UserError("--prompt-ids is empty")
-        return ids
-    if tokenizer is None:
-        raise UserError("no tokenizer found for the pair: pass --tokenizer DIR or use --prompt-ids")
-    text = args.prompt
-    if args.chat == "on" or (args.chat == "auto" and chat_pair):
-        from data_gen.chat_prompts import render_chat
-
-        with user_errors(prefix="--chat: "):
-            text = render_chat(tokenizer, [{"role": "user", "content": args.prompt}])
-    ids = tokenizer(text)["input_ids"]
+    if args.prompt_ids is None:
+        return None
+    try:
+        ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+    except ValueError as err:
+        raise UserError(f"--prompt-ids must be comma-separated integers, got '{args.prompt_ids}'") from err
     if not ids:
-        raise UserError("the prompt encodes to no tokens")
-    return list(ids)
+        raise UserError("--prompt-ids is empty")
+    return ids
 
 
 def run(args: argparse.Namespace) -> int:
+    """One way down: the flags are checked, the pair loads, the policy file is read once and the policy built, then
+    every sample runs at this call's sampling settings."""
+    from data_gen.chat_prompts import render_chat
+    from decode.actions import Action
+    from decode.deployment import load_deployment
+    from decode.engine import SpeculativeDecoder, check_action
+    from decode.policies import PolicyOptions, make_policy
     from decode.rng import TorchRandom
+    from decode.sampling import SamplingConfig
+    from decode.selector_policy import OnnxSelectorPolicy
     from decode.stats import GenerationStats
+    from decode.verifiers import get_verifier
 
-    if args.max_new_tokens < 1 or args.num_samples < 1:
-        raise UserError("--max-new-tokens and --num-samples must be >= 1")
-    output = check_output_file(args.output) if args.output else None
+    ids = check_arguments(args)
     apply_threads(args.threads)
-    pair, decoder, make_policy = build_decoder(args)
-    ids = prompt_ids(args, pair.tokenizer, pair.chat)
-    total = GenerationStats()
-    records = []
-    policy_name = "?"
-    for i in range(args.num_samples):
-        policy = make_policy()
-        policy_name = _describe(policy)
+    output = check_output_file(args.output) if args.output else None
+    pair = load_pair_from_args(args)
+    with user_errors(prefix="--policy-file: "):
+        deployment = load_deployment(args.policy_file) if args.policy_file else None
+        verifier = get_verifier(args.verifier or (deployment.verifier if deployment else DEFAULT_VERIFIER))
+        policy = deployment.policy_for(verifier.name, pair) if deployment else None
+    if args.selector:
         with user_errors():
-            gen = decoder.generate(ids, args.max_new_tokens, policy, TorchRandom(args.seed + i))
+            policy = OnnxSelectorPolicy.for_pair(args.selector, verifier.name, pair)
+    elif policy is None:
+        with user_errors(prefix="--action: "):
+            action = Action.parse(args.action or DEFAULT_ACTION)
+            if args.policy == "static":
+                check_action(verifier, action)
+        with user_errors():
+            policy = make_policy(args.policy, PolicyOptions(action, args.max_draft, args.entropy_threshold))
+    if ids is None:
+        if pair.tokenizer is None:
+            raise UserError("no tokenizer found for the pair: pass --tokenizer DIR or use --prompt-ids")
+        text = args.prompt
+        if args.chat == "on" or (args.chat == "auto" and pair.chat):
+            with user_errors(prefix="--chat: "):
+                text = render_chat(pair.tokenizer, [{"role": "user", "content": args.prompt}])
+        ids = list(pair.tokenizer(text)["input_ids"])
+        if not ids:
+            raise UserError("the prompt encodes to no tokens")
+    sampling = SamplingConfig(args.temperature, args.top_p)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, verifier, pair.eos_token_id)
+    total = GenerationStats()
+    lines = []
+    for i in range(args.num_samples):
+        with user_errors():
+            gen = decoder.generate(ids, args.max_new_tokens, policy, TorchRandom(args.seed + i), sampling)
         total.merge(gen.stats)
-        records.append(_record(i, gen, pair.tokenizer))
-        _print_sample(records[-1])
-    print(_summary(total, args, policy_name), file=sys.stderr if output is None else sys.stdout)
+        record = {"sample": i, **gen.as_dict(pair.tokenizer)}
+        lines.append(json.dumps(record) + "\n")
+        print(f"--- sample {i} ({len(gen.tokens)} tokens, stopped by {gen.stopped_by})")
+        print(record.get("text", ",".join(str(t) for t in gen.tokens)))
+    print(f"verifier {verifier.name}, policy {policy.describe(sampling)}, T={args.temperature}, top-p={args.top_p}: "
+          f"{total.summary()}", file=sys.stderr if output is None else sys.stdout)
     if output is not None:
-        _write_jsonl(output, records)
+        tmp = output.with_name(f"{output.name}.tmp")
+        try:
+            tmp.write_text("".join(lines))
+            os.replace(tmp, output)
+        except OSError as err:
+            raise UserError(f"cannot write {output}: {err.strerror}") from err
     return 0
-
-
-def _describe(policy) -> str:
-    if policy.name == "static":
-        return f"static {policy.action}"
-    if policy.name == "selector":
-        return f"selector {policy.path} (fallback {policy.fallback}, margin {policy.margin})"
-    return policy.name
-
-
-def _record(index: int, gen, tokenizer) -> dict:
-    record = {"sample": index, "tokens": gen.tokens, "stopped_by": gen.stopped_by, "stats": gen.stats.as_dict()}
-    if tokenizer is not None:
-        record["text"] = tokenizer.decode(gen.tokens)
-    return record
-
-
-def _print_sample(record: dict) -> None:
-    body = record.get("text", ",".join(str(t) for t in record["tokens"]))
-    print(f"--- sample {record['sample']} ({len(record['tokens'])} tokens, stopped by {record['stopped_by']})")
-    print(body)
-
-
-def _summary(stats, args: argparse.Namespace, policy: str) -> str:
-    split = ", ".join(f"{k} {v / max(stats.wall_seconds, 1e-12):.0%}" for k, v in stats.seconds.items())
-    return (
-        f"verifier {args.verifier}, policy {policy}, T={args.temperature}, top-p={args.top_p}: "
-        f"{stats.new_tokens} tokens in {stats.steps} target passes, block efficiency {stats.block_efficiency:.2f}, "
-        f"acceptance rate {stats.acceptance_rate:.2f}, {stats.tokens_per_second:.1f} tokens/s (time: {split})"
-    )
-
-
-def _write_jsonl(path, records: list[dict]) -> None:
-    import os
-
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
-        os.replace(tmp, path)
-    except OSError as err:
-        raise UserError(f"cannot write {path}: {err.strerror}") from err

@@ -182,8 +182,8 @@ def test_features_match_the_decoder(tiny_pair):
 
     target, draft = pair()
     policy = Keep(action=Action(2, 1, 1))
-    SpeculativeDecoder(target, draft, get_verifier("specinfer"), sampling, latency=latency).generate(
-        ids, 3, policy, TorchRandom(0)
+    SpeculativeDecoder(target, draft, get_verifier("specinfer"), latency=latency).generate(
+        ids, 3, policy, TorchRandom(0), sampling
     )
     target, draft = pair()
     collector = Collector(target, draft, [get_verifier("specinfer")], action_grid(2, 1), latency, k_max=2, l_max=1,

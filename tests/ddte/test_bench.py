@@ -68,30 +68,49 @@ def test_bench_bad_input(pair_dirs, extra, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
-def test_methods_run_interleaved_in_a_rotating_order(monkeypatch):
+def test_methods_run_interleaved_in_a_rotating_order():
     """Prompt by prompt, every method in turn, starting one method later each round: drift reaches all alike."""
-    from types import SimpleNamespace
-
     from ddte.bench import methods as bench
+    from decode.sampling import SamplingConfig
     from decode.stats import GenerationStats
 
     calls = []
 
-    def fake_runner(method, pair, settings, sampling):
-        def one(ids, seed):
-            calls.append((method, ids[0], seed))
-            return GenerationStats(new_tokens=1, wall_seconds=0.1)
+    class FakeRunner:
+        def __init__(self, method):
+            self.method = method
 
-        return bench._Runner(method, one)
+        def one(self, ids, seed, sampling, max_new):
+            calls.append((self.method, ids[0], seed, sampling.temperature, max_new))
+            return GenerationStats(new_tokens=1, wall_seconds=0.1, network_seconds=[2e-6] * (self.method == "b"))
 
-    monkeypatch.setattr(bench, "make_runner", fake_runner)
     settings = bench.BenchSettings(max_new_tokens=4, repeats=2, seed=5)
-    results = bench.bench_methods(["a", "b", "c"], None, [[10], [11]], settings, SimpleNamespace(temperature=1.0))
+    runners = [FakeRunner(m) for m in "abc"]
+    results = bench.bench_methods(runners, [[10], [11]], settings, SamplingConfig(0.6))
     warmup, timed = calls[:3], calls[3:]
-    assert warmup == [("a", 10, 5), ("b", 10, 5), ("c", 10, 5)]
+    assert [c[:3] for c in warmup] == [("a", 10, 5), ("b", 10, 5), ("c", 10, 5)]
     assert [c[0] for c in timed] == list("abc" "bca" "cab" "abc")
-    assert [c[1:] for c in timed[::3]] == [(10, 5), (10, 1005), (11, 6), (11, 1006)]  # prompt, then repeat
+    assert [c[1:3] for c in timed[::3]] == [(10, 5), (10, 1005), (11, 6), (11, 1006)]  # prompt, then repeat
+    assert {c[3:] for c in calls} == {(0.6, 4)}  # the sampling settings travel with every call
     assert [r.stats.new_tokens for r in results] == [4, 4, 4]  # the warm-up is not counted
+    assert [r.selector_call_us for r in results] == [None, pytest.approx(2.0), None]
+
+
+def test_one_decoder_per_verifier_serves_every_method_and_temperature(pair_dirs):
+    """Methods of one verifier share a decoder; each method's policy is built once and started per generation."""
+    from ddte.bench.methods import BenchSettings, make_runners, run_bench
+    from decode.pair import load_pair
+
+    root, _ = pair_dirs
+    pair = load_pair(root / "target", root / "draft", DEFAULT_TOKENIZER)
+    runners = make_runners(["ar", "traversal@2,1,2", "traversal@adaptive", "specinfer@1,3,0"], pair)
+    ar, static, adaptive, other = runners
+    assert ar.decoder is None and static.decoder is adaptive.decoder is not other.decoder
+    rows = run_bench(["traversal@2,1,2", "traversal@adaptive"], pair, [[5, 9, 3]], BenchSettings(max_new_tokens=3),
+                     [0.0, 1.0])
+    assert [(r["method"], r["temperature"]) for r in rows] == [
+        ("traversal@2,1,2", 0.0), ("traversal@adaptive", 0.0), ("traversal@2,1,2", 1.0), ("traversal@adaptive", 1.0)]
+    assert all(r["new_tokens"] == 3 for r in rows)
 
 
 def test_prompts_come_from_any_source_collect_reads(tmp_path):

@@ -156,11 +156,11 @@ def test_fetch_without_network_is_one_line_and_leaves_the_cache_clean(tmp_path, 
 
 def test_a_pair_whose_target_is_not_fetched_names_the_command(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DDTE_CACHE", str(tmp_path / "empty-cache"))
-    assert main(["generate", "--pair", "smollm2", "--prompt", "hi", "--max-new-tokens", "2"]) == 2
+    assert main(["generate", "--pair", "smollm2", "hi", "--max-new-tokens", "2"]) == 2
     assert "run `ddte fetch smollm2`" in _one_line(capsys, "generate")
 
 
 def test_an_unknown_pair_name_lists_the_known_ones(capsys):
-    assert main(["generate", "--pair", "nosuchpair", "--prompt", "hi", "--max-new-tokens", "2"]) == 2
+    assert main(["generate", "--pair", "nosuchpair", "hi", "--max-new-tokens", "2"]) == 2
     line = _one_line(capsys, "generate")
     assert "shipped" in line and "smollm2" in line

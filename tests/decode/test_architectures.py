@@ -203,13 +203,14 @@ def test_generate_greedy_equals_a_full_recompute(name: str, tmp_path) -> None:
 
 
 # --- the sampling loop ---------------------------------------------------------------------------------------------
-def _first_two(decoder: SpeculativeDecoder, prompt: list[int], samples: int) -> tuple[dict, int]:
+def _first_two(decoder: SpeculativeDecoder, prompt: list[int], samples: int, sampling: SamplingConfig
+               ) -> tuple[dict, int]:
     """Counts of the first two tokens of ``samples`` 4-token generations (4, so the (2,1,2) tree is not clipped by
     the budget), and the draft tokens accepted over all of them."""
     counts: dict[tuple[int, int], int] = {}
     accepted = 0
     for seed in range(samples):
-        gen = decoder.generate(prompt, 4, StaticPolicy(Action(2, 1, 2)), TorchRandom(seed))
+        gen = decoder.generate(prompt, 4, StaticPolicy(Action(2, 1, 2)), TorchRandom(seed), sampling)
         counts[tuple(gen.tokens[:2])] = counts.get(tuple(gen.tokens[:2]), 0) + 1
         accepted += gen.stats.accepted_tokens
     return counts, accepted
@@ -230,11 +231,11 @@ def test_sampling_loop_is_lossless_on_a_hybrid_sliding_window_target() -> None:
         second = distributions(target_model(torch.tensor([prompt + [a] for a in range(vocab)]),
                                             use_cache=False).logits[:, -1].float(), sampling)
     exact = {(a, b): float(first[a] * second[a, b]) for a in range(vocab) for b in range(vocab)}
-    counts, accepted = _first_two(SpeculativeDecoder(target, draft, get_verifier("specinfer"), sampling), prompt, 800)
+    counts, accepted = _first_two(SpeculativeDecoder(target, draft, get_verifier("specinfer")), prompt, 800, sampling)
     assert accepted > 800  # most steps accept drafted tokens, so the tree passes decide the output
     assert chi2_p_value(exact, counts) > 1e-4
     blind = CachedLM(target_model)
     blind._layer_windows = [None] * len(blind._layer_windows)
     blind._type_windows = dict.fromkeys(blind._type_windows)
-    counts, _ = _first_two(SpeculativeDecoder(blind, draft, get_verifier("specinfer"), sampling), prompt, 500)
+    counts, _ = _first_two(SpeculativeDecoder(blind, draft, get_verifier("specinfer")), prompt, 500, sampling)
     assert chi2_p_value(exact, counts) < 1e-4  # the threshold the correct loop passes

@@ -84,11 +84,12 @@ def test_greedy_output_equals_the_targets_own_generate(device, name):
         out = target.model.generate(torch.tensor([PROMPT], device=target.device), max_new_tokens=20,
                                     min_new_tokens=20, do_sample=False)
     reference = out[0, len(PROMPT):].tolist()
-    decoder = SpeculativeDecoder(target, draft, get_verifier(name), SamplingConfig(0.0))
+    decoder = SpeculativeDecoder(target, draft, get_verifier(name))
     actions = _supported(name)
     assert actions
     for action in actions:
-        assert decoder.generate(PROMPT, 20, StaticPolicy(action), TorchRandom(0)).tokens == reference, action
+        gen = decoder.generate(PROMPT, 20, StaticPolicy(action), TorchRandom(0), SamplingConfig(0.0))
+        assert gen.tokens == reference, action
 
 
 def _exact_joint(lm: CachedLM, prompt: list[int], sampling: SamplingConfig) -> torch.Tensor:
@@ -109,11 +110,11 @@ def test_sampled_output_follows_the_target_law(device):
     vocab, prompt, sampling = 6, [1, 4, 2], SamplingConfig(1.0)
     target = CachedLM(tiny_llama(seed=5, vocab=vocab, hidden=32, logit_scale=3.0), device, torch.float32)
     draft = CachedLM(tiny_llama(seed=6, vocab=vocab, hidden=32, logit_scale=3.0), device, torch.float32)
-    decoder = SpeculativeDecoder(target, draft, get_verifier("traversal"), SamplingConfig(1.0))
+    decoder = SpeculativeDecoder(target, draft, get_verifier("traversal"))
     counts = torch.zeros(vocab, vocab)
     drafted = 0
     for seed in range(2000):
-        gen = decoder.generate(prompt, 2, StaticPolicy(Action(2, 0, 1)), TorchRandom(seed))
+        gen = decoder.generate(prompt, 2, StaticPolicy(Action(2, 0, 1)), TorchRandom(seed), sampling)
         counts[gen.tokens[0], gen.tokens[1]] += 1
         drafted += gen.stats.accepted_tokens
     assert drafted > 200  # the trees were drafted and partly accepted, not skipped

@@ -95,6 +95,6 @@ def test_greedy_output_with_a_reduced_draft_equals_the_targets_greedy(reduced_pa
     prompt = [5, 9, 3, 17, 22]
     reference = pair.target.model.generate(torch.tensor([prompt]), max_new_tokens=20, min_new_tokens=20,
                                            do_sample=False)[0, len(prompt):].tolist()
-    decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(name), SamplingConfig(0.0))
-    gen = decoder.generate(prompt, 20, StaticPolicy(Action(2, 1, 2)), TorchRandom(0))
+    decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(name))
+    gen = decoder.generate(prompt, 20, StaticPolicy(Action(2, 1, 2)), TorchRandom(0), SamplingConfig(0.0))
     assert gen.tokens == reference

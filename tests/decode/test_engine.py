@@ -53,39 +53,37 @@ def test_greedy_output_equals_the_targets_own_greedy_generate(target, name, draf
         draft_model = tiny_llama(seed=2, vocab=64, hidden=32, layers=1)
     reference = greedy_reference(target, PROMPT, 24)
     for action in supported(name):
-        decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft_model), get_verifier(name), SamplingConfig(0.0))
-        gen = decoder.generate(PROMPT, 24, StaticPolicy(action), TorchRandom(0))
+        decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft_model), get_verifier(name))
+        gen = decoder.generate(PROMPT, 24, StaticPolicy(action), TorchRandom(0), SamplingConfig(0.0))
         assert gen.tokens == reference, (name, action, draft_kind)
 
 
 def test_same_weights_accepts_every_drafted_token(target):
-    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(target), get_verifier("traversal"), SamplingConfig(1.0))
-    gen = decoder.generate(PROMPT, 25, StaticPolicy(Action(1, 4, 0)), TorchRandom(3))
+    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(target), get_verifier("traversal"))
+    gen = decoder.generate(PROMPT, 25, StaticPolicy(Action(1, 4, 0)), TorchRandom(3), SamplingConfig(1.0))
     assert gen.tokens and gen.stats.steps == 5 and gen.stats.block_efficiency == 5.0
     assert gen.stats.acceptance_rate == 1.0
 
 
 def test_one_token_prompt(target):
-    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(target), get_verifier("specinfer"), SamplingConfig(0.0))
-    gen = decoder.generate([7], 12, StaticPolicy(Action(2, 1, 2)), TorchRandom(0))
+    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(target), get_verifier("specinfer"))
+    gen = decoder.generate([7], 12, StaticPolicy(Action(2, 1, 2)), TorchRandom(0), SamplingConfig(0.0))
     assert gen.tokens == greedy_reference(target, [7], 12)
 
 
 def test_eos_inside_an_accepted_tree_stops_there(target):
     reference = greedy_reference(target, PROMPT, 12)
     eos = reference[2]  # the third greedy token, drafted and accepted inside the first tree
-    decoder = SpeculativeDecoder(
-        CachedLM(target), CachedLM(target), get_verifier("traversal"), SamplingConfig(0.0), eos_token_id=eos
-    )
-    gen = decoder.generate(PROMPT, 12, StaticPolicy(Action(1, 6, 0)), TorchRandom(0))
+    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(target), get_verifier("traversal"), eos_token_id=eos)
+    gen = decoder.generate(PROMPT, 12, StaticPolicy(Action(1, 6, 0)), TorchRandom(0), SamplingConfig(0.0))
     assert gen.tokens == reference[: reference.index(eos) + 1]
     assert gen.stopped_by == "eos" and gen.stats.steps == 1
 
 
 @pytest.mark.parametrize("budget", [1, 2, 3, 7])
 def test_the_token_budget_is_exact(target, budget):
-    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(target), get_verifier("naive"), SamplingConfig(1.0))
-    gen = decoder.generate(PROMPT, budget, StaticPolicy(Action(2, 2, 4)), TorchRandom(1))
+    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(target), get_verifier("naive"))
+    gen = decoder.generate(PROMPT, budget, StaticPolicy(Action(2, 2, 4)), TorchRandom(1), SamplingConfig(1.0))
     assert len(gen.tokens) == budget and gen.stopped_by == "length"
     assert gen.stats.new_tokens == budget
 
@@ -93,8 +91,8 @@ def test_the_token_budget_is_exact(target, budget):
 def test_trees_are_clipped_at_the_context_window(target):
     limit = target.config.max_position_embeddings
     prompt = list(range(2, 2 + limit - 6))
-    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(target), get_verifier("spectr"), SamplingConfig(0.0))
-    gen = decoder.generate(prompt, 6, StaticPolicy(Action(2, 4, 4)), TorchRandom(0))
+    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(target), get_verifier("spectr"))
+    gen = decoder.generate(prompt, 6, StaticPolicy(Action(2, 4, 4)), TorchRandom(0), SamplingConfig(0.0))
     assert gen.tokens == greedy_reference(target, prompt, 6)
 
 
@@ -103,15 +101,15 @@ def test_trees_are_clipped_at_the_context_window(target):
     [([], 4, "empty"), ([1, 2], 0, "max_new_tokens"), ([1, 999], 4, "out of range"), (list(range(60)), 10, "context")],
 )
 def test_bad_requests_are_refused(target, prompt, max_new, message):
-    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(target), get_verifier("nss"), SamplingConfig(1.0))
+    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(target), get_verifier("nss"))
     with pytest.raises(ValueError, match=message):
-        decoder.generate(prompt, max_new, StaticPolicy(Action(1, 2, 0)), TorchRandom(0))
+        decoder.generate(prompt, max_new, StaticPolicy(Action(1, 2, 0)), TorchRandom(0), SamplingConfig(1.0))
 
 
 def test_vocabulary_mismatch_is_refused(target):
     other = tiny_llama(seed=3, vocab=32, hidden=32)
     with pytest.raises(ValueError, match="vocab"):
-        SpeculativeDecoder(CachedLM(target), CachedLM(other), get_verifier("nss"), SamplingConfig(1.0))
+        SpeculativeDecoder(CachedLM(target), CachedLM(other), get_verifier("nss"))
 
 
 def test_unsupported_action_is_refused_before_decoding():
@@ -131,8 +129,8 @@ def test_distinct_trees_count_each_drafted_tree_once():
 
 def test_statistics_add_up(target):
     draft = tiny_llama(seed=4, vocab=64, hidden=32, layers=1)
-    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft), get_verifier("traversal"), SamplingConfig(1.0))
-    gen = decoder.generate(PROMPT, 40, AdaptiveLengthPolicy(), TorchRandom(5))
+    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft), get_verifier("traversal"))
+    gen = decoder.generate(PROMPT, 40, AdaptiveLengthPolicy(), TorchRandom(5), SamplingConfig(1.0))
     s = gen.stats
     assert s.new_tokens == len(gen.tokens) == 40
     assert sum(s.action_counts.values()) == sum(s.accepted_counts.values()) == s.steps

@@ -48,11 +48,12 @@ def test_incremental_features_equal_recompute(action, noise_seed, prompt):
     draft = tiny_llama(seed=noise_seed, vocab=16, hidden=32, layers=1, logit_scale=3.0)
     sampling = SamplingConfig(1.0, 0.95)
     policy = RecordingPolicy(action)
-    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft), _verifier(), sampling, latency=LATENCY)
-    gen = decoder.generate(prompt, 20, policy, TorchRandom(noise_seed))
+    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft), _verifier(), latency=LATENCY)
+    gen = decoder.generate(prompt, 20, policy, TorchRandom(noise_seed), sampling)
     context = prompt + gen.tokens
     assert len(policy.roots) == gen.stats.steps > 1
     for root in policy.roots:
+        assert root.sampling == sampling  # the request's own settings, at every root
         if root.context_length < 2:
             continue  # no previous token: zero states by definition
         ctx = context[: root.context_length]

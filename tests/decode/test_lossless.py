@@ -45,10 +45,11 @@ def exact_first_two(target, sampling: SamplingConfig) -> dict[tuple[int, int], f
     return {(a, b): float(first[a] * second[a, b]) for a, b in itertools.product(range(VOCAB), repeat=2)}
 
 
-def empirical_first_two(decoder: SpeculativeDecoder, action: Action) -> dict[tuple[int, int], int]:
+def empirical_first_two(decoder: SpeculativeDecoder, action: Action, sampling: SamplingConfig
+                        ) -> dict[tuple[int, int], int]:
     counts: dict[tuple[int, int], int] = {}
     for seed in range(SAMPLES):
-        tokens = decoder.generate(PROMPT, 2, StaticPolicy(action), TorchRandom(seed)).tokens
+        tokens = decoder.generate(PROMPT, 2, StaticPolicy(action), TorchRandom(seed), sampling).tokens
         counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
     return counts
 
@@ -94,8 +95,8 @@ def cases():
 def test_loop_is_lossless(pair, name, action, config):
     target, draft = pair
     sampling = CONFIGS[config]
-    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft), get_verifier(name), sampling)
-    p_value = chi2_p_value(exact_first_two(target, sampling), empirical_first_two(decoder, action))
+    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft), get_verifier(name))
+    p_value = chi2_p_value(exact_first_two(target, sampling), empirical_first_two(decoder, action, sampling))
     assert p_value > P_VALUE, f"{name} {action} {config}: χ² p = {p_value:.2e}"
 
 
@@ -111,8 +112,8 @@ class UniformDraftSpecInfer(SpecInferVerifier):
 def test_the_chi2_test_catches_a_mismatched_q(pair):
     target, draft = pair
     sampling = SamplingConfig(1.0)
-    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft), UniformDraftSpecInfer(), sampling)
-    p_value = chi2_p_value(exact_first_two(target, sampling), empirical_first_two(decoder, Action(1, 4, 0)))
+    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft), UniformDraftSpecInfer())
+    p_value = chi2_p_value(exact_first_two(target, sampling), empirical_first_two(decoder, Action(1, 4, 0), sampling))
     assert p_value < P_VALUE
 
 
@@ -124,6 +125,6 @@ def test_loop_with_the_fast_draft_forward_is_lossless(pair, name, config):
 
     target, draft = pair
     sampling = CONFIGS[config]
-    decoder = SpeculativeDecoder(CachedLM(target), FastCachedLM(draft), get_verifier(name), sampling)
-    p_value = chi2_p_value(exact_first_two(target, sampling), empirical_first_two(decoder, Action(2, 1, 2)))
+    decoder = SpeculativeDecoder(CachedLM(target), FastCachedLM(draft), get_verifier(name))
+    p_value = chi2_p_value(exact_first_two(target, sampling), empirical_first_two(decoder, Action(2, 1, 2), sampling))
     assert p_value > P_VALUE, f"{name} fast draft {config}: χ² p = {p_value:.2e}"

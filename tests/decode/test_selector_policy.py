@@ -15,7 +15,7 @@ from decode.models import CachedLM
 from decode.rng import TorchRandom
 from decode.sampling import SamplingConfig
 from decode.selector_file import INPUT_NAMES
-from decode.selector_policy import OnnxSelectorPolicy, SelectorError
+from decode.selector_policy import Guard, OnnxSelectorPolicy, SelectorError
 from decode.verifiers import get_verifier
 from tests.decode.test_lossless import P_VALUE, PROMPT, SAMPLES, chi2_p_value, exact_first_two
 from tests.factories import tiny_llama
@@ -42,8 +42,7 @@ def selector_file(tmp_path_factory) -> Path:
 
 
 def _policy(path, **changes):
-    kwargs = {"verifier": "specinfer", "target_hidden": HIDDEN, "draft_hidden": HIDDEN,
-              "sampling": SamplingConfig(1.0)} | changes
+    kwargs = {"verifier": "specinfer", "target_hidden": HIDDEN, "draft_hidden": HIDDEN} | changes
     return OnnxSelectorPolicy(path, **kwargs)
 
 
@@ -67,6 +66,9 @@ def _with_guard(path: Path, out: Path, margin: float | None, action: str | None 
         f["margin"] = margin
         f["action"] = action or f["action"]
     return _with_metadata(path, out, "ddte.fallbacks", json.dumps(fallbacks))
+
+
+T1 = SamplingConfig(1.0)
 
 
 def test_selector_loads_and_reports_its_provider(selector_file):
@@ -154,11 +156,11 @@ def test_loop_with_the_selector_is_lossless(selector_file, name):
     draft = tiny_llama(seed=12, vocab=8, layers=1, logit_scale=6.0)
     sampling = SamplingConfig(1.0)
     policy = _policy(selector_file, verifier="specinfer")
-    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft), get_verifier(name), sampling)
+    decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft), get_verifier(name))
     counts: dict[tuple[int, int], int] = {}
     chosen = set()
     for seed in range(SAMPLES):
-        gen = decoder.generate(PROMPT, 2, policy, TorchRandom(seed))
+        gen = decoder.generate(PROMPT, 2, policy, TorchRandom(seed), sampling)
         counts[tuple(gen.tokens)] = counts.get(tuple(gen.tokens), 0) + 1
         chosen.update(gen.stats.action_counts)
     assert len(chosen) >= 2, "the selector must vary its choice for this test to mean more than a static one"
@@ -177,22 +179,24 @@ def test_throughput_decision_calibrates_the_unmodelled_step_time(selector_file, 
     from decode.actions import Action
     from decode.policies import RootState, StepOutcome
 
-    path = _with_metadata(selector_file, tmp_path / "throughput.onnx", "ddte.objective", "be")
-    policy = _policy(path)
     small, large = Action(1, 1, 0), Action(2, 1, 2)  # T̂ 6 and 10 ms
+    path = _with_metadata(selector_file, tmp_path / "throughput.onnx", "ddte.objective", "be")
+    path = _with_guard(path, path, margin=0.0, action=small.key)
+    policy = _policy(path)
     scores = np.full(len(policy.actions), -1e9, dtype=np.float32)
     scores[policy.actions.index(small)], scores[policy.actions.index(large)] = 1.5, 2.0
-    policy.fallback, policy._fallback_index = small, policy.actions.index(small)
-    monkeypatch.setattr(policy, "scores", lambda features: scores)
-    root = RootState(64, None, 8, features=object(), latency=_StubLatency())
-    assert policy.choose(root) == small  # 1.5/6 > 2.0/10
+    monkeypatch.setattr(OnnxSelectorPolicy, "scores", lambda self, features: scores)
+    run = policy.start(T1)  # stateful: each generation calibrates its own copy
+    root = RootState(64, None, 8, T1, features=object(), latency=_StubLatency())
+    assert run.choose(root) == small  # 1.5/6 > 2.0/10
     for _ in range(5):  # every step really costs 30 ms more than Eq. 11 says
-        policy.observe(StepOutcome(large, 1, 2, context_length=64, seconds=(10.0 + 30.0) / 1e3))
-    assert policy.overhead_ms == pytest.approx(30.0)
-    assert policy.choose(root) == large  # 2.0/40 > 1.5/36
+        run.observe(StepOutcome(large, 1, 2, context_length=64, seconds=(10.0 + 30.0) / 1e3))
+    assert run.overhead_ms == pytest.approx(30.0)
+    assert run.choose(root) == large  # 2.0/40 > 1.5/36
+    assert policy.start(T1).overhead_ms == 0.0 and policy.overhead_ms == 0.0  # the next generation starts afresh
     for _ in range(200):  # steps faster than modelled never make the overhead negative
-        policy.observe(StepOutcome(small, 0, 1, context_length=64, seconds=1e-3))
-    assert policy.overhead_ms == 0.0
+        run.observe(StepOutcome(small, 0, 1, context_length=64, seconds=1e-3))
+    assert run.overhead_ms == 0.0
 
 
 def test_the_guard_keeps_the_fallback_unless_the_margin_is_met(selector_file, tmp_path, monkeypatch):
@@ -202,27 +206,45 @@ def test_the_guard_keeps_the_fallback_unless_the_margin_is_met(selector_file, tm
     fallback, other = Action(1, 1, 0), Action(2, 1, 2)
     path = _with_guard(selector_file, tmp_path / "guard.onnx", margin=0.25, action=fallback.key)
     policy = _policy(path)
-    assert policy.fallback == fallback and policy.margin == 0.25 and policy.needs_root_features
+    assert policy.guard(T1) == Guard(fallback, policy.actions.index(fallback), 0.25)
+    run = policy.start(T1)
+    assert isinstance(run, OnnxSelectorPolicy) and run is not policy and run.needs_root_features
     scores = np.zeros(len(policy.actions), dtype=np.float32)
-    monkeypatch.setattr(policy, "scores", lambda features: scores)
-    root = RootState(64, None, 8, features=object())
+    monkeypatch.setattr(run, "scores", lambda features: scores)
+    root = RootState(64, None, 8, T1, features=object())
     scores[policy.actions.index(fallback)], scores[policy.actions.index(other)] = 0.4, 0.48  # +20 %: not enough
-    assert policy.choose(root) == fallback
+    assert run.choose(root) == fallback
     scores[policy.actions.index(other)] = 0.52  # +30 %: clears the 25 % margin
-    assert policy.choose(root) == other
+    assert run.choose(root) == other
 
 
 def test_a_guard_that_never_leaves_the_fallback_costs_nothing(selector_file, tmp_path, monkeypatch):
-    """Margin None: no root features are asked for and the network is never called."""
+    """Margin None: a generation starts as the static fallback (no root features); the network is never called."""
     from decode.actions import Action
-    from decode.policies import RootState
+    from decode.policies import RootState, StaticPolicy
 
     path = _with_guard(selector_file, tmp_path / "off.onnx", margin=None, action="2,1,2")
     policy = _policy(path)
-    assert not policy.needs_root_features
+    run = policy.start(T1)
+    assert type(run) is StaticPolicy and run.action == Action(2, 1, 2) and not run.needs_root_features
 
     def no_call(features):
         raise AssertionError("the network must not run")
 
     monkeypatch.setattr(policy, "scores", no_call)
-    assert policy.choose(RootState(64, None, 8)) == Action(2, 1, 2)
+    assert policy.choose(RootState(64, None, 8, T1)) == Action(2, 1, 2)
+
+
+def test_one_selector_serves_every_temperature_with_its_own_guard(selector_file, tmp_path):
+    """The guard comes from the generation's sampling (the nearest configuration the file has), not from a
+    configuration fixed when the selector was loaded."""
+    from decode.actions import Action
+    from decode.policies import StaticPolicy
+
+    guards = [{"temperature": 0.6, "top_p": 1.0, "action": "1,2,0", "margin": None},
+              {"temperature": 1.0, "top_p": 1.0, "action": "2,1,2", "margin": 0.1}]
+    policy = _policy(_with_metadata(selector_file, tmp_path / "two.onnx", "ddte.fallbacks", json.dumps(guards)))
+    cool, warm = policy.start(SamplingConfig(0.5)), policy.start(SamplingConfig(0.9))
+    assert type(cool) is StaticPolicy and cool.action == Action(1, 2, 0)
+    assert isinstance(warm, OnnxSelectorPolicy) and warm.guard(SamplingConfig(0.9)).action == Action(2, 1, 2)
+    assert policy.describe(SamplingConfig(0.6)).endswith(f"(fallback {Action(1, 2, 0)}, margin None)")
