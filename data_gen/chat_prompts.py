@@ -2,7 +2,7 @@
 
 Each record is one user turn in the chat format of HF datasets, ``{"messages": [{"role": "user", "content": ...}]}``,
 plus provenance (``source``, ``id``, ``category``, ``split``, ``group``). A prompt consumer renders it with the
-pair's tokenizer chat template and ``add_generation_prompt=True`` (:func:`render_chat`).
+pair's tokenizer chat template and ``add_generation_prompt=True`` (:func:`decode.pair.render_chat`).
 
 The split rule, fixed so every model and command sees the same sets:
 
@@ -130,18 +130,3 @@ def build_chat_prompts(chat_set: str = "heldout", count: int | None = None,
     chosen = [r for r in records if r["split"] == split and (not group or r["group"] == group)]
     chosen = _interleave(chosen)
     return chosen if count is None else chosen[:count]
-
-
-def render_chat(tokenizer, messages: list[dict[str, str]]) -> str:
-    """The prompt text of a conversation: the tokenizer's chat template with the generation prompt appended.
-
-    Raises:
-        ValueError: no tokenizer, a tokenizer without a chat template, or malformed messages.
-    """
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ValueError("chat prompts (messages rows) need a tokenizer with a chat template")
-    if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages):
-        raise ValueError("a messages row must be a non-empty list of {role, content} string pairs")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

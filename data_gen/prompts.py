@@ -22,8 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from data_gen.chat_prompts import build_chat_prompts, render_chat
+from data_gen.chat_prompts import build_chat_prompts
 from data_gen.corpus import HELDOUT_FRACTION, SPLITS, SourceFile, list_corpus, python_version, select_split
+from decode.pair import render_chat
 
 DEFAULT_COUNT = 200
 DEFAULT_MAX_CHARS = 1200  # ~360 tokens of the pair's BPE: leaves room for a continuation in a 512-token context

@@ -315,6 +315,21 @@ def find_tokenizer(target: Path, explicit: str | Path | None):
     return _load_tokenizer(found) if found is not None else None
 
 
+def render_chat(tokenizer, messages: list[dict[str, str]]) -> str:
+    """The prompt text of a conversation: the tokenizer's chat template with the generation prompt appended.
+
+    Raises:
+        ValueError: no tokenizer, a tokenizer without a chat template, or malformed messages.
+    """
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError("chat prompts (messages rows) need a tokenizer with a chat template")
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise ValueError("a messages row must be a non-empty list of {role, content} string pairs")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 def _load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from data_gen.chat_prompts import build_chat_prompts, render_chat
+from data_gen.chat_prompts import build_chat_prompts
+from decode.pair import render_chat
 
 
 def _conversation(tokenizer, user: str, assistant: str) -> list[int]:

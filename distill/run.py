@@ -133,9 +133,9 @@ def training_laws(config: DistillConfig, tokenizer, target, log=print):
     """The target's responses to the first ``data.responses`` training chat prompts, each sampled at every
     ``data.sample_temperatures``, with its laws (:mod:`distill.teacher_cache`): read from the cache, else sampled
     once and cached."""
-    from data_gen.chat_prompts import build_chat_prompts, render_chat
+    from data_gen.chat_prompts import build_chat_prompts
     from decode.fetch import cache_root
-    from decode.pair import model_fingerprint
+    from decode.pair import model_fingerprint, render_chat
     from distill.teacher_cache import TeacherLaws, cache_path, sample_responses
 
     data = config.data

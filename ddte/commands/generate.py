@@ -112,10 +112,10 @@ def check_arguments(args: argparse.Namespace) -> list[int] | None:
 def run(args: argparse.Namespace) -> int:
     """One way down: the flags are checked, the pair loads, the policy file is read once and the policy built, then
     every sample runs at this call's sampling settings."""
-    from data_gen.chat_prompts import render_chat
     from decode.actions import Action
     from decode.deployment import load_deployment
     from decode.engine import SpeculativeDecoder, check_action
+    from decode.pair import render_chat
     from decode.policies import PolicyOptions, make_policy
     from decode.rng import TorchRandom
     from decode.sampling import SamplingConfig

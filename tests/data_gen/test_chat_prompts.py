@@ -1,16 +1,14 @@
-"""Chat prompt sets from ../shared/data: the split rule, the rendering with a chat template, and chat rows in files."""
+"""Chat prompt sets from ../shared/data: the split rule, and chat rows in files rendered with a chat template."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from transformers import AutoTokenizer
 
-from data_gen.chat_prompts import CHAT_SETS, UNTRAINED_CATEGORIES, build_chat_prompts, render_chat, shared_data_dir
+from data_gen.chat_prompts import CHAT_SETS, UNTRAINED_CATEGORIES, build_chat_prompts, shared_data_dir
 from data_gen.prompts import load_prompt_texts, load_prompts
 from tests import factories
-from tests.factories import SHIPPED_TOKENIZER
 
 pytestmark = pytest.mark.skipif(not shared_data_dir().is_dir(), reason="../shared/data is not beside the checkout")
 
@@ -45,15 +43,6 @@ def test_sets_are_deterministic_and_their_first_prompts_mix_the_sources():
 def test_an_unknown_set_is_refused():
     with pytest.raises(ValueError, match="one of " + ", ".join(CHAT_SETS)):
         build_chat_prompts("validation")
-
-
-def test_rendering_uses_the_chat_template_with_the_generation_prompt(chat_tokenizer):
-    text = render_chat(chat_tokenizer, [{"role": "user", "content": "Hi"}])
-    assert text == "<user>Hi</user><assistant>"
-    with pytest.raises(ValueError, match="chat template"):
-        render_chat(AutoTokenizer.from_pretrained(str(SHIPPED_TOKENIZER)), [{"role": "user", "content": "Hi"}])
-    with pytest.raises(ValueError, match="role, content"):
-        render_chat(chat_tokenizer, [{"role": "user"}])
 
 
 def test_prompt_files_may_hold_chat_rows_beside_plain_ones(tmp_path, chat_tokenizer):

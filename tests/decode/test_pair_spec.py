@@ -1,4 +1,5 @@
-"""Pair YAMLs: names under configs/pair/, per-model dtypes, prompt defaults and fetched targets."""
+"""Pair YAMLs: names under configs/pair/, per-model dtypes, prompt defaults and fetched targets; the chat rendering
+of a pair's tokenizer."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 import torch
 
 from decode.fetch import fetched_model_dir
-from decode.pair import read_pair_config, resolve_pair_path
-from tests.factories import REPO, save_tiny_pair
+from decode.pair import read_pair_config, render_chat, resolve_pair_path
+from tests.factories import REPO, SHIPPED_TOKENIZER, chat_tokenizer, save_tiny_pair
 
 
 def test_pair_names_resolve_under_configs_pair():
@@ -46,3 +47,14 @@ def test_each_model_loads_in_its_own_dtype_unless_dtype_overrides_both(tmp_path)
     assert pair.target.dtype == torch.bfloat16 and pair.draft.dtype == torch.float32
     both = read_pair_config(path).load(dtype="float32")
     assert both.target.dtype == torch.float32 and both.draft.dtype == torch.float32
+
+
+def test_rendering_uses_the_chat_template_with_the_generation_prompt():
+    from transformers import AutoTokenizer
+
+    text = render_chat(chat_tokenizer(), [{"role": "user", "content": "Hi"}])
+    assert text == "<user>Hi</user><assistant>"
+    with pytest.raises(ValueError, match="chat template"):
+        render_chat(AutoTokenizer.from_pretrained(str(SHIPPED_TOKENIZER)), [{"role": "user", "content": "Hi"}])
+    with pytest.raises(ValueError, match="role, content"):
+        render_chat(chat_tokenizer(), [{"role": "user"}])

@@ -32,7 +32,7 @@ def pair():
 
 @pytest.fixture(scope="module")
 def prompt(pair) -> list[int]:
-    from data_gen.chat_prompts import render_chat
+    from decode.pair import render_chat
 
     return list(pair.tokenizer(render_chat(pair.tokenizer, [{"role": "user", "content": PROMPT_TEXT}]))["input_ids"])
 
