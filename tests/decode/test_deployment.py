@@ -1,0 +1,36 @@
+"""The deployment file: one policy per verifier that starts, for each generation, the choice nearest its sampling."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from decode.actions import Action
+from decode.deployment import Choice, Deployment, load_deployment
+from decode.policies import StaticPolicy
+from decode.sampling import SamplingConfig
+
+PAIR = SimpleNamespace(fingerprint=lambda: "f" * 64)
+
+
+@pytest.fixture
+def deployment(tmp_path) -> Deployment:
+    choices = [Choice("specinfer", 0.6, 1.0, "static", "1,3,0"), Choice("specinfer", 1.0, 1.0, "static", "2,1,2"),
+               Choice("traversal", 1.0, 1.0, "static", "1,5,0")]
+    return load_deployment(Deployment(choices, "specinfer", PAIR.fingerprint()).write(tmp_path / "policy.json"))
+
+
+def test_one_policy_serves_every_temperature_with_the_nearest_choice(deployment):
+    policy = deployment.policy_for("specinfer", PAIR)
+    cool, warm = policy.start(SamplingConfig(0.5)), policy.start(SamplingConfig(0.9))
+    assert type(cool) is StaticPolicy and cool.action == Action(1, 3, 0)
+    assert type(warm) is StaticPolicy and warm.action == Action(2, 1, 2)
+    assert policy.describe(SamplingConfig(0.0)) == f"static {Action(1, 3, 0)}, from {deployment.path}"
+
+
+def test_a_verifier_without_a_choice_and_another_pair_are_refused(deployment):
+    with pytest.raises(ValueError, match="no choice for verifier 'nss'"):
+        deployment.policy_for("nss", PAIR)
+    with pytest.raises(ValueError, match="measured on another pair"):
+        deployment.policy_for("specinfer", SimpleNamespace(fingerprint=lambda: "0" * 64))
