@@ -152,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
         if not ids:
             raise UserError("the prompt encodes to no tokens")
     sampling = SamplingConfig(args.temperature, args.top_p)
-    decoder = SpeculativeDecoder(pair.target, pair.draft, verifier, pair.eos_token_id)
+    with user_errors():
+        decoder = SpeculativeDecoder(pair.target, pair.draft, verifier, pair.eos_token_id)
     total = GenerationStats()
     lines = []
     for i in range(args.num_samples):
