@@ -264,3 +264,57 @@ def load_collect_pair(config: CollectConfig) -> LoadedPair:
     if config.threads:
         torch.set_num_threads(config.threads)
     return pair
+
+
+def measure_collect_latency(config: CollectConfig, pair: LoadedPair) -> LatencyTable:
+    """The config's latency grid measured on ``pair``, up to the largest tree of its action grid."""
+    from decode.latency import measure_latency
+
+    grid = config.latency
+    largest_tree = 1 + config.l_max + config.k_max * config.l_max  # the root, a full trunk and K full branches
+    return measure_latency(pair.target, pair.draft, lengths=grid.lengths, sizes=grid.sizes, repeats=grid.repeats,
+                           max_size=largest_tree)
+
+
+def pair_facts(pair: LoadedPair, config: CollectConfig, measure: bool) -> dict:
+    """What ``dataset.json`` records of a loaded pair and of the machine it runs on, from the worker that loaded it
+    (in a Ray cluster the driver may have neither the device nor the libraries' versions); with ``latency`` measured
+    here when ``measure`` (else None)."""
+    import os
+    import platform
+
+    import datasets
+    import transformers
+
+    device = pair.target.device
+    return {
+        "context_limit": pair.context_limit,
+        "hidden_sizes": pair.hidden_sizes,
+        "pair": {
+            "fingerprint": pair.fingerprint(),
+            "target": str(pair.paths["target"]),
+            "draft": str(pair.paths["draft"]),
+            "vocab_size": int(pair.target.vocab_size),
+        },
+        "versions": {
+            "ddte": package_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "datasets": datasets.__version__, "python": platform.python_version(),
+        },
+        "hardware": {
+            "device": str(device), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "dtype": str(pair.target.dtype).replace("torch.", ""),
+        },
+        "latency": measure_collect_latency(config, pair).__dict__ if measure else None,
+    }
+
+
+def package_version() -> str:
+    """The installed ddte distribution's version ("unknown" when run from an uninstalled tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ddte")
+    except PackageNotFoundError:
+        return "unknown"

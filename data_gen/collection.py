@@ -2,20 +2,24 @@
 action and verifier, the exact Ê[τ+1] of each sampled union tree and the latency model's step time T̂. Rows go
 to parquet shards in the output folder (docs/dataset.md).
 
-:func:`collect` prepares the output folder, writes (or checks) ``dataset.json``, plans the chunks of this
-``shard`` of ``num_shards`` and runs them (data_gen/workers.py). Every problem with the input is a ValueError with a
-one-line message, raised before any shard is written.
+:func:`collect` is the driver. It checks the output folder, loads only the tokenizer (the pairs load where the work
+runs: data_gen/workers.py, data_gen/ray_pool.py), plans the chunks of this ``shard`` of ``num_shards``, creates the
+folder, writes (or checks) ``dataset.json`` once and runs the chunks. Every problem with the input is a ValueError
+with a one-line message, raised before any shard is written.
+
+Chunks are global (chunk c: prompts c·prompts_per_shard onwards) and shard ``i`` of ``N`` takes the chunks with
+c % N == i, so a chunk's shard has the same name and rows whoever collects it: ``--resume`` skips finished chunks with
+any number of workers or shards. The latency table comes from ``latency.file``, or is measured once: by the first
+worker of shard 0, while the other shards wait for its ``dataset.json``.
 """
 
 from __future__ import annotations
 
-import os
-import platform
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_gen.collect import load_collect_pair
 from data_gen.config import CollectConfig, config_to_dict
 from data_gen.prompts import load_prompt_texts
 from data_gen.schema import (
@@ -29,17 +33,21 @@ from data_gen.schema import (
 )
 from data_gen.store import (
     check_same_collection,
-    list_shards,
+    check_writable,
+    legacy_shards,
+    read_metadata,
     remove_stale_temporaries,
     shard_path,
     write_metadata_once,
 )
-from data_gen.workers import WorkPlan, run_plan
+from data_gen.workers import WorkPlan, open_engine, run_plan
 from ddte_core.paths import refuse_file_in_the_way
+from ddte_core.signals import sigterm_as_interrupt
 from decode.actions import action_grid
 from decode.features import SCALAR_NAMES
 from decode.latency import LatencyTable
-from decode.pair import LoadedPair
+
+METADATA_WAIT_S = 1800.0  # how long a shard waits for shard 0's dataset.json (and its latency table)
 
 
 @dataclass
@@ -75,51 +83,86 @@ def collect(
     """Run (or resume) the collection of this shard; returns what was done.
 
     Raises:
-        ValueError: bad verifiers, pair, prompts or output folder, or a folder holding another collection.
-        RuntimeError: a worker process failed.
+        ValueError: bad verifiers, pair, prompts or output folder, a folder holding another collection, or
+            ``engine: ray`` without Ray installed.
+        RuntimeError: a worker failed.
     """
     start = time.perf_counter()
     out = Path(config.output)
+    if config.engine == "ray":
+        from data_gen.ray_pool import import_ray
+
+        import_ray()  # how to install it, before any work
     verifiers = check_verifiers(config.verifiers)
     check_output(out, resume)
-    pair = load_collect_pair(config)
-    source = config.prompts.source or pair.train_prompts
-    texts = load_prompt_texts(source, config.prompts.field, config.prompts.limit, config.prompts.split, pair.tokenizer)
-    prompts = tokenize_prompts(pair, texts, config)
-    create_output(out)  # only now: a refused collection leaves no folder behind
-    # the one on disk wins: its latency table labels every shard of every worker
-    metadata = write_metadata_once(out, dataset_metadata(config, pair, verifiers))
-    # dataset.json may predate this call (resume, another --shard worker, an emptied folder): it must match
-    check_same_collection(metadata, config_to_dict(config))
-    mine = [i for i in range(len(prompts)) if i % num_shards == shard]
-    chunks = [mine[j : j + config.prompts_per_shard] for j in range(0, len(mine), config.prompts_per_shard)]
-    todo = [c for c, _ in enumerate(chunks) if not shard_path(out, shard, num_shards, c).exists()]
-    plan = WorkPlan(config, metadata, prompts, chunks, todo, shard, num_shards)
-    roots = run_plan(plan, pair if config.workers == 1 else None, progress)
-    return CollectSummary(out, roots, len(todo), len(chunks) - len(todo), time.perf_counter() - start)
+    existing = read_metadata(out) if (out / METADATA_FILE).is_file() else None
+    if existing is not None:  # resume, another --shard worker, an emptied folder: it must be this collection
+        check_same_collection(existing, config_to_dict(config))
+    tokenizer, train_prompts = load_tokenizer(config)
+    texts = load_prompt_texts(config.prompts.source or train_prompts, config.prompts.field, config.prompts.limit,
+                              config.prompts.split, tokenizer)
+    prompts = tokenize_prompts(tokenizer, texts, config)
+    chunks = [list(range(j, min(j + config.prompts_per_shard, len(prompts))))
+              for j in range(0, len(prompts), config.prompts_per_shard)]
+    mine = [c for c in range(len(chunks)) if c % num_shards == shard]
+    if not resume and any(shard_path(out, c).exists() for c in mine):
+        raise ValueError(f"{out} already holds shards: pass --resume to continue that run, or choose another --output")
+    latency = read_latency_file(config)
+    measure = latency is None and existing is None and shard == 0  # the table is measured once per collection
+    with sigterm_as_interrupt(), open_engine(config, measure) as engine:  # a kill stops the workers too
+        facts = engine.facts()
+        check_context(config, facts["context_limit"])
+        create_output(out)  # only now: a refused collection leaves no folder behind
+        if latency is None and existing is None and not measure:
+            metadata = wait_for_metadata(out)
+        else:
+            table = latency or (LatencyTable(**facts["latency"]) if facts["latency"] else None)
+            # the one on disk wins: its latency table labels every shard of every worker
+            metadata = existing or write_metadata_once(out, dataset_metadata(config, facts, verifiers, table))
+        check_same_collection(metadata, config_to_dict(config))
+        todo = [c for c in mine if not shard_path(out, c).exists()]
+        plan = WorkPlan(config, metadata, prompts, chunks, todo, f"collect {shard}/{num_shards}")
+        roots = run_plan(engine, plan, progress)
+    return CollectSummary(out, roots, len(todo), len(mine) - len(todo), time.perf_counter() - start)
 
 
 def check_output(out: Path, resume: bool) -> None:
-    """The output must be new, empty, or hold this data set (``resume``); never a folder with foreign files."""
+    """The output must be new, empty, or hold this data set (``resume``); never a folder with foreign files or an
+    older ddte's shard names."""
     refuse_file_in_the_way(out)
     existing = [p for p in out.iterdir() if not p.name.startswith(".tmp-")] if out.is_dir() else []
     if existing and not (out / METADATA_FILE).is_file():
         raise ValueError(f"{out} is not empty and holds no data set ({METADATA_FILE}): choose an empty or new "
                          "--output")
-    if list_shards(out) and not resume:
-        raise ValueError(f"{out} already holds shards: pass --resume to continue that run, or choose another --output")
+    if legacy_shards(out):
+        raise ValueError(f"{out} holds shards named by an older ddte (shard-i-of-N-c): finish it with that version, "
+                         "or collect into a new --output")
 
 
 def create_output(out: Path) -> None:
-    """Create the output folder (if new), check it is writable, drop an interrupted run's temporaries."""
+    """Create the output folder (if new), check it is writable, drop an interrupted run's temporaries (never those of
+    a worker writing beside this one)."""
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".tmp-write-probe"
-        probe.write_text("ok")
-        probe.unlink()
+        check_writable(out)
     except OSError as err:
         raise ValueError(f"cannot write to the output folder {out} ({err.strerror or err})") from err
     remove_stale_temporaries(out)
+
+
+def wait_for_metadata(out: Path, timeout_s: float = METADATA_WAIT_S, poll_s: float = 1.0) -> dict:
+    """``dataset.json`` once shard 0 has written it with the latency table it measured (one line on stderr says
+    so); RuntimeError after ``timeout_s``."""
+    path = out / METADATA_FILE
+    print(f"waiting for shard 0 to write {path}: it measures the latency table once for every shard "
+          "(latency.file=TABLE.json skips the wait)", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + timeout_s
+    while not path.is_file():  # linked into place whole (data_gen/store.py): never read half-written
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"shard 0 has not written {path} in {timeout_s / 60:.0f} min: start shard 0, or give "
+                               "every shard latency.file=TABLE.json")
+        time.sleep(poll_s)
+    return read_metadata(out)
 
 
 def check_verifiers(names: list[str]) -> list[str]:
@@ -141,29 +184,47 @@ def check_verifiers(names: list[str]) -> list[str]:
     return out
 
 
-def tokenize_prompts(pair: LoadedPair, texts: list[str], config: CollectConfig) -> list[list[int]]:
+def load_tokenizer(config: CollectConfig):
+    """(tokenizer, the pair's training prompt source): all the driver loads of the pair.
+
+    Raises:
+        ValueError: a bad pair config, a fetched target not there, or no tokenizer (prompts are text).
+    """
+    from decode.pair import find_tokenizer, read_pair_config
+
+    try:
+        spec = read_pair_config(config.pair)
+        spec.check_available()
+        tokenizer = find_tokenizer(spec.target, spec.tokenizer)
+    except ValueError as err:
+        raise ValueError(f"pair: {err}") from err
+    if tokenizer is None:
+        raise ValueError("pair: no tokenizer found (set tokenizer: in the pair config)")
+    return tokenizer, spec.train_prompts
+
+
+def tokenize_prompts(tokenizer, texts: list[str], config: CollectConfig) -> list[list[int]]:
     """Token ids of each prompt, left-truncated to ``prompts.max_tokens``."""
-    ids = [list(pair.tokenizer(t)["input_ids"])[-config.prompts.max_tokens :] for t in texts]
-    if config.prompts.max_tokens + 2 * config.l_max + 2 > pair.context_limit:
-        raise ValueError(
-            f"prompts.max_tokens ({config.prompts.max_tokens}) + a 2·l_max tree leaves no room in the models' "
-            f"{pair.context_limit}-token context"
-        )
+    ids = [list(tokenizer(t)["input_ids"])[-config.prompts.max_tokens :] for t in texts]
     if not any(len(x) >= 2 for x in ids):
         raise ValueError("every prompt is shorter than 2 tokens")
     return ids
 
 
-def dataset_metadata(config: CollectConfig, pair: LoadedPair, verifiers: list[str]) -> dict:
-    """``dataset.json``: the contract of docs/dataset.md, with the latency table and provenance."""
-    import datasets
-    import torch
-    import transformers
+def check_context(config: CollectConfig, context_limit: int) -> None:
+    """ValueError unless the longest prompt and a 2·l_max tree fit the models' context."""
+    if config.prompts.max_tokens + 2 * config.l_max + 2 > context_limit:
+        raise ValueError(
+            f"prompts.max_tokens ({config.prompts.max_tokens}) + a 2·l_max tree leaves no room in the models' "
+            f"{context_limit}-token context"
+        )
 
+
+def dataset_metadata(config: CollectConfig, facts: dict, verifiers: list[str], latency: LatencyTable) -> dict:
+    """``dataset.json``: the contract of docs/dataset.md, with the latency table and provenance (``facts``: what a
+    worker reported of the pair and its machine, data_gen.collect.pair_facts)."""
     from decode.verifiers import LabelRule, get_verifier
 
-    latency = collect_latency(config, pair)
-    device = pair.target.device
     return {
         "schema_version": SCHEMA_VERSION,
         "actions": [a.key for a in action_grid(config.k_max, config.l_max)],
@@ -176,13 +237,8 @@ def dataset_metadata(config: CollectConfig, pair: LoadedPair, verifiers: list[st
         "acceptance_columns": [acceptance_column(v) for v in verifiers
                                if get_verifier(v).label_rule == LabelRule.REACH],
         "scalar_names": list(SCALAR_NAMES),
-        "hidden_sizes": pair.hidden_sizes,
-        "pair": {
-            "fingerprint": pair.fingerprint(),
-            "target": str(pair.paths["target"]),
-            "draft": str(pair.paths["draft"]),
-            "vocab_size": int(pair.target.vocab_size),
-        },
+        "hidden_sizes": facts["hidden_sizes"],
+        "pair": facts["pair"],
         "sampling": [{"temperature": t, "top_p": p} for t in config.sampling.temperatures
                      for p in config.sampling.top_ps],
         "trees_per_root": config.trees_per_root,
@@ -190,42 +246,27 @@ def dataset_metadata(config: CollectConfig, pair: LoadedPair, verifiers: list[st
         "trajectories": config.trajectories,
         "new_tokens": config.new_tokens,
         "seed": config.seed,
-        "context_limit": pair.context_limit,
+        "context_limit": facts["context_limit"],
         "latency": latency.__dict__,
-        "versions": {
-            "ddte": package_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "datasets": datasets.__version__, "python": platform.python_version(),
-        },
-        "hardware": {
-            "device": str(device), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-            "threads": torch.get_num_threads(),
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "dtype": str(pair.target.dtype).replace("torch.", ""),
-        },
+        "versions": facts["versions"],
+        "hardware": facts["hardware"],
         "config": config_to_dict(config),
     }
 
 
-def package_version() -> str:
-    """The installed ddte distribution's version ("unknown" when run from an uninstalled tree)."""
-    from importlib.metadata import PackageNotFoundError, version
-
+def read_latency_file(config: CollectConfig) -> LatencyTable | None:
+    """The table of ``latency.file`` (None when the config has none)."""
+    path = config.latency.file
+    if not path:
+        return None
     try:
-        return version("ddte")
-    except PackageNotFoundError:
-        return "unknown"
+        return LatencyTable.from_json(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError) as err:
+        raise ValueError(f"latency.file {path}: not a readable latency table ({err})") from err
 
 
-def collect_latency(config: CollectConfig, pair: LoadedPair | None) -> LatencyTable:
+def collect_latency(config: CollectConfig, pair) -> LatencyTable:
     """The config's latency table: read from ``latency.file`` (no pair needed), else measured on ``pair``."""
-    from decode.latency import measure_latency
+    from data_gen.collect import measure_collect_latency
 
-    grid = config.latency
-    if grid.file:
-        try:
-            return LatencyTable.from_json(Path(grid.file).read_text(encoding="utf-8"))
-        except (OSError, ValueError, TypeError) as err:
-            raise ValueError(f"latency.file {grid.file}: not a readable latency table ({err})") from err
-    largest_tree = 1 + config.l_max + config.k_max * config.l_max  # the root, a full trunk and K full branches
-    return measure_latency(pair.target, pair.draft, lengths=grid.lengths, sizes=grid.sizes, repeats=grid.repeats,
-                           max_size=largest_tree)
+    return read_latency_file(config) or measure_collect_latency(config, pair)

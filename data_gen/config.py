@@ -47,6 +47,16 @@ class LatencyGrid:
 
 
 @dataclass
+class RayOptions:
+    """The Ray engine (``engine: ray``): where the cluster is and how each actor (one loaded pair) is placed."""
+
+    address: str | None = None  # an existing cluster (null: $RAY_ADDRESS, else a local Ray bound to 127.0.0.1)
+    num_gpus: float | None = None  # per actor (null: 1 with device=cuda, else 0)
+    max_restarts: int = 2  # times Ray restarts a lost actor (it reloads the pair)
+    max_task_retries: int = 2  # times a chunk lost with its actor is run again
+
+
+@dataclass
 class CollectConfig:
     """The whole collection job."""
 
@@ -67,8 +77,10 @@ class CollectConfig:
     dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
     seed: int = 0
     threads: int | None = 1  # torch threads per worker
-    workers: int = 1  # local worker processes (each takes a 1/workers share of this shard's prompts)
+    workers: int = 1  # worker processes (engine local) or Ray actors (engine ray), each with its own pair
+    engine: str = "local"  # local: processes on this machine; ray: an actor pool on a Ray cluster
     latency: LatencyGrid = field(default_factory=LatencyGrid)
+    ray: RayOptions = field(default_factory=RayOptions)
 
 
 def load_collect_config(path: str | Path | None, overrides: list[str] | None = None) -> CollectConfig:
@@ -87,6 +99,10 @@ def check_collect_config(config: CollectConfig) -> CollectConfig:
         (config.stride >= 1, "stride must be >= 1"),
         (config.prompts_per_shard >= 1, "prompts_per_shard must be >= 1"),
         (config.workers >= 1, "workers must be >= 1"),
+        (config.engine in ("local", "ray"), "engine must be local or ray"),
+        (config.ray.max_restarts >= 0 and config.ray.max_task_retries >= 0,
+         "ray.max_restarts and ray.max_task_retries must be >= 0"),
+        (config.ray.num_gpus is None or config.ray.num_gpus >= 0, "ray.num_gpus must be null or >= 0"),
         (config.target_chunk >= 1, "target_chunk must be >= 1"),
         (bool(config.verifiers), "verifiers must name at least one verifier"),
         (bool(config.sampling.temperatures) and bool(config.sampling.top_ps), "sampling lists must not be empty"),

@@ -1,14 +1,19 @@
 """The on-disk data set: shard names, atomic parquet writes through ``datasets``, and ``dataset.json``.
 
-A shard is the rows of one chunk of prompts from one worker. It is written to a temporary file in the output
-folder and renamed, so a shard on disk is always complete; ``--resume`` skips the chunks whose shard exists.
+A shard is the rows of one chunk of prompts (chunk c: prompts c·prompts_per_shard onwards), whichever worker
+collected it. Its name holds only the chunk's number, so ``--resume`` skips the chunks whose shard exists with any
+number of workers or ``--shard`` splits. It is written to a temporary file of its own (``.tmp-`` + a unique suffix)
+in the output folder and renamed, so a shard on disk is always complete, and workers sharing the folder never touch
+each other's temporaries.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+import time
 from pathlib import Path
 
 from data_gen.schema import METADATA_FILE, READABLE_VERSIONS, SHARD_GLOB
@@ -16,11 +21,24 @@ from decode.features import HIDDEN_NAMES
 
 # Keys of the resolved config that may change between the runs that build one data set (they change how the
 # work is spread or where it runs, not what a row holds).
-VOLATILE_KEYS = ("output", "workers", "threads", "device", "dtype", "prompts_per_shard", "target_chunk")
+VOLATILE_KEYS = ("output", "workers", "threads", "device", "dtype", "prompts_per_shard", "target_chunk", "engine",
+                 "ray")
 
 
-def shard_path(out: Path, shard: int, num_shards: int, chunk: int) -> Path:
-    return out / f"shard-{shard:05d}-of-{num_shards:05d}-{chunk:05d}.parquet"
+# A temporary older than this is an interrupted run's: a live worker renames its file seconds after creating it.
+STALE_TEMPORARY_S = 3600.0
+# Shard names of ddte before chunk numbers were global: worker i of N, that worker's chunk c.
+LEGACY_SHARD_NAME = re.compile(r"shard-\d+-of-\d+-\d+\.parquet")
+
+
+def shard_path(out: Path, chunk: int) -> Path:
+    """The shard of chunk ``chunk`` (a name that does not depend on how many workers share the collection)."""
+    return out / f"shard-{chunk:05d}.parquet"
+
+
+def legacy_shards(out: Path) -> list[Path]:
+    """Shards named by an older ddte (``shard-i-of-N-c``): their chunks are not this version's chunks."""
+    return [p for p in list_shards(out) if LEGACY_SHARD_NAME.fullmatch(p.name)]
 
 
 def list_shards(out: Path) -> list[Path]:
@@ -57,10 +75,25 @@ def write_shard(rows: list[dict], path: Path, label_columns: list[str]) -> None:
         raise
 
 
-def remove_stale_temporaries(out: Path) -> None:
-    """Temporary files of an interrupted run (never complete shards)."""
+def remove_stale_temporaries(out: Path, older_than_s: float = STALE_TEMPORARY_S) -> None:
+    """Temporary files of an interrupted run (never complete shards): those not modified for ``older_than_s``.
+
+    Younger ones may be another worker's shard being written into the same folder right now.
+    """
+    now = time.time()
     for tmp in out.glob(".tmp-*"):
-        tmp.unlink(missing_ok=True)
+        try:
+            if now - tmp.stat().st_mtime > older_than_s:
+                tmp.unlink()
+        except OSError:  # renamed or removed by its writer meanwhile, or not ours to remove
+            pass
+
+
+def check_writable(out: Path) -> None:
+    """OSError unless a file can be created in ``out`` (a probe of a unique name: workers never share it)."""
+    fd, probe = tempfile.mkstemp(prefix=".tmp-probe-", dir=out)
+    os.close(fd)
+    os.unlink(probe)
 
 
 def write_metadata_once(out: Path, metadata: dict) -> dict:

@@ -1,7 +1,13 @@
-"""Running a collection's chunks: in this process, or in local worker processes that pull chunks from a queue.
+"""Running a collection's chunks: the engines.
 
-Each chunk (the roots of some prompts) becomes one parquet shard (data_gen/store.py), so an interrupted run keeps
-every finished chunk and ``--resume`` skips it.
+An engine loads the pair where the work runs (the driver loads only the tokenizer), reports what ``dataset.json``
+records of it from one worker (which measures the latency table when asked: once per collection), then runs the
+plan's chunks, one shard each (data_gen/store.py), so an interrupted run keeps every finished chunk and
+``--resume`` skips it:
+
+* :class:`InProcess`: this process (``workers: 1``);
+* :class:`Processes`: ``workers`` local processes that pull chunks from a queue;
+* :class:`data_gen.ray_pool.RayPool`: an actor pool on a Ray cluster (``engine: ray``).
 """
 
 from __future__ import annotations
@@ -14,22 +20,21 @@ from pathlib import Path
 
 from data_gen.config import CollectConfig
 from data_gen.store import shard_path, write_shard
-from ddte_core.signals import sigterm_as_interrupt
 from decode.actions import parse_actions
 from decode.pair import LoadedPair
 
 
 @dataclass
 class WorkPlan:
-    """What one invocation collects: chunks of prompt indices, which of them are still to do."""
+    """What one invocation collects: chunks of prompt indices (global: the same for any worker count), which of
+    them are still to do."""
 
     config: CollectConfig
     metadata: dict
     prompts: list[list[int]]
     chunks: list[list[int]]
     todo: list[int]
-    shard: int
-    num_shards: int
+    label: str = "collect"
 
     def expected_roots(self, context_limit: int) -> int:
         from data_gen.collect import root_positions
@@ -43,87 +48,139 @@ class WorkPlan:
         return n
 
 
-def run_plan(plan: WorkPlan, pair: LoadedPair | None, progress: bool) -> int:
-    """Collect the plan's chunks, in this process (pair given) or in ``config.workers`` processes."""
+def open_engine(config: CollectConfig, measure: bool):
+    """The engine of ``config`` (``engine``, ``workers``), its pairs loading; ``measure``: its first worker measures
+    the latency table for :meth:`facts`."""
+    if config.engine == "ray":
+        from data_gen.ray_pool import RayPool
+
+        return RayPool(config, measure)
+    return InProcess(config, measure) if config.workers == 1 else Processes(config, measure)
+
+
+def run_plan(engine, plan: WorkPlan, progress: bool) -> int:
+    """Collect the plan's chunks on ``engine`` behind one progress bar; returns the roots collected."""
     from tqdm import tqdm
 
-    limit = plan.metadata["context_limit"]
-    bar = tqdm(total=plan.expected_roots(limit), unit="root", disable=not progress, file=sys.stderr,
-               desc=f"collect {plan.shard}/{plan.num_shards}", smoothing=0.05)
+    bar = tqdm(total=plan.expected_roots(plan.metadata["context_limit"]), unit="root", disable=not progress,
+               file=sys.stderr, desc=plan.label, smoothing=0.05)
     bar.refresh()  # shown at once, before the first (slow) root
-    done = 0
-    if pair is not None:
-        worker = _Worker(plan, pair)
-        for c in plan.todo:
-            done += worker.chunk(c, bar.update)
-    else:
-        done = _run_processes(plan, bar)
+    done = engine.run(plan, bar.update) if plan.todo else 0
     bar.total = done
     bar.refresh()
     bar.close()
     return done
 
 
-def _run_processes(plan: WorkPlan, bar) -> int:
-    ctx = mp.get_context("spawn")
-    queue, tasks = ctx.Queue(), ctx.Queue()
-    n = plan.config.workers
-    # Workers pull chunks as they free up, so uneven chunks (prompts of different lengths, early EOS) and a
-    # chunk count that is not a multiple of the worker count leave no core idle until the last chunk.
-    for c in plan.todo:
-        tasks.put(c)
-    for _ in range(n):
-        tasks.put(None)
-    procs = [ctx.Process(target=_worker_main, args=(plan, w, tasks, queue), daemon=True) for w in range(n)]
-    for proc in procs:
-        proc.start()
-    done, finished, errors = 0, set(), []
-    clean = False
-    try:
-        with sigterm_as_interrupt():  # a killed parent must take its workers down
-            while len(finished) < n:
-                try:
-                    kind, value = queue.get(timeout=1.0)
-                except queue_module.Empty:
-                    # A worker that died without a word (killed, out of memory) must not leave us waiting forever.
-                    dead = [w for w, p in enumerate(procs) if w not in finished and p.exitcode not in (None, 0)]
-                    if dead:
-                        errors.append(f"worker {dead[0]} exited with code {procs[dead[0]].exitcode}")
-                        break
-                    continue
-                if kind == "roots":
-                    done += value
-                    bar.update(value)
-                elif kind == "error":
-                    errors.append(value[1])
-                    finished.add(value[0])
-                else:
-                    finished.add(value)
-        clean = not errors
-    finally:
-        for proc in procs:
-            if not clean and proc.is_alive():
-                proc.terminate()
-            proc.join(timeout=30)
-    if errors:
-        raise RuntimeError(f"a worker failed: {errors[0]}")
-    return done
+class InProcess:
+    """One worker: this process."""
 
-
-def _worker_main(plan: WorkPlan, index: int, tasks, queue) -> None:
-    try:
+    def __init__(self, config: CollectConfig, measure: bool) -> None:
         from data_gen.collect import load_collect_pair
 
-        pair = load_collect_pair(plan.config)
-        worker = _Worker(plan, pair)
+        self.config, self.measure = config, measure
+        self.pair = load_collect_pair(config)
+
+    def __enter__(self) -> InProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def facts(self) -> dict:
+        from data_gen.collect import pair_facts
+
+        return pair_facts(self.pair, self.config, self.measure)
+
+    def run(self, plan: WorkPlan, report) -> int:
+        worker = ChunkWorker(plan, self.pair)
+        return sum(worker.chunk(c, report) for c in plan.todo)
+
+
+class Processes:
+    """``config.workers`` spawned processes, each loading the pair once. Worker 0 reports the facts; then every
+    worker gets the plan and pulls chunks as it frees up, so uneven chunks (prompts of different lengths, early EOS)
+    and a chunk count that is not a multiple of the worker count leave no core idle until the last chunk."""
+
+    def __init__(self, config: CollectConfig, measure: bool) -> None:
+        ctx = mp.get_context("spawn")
+        self.results, self.tasks = ctx.Queue(), ctx.Queue()
+        self.plans = [ctx.Queue() for _ in range(config.workers)]
+        self.procs = [ctx.Process(target=_process_main,
+                                  args=(config, w, measure and w == 0, self.plans[w], self.tasks, self.results),
+                                  daemon=True)
+                      for w in range(config.workers)]
+        for proc in self.procs:
+            proc.start()
+        self.finished: set[int] = set()
+        self.clean = False
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:  # after a failure, or a refusal before any chunk: stopped, not waited for
+            if not self.clean and proc.is_alive():
+                proc.terminate()
+            proc.join(timeout=30)
+
+    def _next(self) -> tuple[str, object]:
+        """The next message of any worker; RuntimeError for a worker that failed or died without a word (killed,
+        out of memory): the parent must not wait forever."""
+        while True:
+            try:
+                kind, value = self.results.get(timeout=1.0)
+            except queue_module.Empty:
+                dead = [w for w, p in enumerate(self.procs) if w not in self.finished and p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"a worker failed: worker {dead[0]} exited with code "
+                                       f"{self.procs[dead[0]].exitcode}") from None
+                continue
+            if kind == "error":
+                raise RuntimeError(f"a worker failed: {value[1]}")
+            return kind, value
+
+    def facts(self) -> dict:
+        kind, value = self._next()
+        if kind != "facts":  # worker 0 reports them before any worker gets a plan
+            raise RuntimeError(f"a worker sent {kind!r} before the pair's facts")
+        return value
+
+    def run(self, plan: WorkPlan, report) -> int:
+        for plans in self.plans:
+            plans.put(plan)
+        for c in plan.todo:
+            self.tasks.put(c)
+        for _ in self.procs:
+            self.tasks.put(None)
+        done = 0
+        while len(self.finished) < len(self.procs):
+            kind, value = self._next()
+            if kind == "roots":
+                done += value
+                report(value)
+            else:
+                self.finished.add(value)
+        self.clean = True
+        return done
+
+
+def _process_main(config: CollectConfig, index: int, measure: bool, plans, tasks, results) -> None:
+    try:
+        from data_gen.collect import load_collect_pair, pair_facts
+
+        pair = load_collect_pair(config)
+        if index == 0:
+            results.put(("facts", pair_facts(pair, config, measure)))
+        worker = ChunkWorker(plans.get(), pair)
         for c in iter(tasks.get, None):
-            worker.chunk(c, lambda n: queue.put(("roots", n)))
-        queue.put(("done", index))
+            worker.chunk(c, lambda n: results.put(("roots", n)))
+        results.put(("done", index))
     except Exception as err:  # reported to the parent, which exits cleanly with the message
-        queue.put(("error", (index, f"{type(err).__name__}: {err}")))
+        results.put(("error", (index, f"{type(err).__name__}: {err}")))
 
 
-class _Worker:
+class ChunkWorker:
     """Holds a Collector and writes one shard per chunk."""
 
     def __init__(self, plan: WorkPlan, pair: LoadedPair) -> None:
@@ -145,6 +202,8 @@ class _Worker:
                        *meta["trunk_columns"]]
 
     def chunk(self, c: int, report) -> int:
+        """Collect chunk ``c`` and write its shard (none when it has no rows); ``report(n)`` after each trajectory's
+        ``n`` rows. Returns the chunk's rows."""
         from data_gen.collect import TrajectoryJob
         from decode.sampling import SamplingConfig
 
@@ -160,5 +219,5 @@ class _Worker:
                     rows.extend(got)
                     report(len(got))
         if rows:
-            write_shard(rows, shard_path(Path(plan.config.output), plan.shard, plan.num_shards, c), self.labels)
+            write_shard(rows, shard_path(Path(plan.config.output), c), self.labels)
         return len(rows)

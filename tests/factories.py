@@ -98,3 +98,19 @@ def chat_tokenizer():
     tokenizer = AutoTokenizer.from_pretrained(str(SHIPPED_TOKENIZER))
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def shard_rows(folder: Path) -> dict[str, list[dict]]:
+    """Every shard of a collected folder by file name, its rows in file order, NaN as None (so rows compare equal):
+    two collections are the same row for row when these are equal."""
+    import math
+
+    import pyarrow.parquet as pq
+
+    def clean(value):
+        if isinstance(value, list):
+            return [None if isinstance(v, float) and math.isnan(v) else v for v in value]
+        return value
+
+    return {shard.name: [{k: clean(v) for k, v in row.items()} for row in pq.read_table(shard).to_pylist()]
+            for shard in sorted(Path(folder).glob("shard-*.parquet"))}

@@ -7,11 +7,17 @@ Examples:
   ddte collect --config configs/collect/default.yaml prompts.limit=20 trees_per_root=2 --output data/small
   ddte collect --config configs/collect/default.yaml --resume            # continue an interrupted run
   ddte collect --config configs/collect/default.yaml --shard 3/8          # worker 3 of 8 (one per GPU/node)
+  ddte collect --config configs/collect/default.yaml --engine ray --workers 8   # a Ray actor pool
 
 Any config key can be overridden as KEY=VALUE (dotted for sections: prompts.limit=50,
-sampling.temperatures=[0.6,1.0]). Many machines: run one `--shard i/N` per worker on a shared output folder,
-e.g. a SLURM array (`--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`) or torchrun
-(`--shard $RANK/$WORLD_SIZE`); the first worker's dataset.json (and its latency table) is shared by all.
+sampling.temperatures=[0.6,1.0]). Many machines, on a shared output folder:
+  * --engine ray --workers N: an actor per worker on the Ray cluster at $RAY_ADDRESS (or ray.address=...; without
+    one a local Ray on 127.0.0.1), one chunk per task, lost actors restarted and their chunks retried
+    (ray.max_restarts, ray.max_task_retries, ray.num_gpus per actor). Needs pip install 'ddte[ray]'.
+  * --shard i/N, no dependency: one process per worker, e.g. a SLURM array
+    (--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT) or torchrun (--shard $RANK/$WORLD_SIZE).
+Chunk names do not depend on N: --resume skips finished chunks with any worker or shard count. The latency table
+comes from latency.file, or shard 0 measures it once and the other shards wait for its dataset.json.
 """
 
 from __future__ import annotations
@@ -28,14 +34,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="collect YAML")
     parser.add_argument("--output", default=None, help="output folder (overrides the config's output)")
     parser.add_argument("--resume", action="store_true", help="continue a run in --output: skip finished shards")
-    parser.add_argument("--shard", default="0/1", help="i/N: collect only prompts with index %% N == i")
+    parser.add_argument("--shard", default="0/1", help="i/N: collect only the chunks c with c %% N == i")
     parser.add_argument("--device", default=None, choices=("cpu", "cuda", "auto"),
                         help="where the models run (overrides the config)")
     parser.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
                         help="model dtype (overrides the config)")
     parser.add_argument("--seed", type=int, default=None, help="overrides the config's seed")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per worker (overrides the config)")
-    parser.add_argument("--workers", type=int, default=None, help="local worker processes (overrides the config)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="worker processes, or Ray actors with --engine ray (overrides the config)")
+    parser.add_argument("--engine", default=None, choices=("local", "ray"),
+                        help="local processes or a Ray actor pool (overrides the config's engine, default local)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -44,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from data_gen.config import load_collect_config
 
     overrides = list(args.overrides)
-    for key in ("output", "device", "dtype", "seed", "workers", "threads"):
+    for key in ("output", "device", "dtype", "seed", "workers", "threads", "engine"):
         if getattr(args, key) is not None:
             overrides.append(f"{key}={getattr(args, key)}")
     with user_errors():
