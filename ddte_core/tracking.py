@@ -72,6 +72,8 @@ def quiet_lightning() -> Iterator[None]:
             warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
             warnings.filterwarnings("ignore", message=r".*smaller than the logging interval.*")
             warnings.filterwarnings("ignore", message=r".*exists and is not empty.*")  # config.yaml is there first
+            # several processes: every rank evaluates whole splits, so its epoch metrics are already the job's
+            warnings.filterwarnings("ignore", message=r".*sync_dist=True.*")
             yield
     finally:
         for lg in loggers:

@@ -64,6 +64,17 @@ class DistillSchedule:
 
 
 @dataclass
+class DistillTrainer:
+    """Where Lightning runs the job: ``devices`` per node, ``num_nodes`` and ``strategy`` (auto, ddp, ...) spread it
+    over several processes; rank 0 alone tracks it and writes the draft, and each rank draws its own batches."""
+
+    accelerator: str = "cpu"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+
+
+@dataclass
 class Tracking:
     tracking_uri: str | None = None  # null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db (absolute)
     experiment: str = "ddte-distill"
@@ -90,6 +101,7 @@ class DistillConfig:
     storage_dtype: str = "float16"
     data: DistillData = field(default_factory=DistillData)
     train: DistillSchedule = field(default_factory=DistillSchedule)
+    trainer: DistillTrainer = field(default_factory=DistillTrainer)
     tracking: Tracking = field(default_factory=Tracking)
 
 
@@ -123,6 +135,7 @@ def load_distill_config(path: str | Path | None, overrides: list[str] | None = N
         (data.warm_start_steps >= 0, "data.warm_start_steps must be >= 0"),
         (0.0 < data.heldout_fraction < 1.0, "data.heldout_fraction must be in (0, 1)"),
         (train.steps >= 1 and train.val_every >= 1, "train: steps and val_every must be >= 1"),
+        (config.trainer.devices >= 1 and config.trainer.num_nodes >= 1, "trainer: devices and num_nodes must be >= 1"),
         (train.lr > 0 and 0 <= train.min_lr_ratio <= 1 and train.warmup_steps >= 0 and train.grad_clip > 0,
          "train: lr > 0, 0 <= min_lr_ratio <= 1, warmup_steps >= 0, grad_clip > 0"),
     ]

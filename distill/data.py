@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from data_gen.corpus import SourceFile, list_corpus, select_split, subset
+from ddte_core.distributed import rank_seed
 
 
 def corpus_files(heldout_fraction: float, max_files: int | None) -> tuple[list[SourceFile], list[SourceFile]]:
@@ -45,7 +46,8 @@ def evenly_spaced_windows(stream: torch.Tensor, seq_len: int, count: int) -> tor
 
 
 class RandomWindows(IterableDataset):
-    """An endless, seeded stream of ``(batch_size, seq_len)`` random windows of a token stream."""
+    """An endless, seeded stream of ``(batch_size, seq_len)`` random windows of a token stream; each rank of a
+    multi-process job draws its own (``seed`` itself on rank 0)."""
 
     def __init__(self, stream: torch.Tensor, seq_len: int, batch_size: int, seed: int) -> None:
         if stream.numel() <= seq_len:
@@ -53,7 +55,7 @@ class RandomWindows(IterableDataset):
         self.stream, self.seq_len, self.batch_size, self.seed = stream, seq_len, batch_size, seed
 
     def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed)
+        generator = torch.Generator().manual_seed(rank_seed(self.seed))
         while True:
             starts = torch.randint(0, self.stream.numel() - self.seq_len, (self.batch_size,), generator=generator)
             yield torch.stack([self.stream[s : s + self.seq_len] for s in starts.tolist()])

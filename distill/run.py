@@ -1,7 +1,9 @@
 """One distillation job: load the pair, train the draft against the target, track it in MLflow, write the draft.
 
 The output folder is staged under a temporary name beside it and renamed only when the draft, its tokenizer files
-and ``distill.json`` are all written, so a folder on disk is always whole. Every problem with the input (a missing
+and ``distill.json`` are all written, so a folder on disk is always whole. With several processes (``trainer``:
+devices, num_nodes, strategy) rank 0 alone creates the MLflow run and writes the draft, and each rank trains on
+batches of its own. Every problem with the input (a missing
 directory, two vocabularies, a bad config value, an output that exists) is a ValueError raised before training.
 """
 
@@ -155,12 +157,14 @@ def training_laws(config: DistillConfig, tokenizer, target, log=print):
     return laws, path
 
 
-def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
-    """Run the job (see the module docstring); returns where the draft went and what it reached."""
+def distill(config: DistillConfig, progress: bool = True) -> DistillResult | None:
+    """Run the job (see the module docstring); returns where the draft went and what it reached (None on every rank
+    of a multi-process job but 0)."""
     import lightning.pytorch as pl
     from lightning.pytorch.loggers import MLFlowLogger
     from torch.utils.data import DataLoader
 
+    from ddte_core.distributed import is_rank_zero
     from ddte_core.tracking import (
         artifact_location,
         flatten_params,
@@ -195,11 +199,14 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
                            config.teacher_topk)
 
     uri = resolve_tracking_uri(config.tracking.tracking_uri)
+    lead = is_rank_zero()  # one MLflow run per job, and one writer of the draft
     logger = MLFlowLogger(experiment_name=config.tracking.experiment, tracking_uri=uri,
                           run_name=config.tracking.run_name or f"distill-{config.divergence}",
-                          artifact_location=artifact_location(uri), tags={"ddte.divergence": config.divergence})
+                          artifact_location=artifact_location(uri),
+                          tags={"ddte.divergence": config.divergence}) if lead else False
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=config.train.steps, val_check_interval=config.train.val_every,
+        **dataclasses.asdict(config.trainer), use_distributed_sampler=False,  # every rank validates every block
+        max_steps=config.train.steps, val_check_interval=config.train.val_every,
         check_val_every_n_epoch=None, logger=logger, enable_checkpointing=False, enable_progress_bar=progress,
         enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=10,
         gradient_clip_val=config.train.grad_clip,
@@ -214,6 +221,8 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult:
         seconds = time.perf_counter() - start
         round_to_storage(draft, config.storage_dtype)  # evaluate what is shipped
         after = _validate(trainer, module, val_loader)
+    if not lead:
+        return None
     summary = {
         "config": dataclasses.asdict(config), "before": before, "after": after, "train_seconds": round(seconds, 1),
         "target_forward_seconds": round(module.target_seconds, 1), "steps": trainer.global_step,

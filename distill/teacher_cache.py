@@ -222,7 +222,9 @@ class LawBatches(IterableDataset):
         return LawBatch(ids, mask, top_ids, log_p_top)
 
     def __iter__(self) -> Iterator[LawBatch]:
-        generator = torch.Generator().manual_seed(self.seed)
+        from ddte_core.distributed import rank_seed
+
+        generator = torch.Generator().manual_seed(rank_seed(self.seed))  # each rank of a DDP job its own batches
         while True:
             picks = torch.randint(0, len(self.laws), (self.batch_size,), generator=generator).tolist()
             yield self.batch(picks)

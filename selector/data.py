@@ -430,10 +430,13 @@ class SelectorDataModule(pl.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         self.setup()
-        return DataLoader(RootDataset(self.splits[split]), batch_size=self.hparams.batch_size, shuffle=shuffle,
-                          collate_fn=_keep_batch, num_workers=self.hparams.num_workers)
+        dataset = RootDataset(self.splits[split])
+        sampler = _rank_share(dataset, self.hparams.split_seed) if shuffle else None
+        return DataLoader(dataset, batch_size=self.hparams.batch_size, shuffle=shuffle and sampler is None,
+                          sampler=sampler, collate_fn=_keep_batch, num_workers=self.hparams.num_workers)
 
     def train_dataloader(self) -> DataLoader:
+        """Shuffled; with several processes each rank trains on its own share (every rank evaluates whole splits)."""
         return self._loader("train", shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
@@ -444,6 +447,17 @@ class SelectorDataModule(pl.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader("test", shuffle=False)
+
+
+def _rank_share(dataset: Dataset, seed: int):
+    """A shuffling DistributedSampler over ``dataset`` when a process group of several ranks is up (Lightning sets
+    its epoch), else None (the loader shuffles)."""
+    import torch.distributed as dist
+    from torch.utils.data import DistributedSampler
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    return DistributedSampler(dataset, shuffle=True, seed=seed)
 
 
 def _as_one_config(arrays: RootArrays) -> RootArrays:

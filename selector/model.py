@@ -269,18 +269,16 @@ class SelectorModule(pl.LightningModule):
         })
 
     def _log_offline_metrics(self, split: str) -> None:
-        """Offline metrics over the whole split (ratios of sums: every rank gathers every row first)."""
+        """Offline metrics over the whole split (ratios of sums). Every rank evaluates every row of the split
+        (selector/train.py shares out only the training loader), so each holds the same figures."""
         from selector.metrics import offline_metrics
 
         parts = self._outputs.pop(split, [])
         if not parts:
             return
-        cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        if self.trainer.world_size > 1:  # DDP: (world, N, ...) -> (world·N, ...)
-            cat = {k: v.flatten(0, 1) for k, v in self.all_gather(cat).items()}
-        arr = {k: v.cpu().numpy() for k, v in cat.items()}
+        arr = {k: torch.cat([p[k] for p in parts]).cpu().numpy() for k in parts[0]}
         metrics = offline_metrics(arr["chosen"], arr["be"], arr["step_ms"], arr["sampling_index"], arr["base_index"])
-        self.log_dict(metrics.as_dict(f"{split}/"))
+        self.log_dict(metrics.as_dict(f"{split}/"), sync_dist=True)  # equal on every rank: no warning, no change
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._eval_step("val", batch)

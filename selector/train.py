@@ -4,7 +4,8 @@ The config is typed YAML with ``KEY=VALUE`` overrides, as for every ddte command
 configs/train/default.yaml): :class:`TrainConfig`, five sections key for key.
 
   seed_everything   the seed of everything (splits have their own data.split_seed)
-  trainer           lightning.pytorch.Trainer arguments (max_epochs, accelerator, devices, ...): TrainerOptions
+  trainer           lightning.pytorch.Trainer arguments (max_epochs, accelerator, devices, num_nodes, strategy,
+                    ...): TrainerOptions
   model             selector.model.SelectorModule: objective (policy | be), d_proj, mlp_hidden, dropout, lr,
                     weight_decay, lam (λ), alpha (α) of Eq. 12, min_lr_ratio: ModelOptions
   data              selector.data.SelectorDataModule: data_dir, verifier (one selector per verifier), val_fraction,
@@ -17,6 +18,11 @@ configs/train/default.yaml): :class:`TrainConfig`, five sections key for key.
 Any key is overridden as KEY=VALUE (lists take YAML: model.mlp_hidden=[256,32]); an unknown key is an error.
 :func:`train` takes a :class:`TrainConfig` and returns a :class:`TrainResult`; :func:`train_selector` reads the
 YAML first.
+
+Several devices or nodes (``trainer.devices=2 trainer.strategy=ddp``, ``trainer.num_nodes``) give one job: rank 0
+alone creates its MLflow run and writes its outputs, each rank trains on its own share of the training split
+(a DistributedSampler), and every rank evaluates the whole validation and test splits, so the checkpoint choice and
+the figures are those of one device's evaluation.
 
 Logged to MLflow: the resolved config (artifact config.yaml and params config/...), the data fingerprint, the git
 commit, per epoch the offline metrics of the validation split (throughput ratio vs the best static action per
@@ -36,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddte_core.distributed import is_rank_zero
 from ddte_core.tracking import artifact_location, flatten_params, git_commit, quiet_lightning, resolve_tracking_uri
 from ddte_core.yamlconfig import load_yaml_config
 from decode.selector_file import OBJECTIVES
@@ -46,10 +53,14 @@ DEFAULT_CONFIG = "configs/train/default.yaml"
 
 @dataclass
 class TrainerOptions:
-    """``lightning.pytorch.Trainer`` arguments (the ``trainer`` section); the logger and callbacks are ddte's."""
+    """``lightning.pytorch.Trainer`` arguments (the ``trainer`` section); the logger and callbacks are ddte's.
+    ``devices`` per node, ``num_nodes`` and ``strategy`` (auto, ddp, ddp_spawn, ...) spread one job over several
+    processes."""
 
     accelerator: str = "cpu"
     devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
     max_epochs: int = 40
     log_every_n_steps: int = 10
     num_sanity_val_steps: int = 0
@@ -180,9 +191,9 @@ class _Run:
     config: TrainConfig
     datamodule: Any
     model: Any
-    logger: Any  # lightning's MLFlowLogger: its run is created with it
+    logger: Any  # lightning's MLFlowLogger: its run is created with it; None on ranks other than 0
     tracking_uri: str
-    out_dir: Path
+    out_dir: Path | None  # None on ranks other than 0 (their checkpoint callback gets rank 0's folder)
     checkpoint: Any = None
     trainer: Any = None
 
@@ -203,12 +214,14 @@ def _data_and_model(config: TrainConfig):
 
 
 def _open_run(config: TrainConfig, dm, model) -> _Run:
-    """The MLflow run (its id names the checkpoint folder)."""
+    """The MLflow run (its id names the checkpoint folder): rank 0's alone, one per job."""
     from lightning.pytorch.loggers import MLFlowLogger
 
     run = config.run
     verifier, objective = dm.hparams.verifier, model.hparams.objective
     tracking_uri = resolve_tracking_uri(run.tracking_uri)
+    if not is_rank_zero():
+        return _Run(config, dm, model, None, tracking_uri, None)
     logger = MLFlowLogger(
         experiment_name=run.experiment,
         run_name=run.run_name or f"{verifier}-{objective}",
@@ -230,7 +243,7 @@ def _add_trainer(run: _Run) -> None:
         """One line per epoch (the progress bar is off in CI logs): loss and the validation throughput ratio."""
 
         def on_validation_epoch_end(self, trainer, module) -> None:
-            if trainer.sanity_checking:
+            if trainer.sanity_checking or not trainer.is_global_zero:
                 return
             m = trainer.callback_metrics
             parts = [f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"]
@@ -246,7 +259,9 @@ def _add_trainer(run: _Run) -> None:
         auto_insert_metric_name=False, enable_version_counter=False,
     )
     callbacks = [run.checkpoint, *([EpochLine()] if options.progress else [])]
-    run.trainer = pl.Trainer(**dataclasses.asdict(run.config.trainer), logger=run.logger, callbacks=callbacks)
+    # every rank evaluates whole splits: the training loader alone is shared out (SelectorDataModule)
+    run.trainer = pl.Trainer(**dataclasses.asdict(run.config.trainer), logger=run.logger or False,
+                             callbacks=callbacks, use_distributed_sampler=False)
 
 
 def _log_run_facts(run: _Run, info: dict[str, Any]) -> None:
@@ -318,8 +333,9 @@ def _summary(run: _Run, test_metrics: dict[str, float], baselines: dict, train_s
     }
 
 
-def train(config: TrainConfig, verbose: bool = True) -> TrainResult:
-    """Train one selector: the function behind ``ddte train`` and the pipeline's train stage.
+def train(config: TrainConfig, verbose: bool = True) -> TrainResult | None:
+    """Train one selector: the function behind ``ddte train`` and the pipeline's train stage. With several
+    processes (``trainer.strategy``) it returns None on every rank but 0, which writes and returns the result.
 
     Args:
         config: the run (:func:`load_train_config` reads one from YAML).
@@ -344,18 +360,19 @@ def train(config: TrainConfig, verbose: bool = True) -> TrainResult:
             return _train(run)
         except BaseException:
             # the MLflow run exists from here on: never leave it RUNNING after a failure
-            run.logger.experiment.set_terminated(run.logger.run_id, "FAILED")
+            if run.logger is not None:
+                run.logger.experiment.set_terminated(run.logger.run_id, "FAILED")
             raise
 
 
 def train_selector(config: str | Path | None = DEFAULT_CONFIG, overrides: Sequence[str] = (),
-                   verbose: bool = True) -> TrainResult:
+                   verbose: bool = True) -> TrainResult | None:
     """:func:`train` on the YAML at ``config`` (None: the defaults) with ``KEY=VALUE`` overrides (e.g.
     ``"data.verifier=traversal"``): the Python twin of ``ddte train``."""
     return train(load_train_config(config, overrides), verbose)
 
 
-def _train(run: _Run) -> TrainResult:
+def _train(run: _Run) -> TrainResult | None:
     """The body of :func:`train` under the configured torch thread count (restored afterwards)."""
     import torch
 
@@ -369,12 +386,13 @@ def _train(run: _Run) -> TrainResult:
         torch.set_num_threads(previous)
 
 
-def _fit_and_report(run: _Run) -> TrainResult:
-    """Fit, test the best checkpoint, log plots, baselines, checkpoint and summary."""
+def _fit_and_report(run: _Run) -> TrainResult | None:
+    """Fit, test the best checkpoint, log plots, baselines, checkpoint and summary (rank 0; None on the others)."""
     model, dm, trainer, logger = run.model, run.datamodule, run.trainer, run.logger
     dm.setup("fit")  # splits and baselines first: "too few prompts" fails before any run output
-    model.ddte_info.update(run_id=logger.run_id, tracking_uri=run.tracking_uri)
-    _log_run_facts(run, dm.describe())
+    if logger is not None:
+        model.ddte_info.update(run_id=logger.run_id, tracking_uri=run.tracking_uri)
+        _log_run_facts(run, dm.describe())
 
     start = time.perf_counter()
     trainer.fit(model, datamodule=dm)
@@ -384,6 +402,9 @@ def _fit_and_report(run: _Run) -> TrainResult:
         raise ValueError("no checkpoint was saved: is the monitored metric "
                          f"'{run.checkpoint.monitor}' logged (validation split empty?)")
     trainer.test(model, datamodule=dm, ckpt_path=best, verbose=False)  # loads the best weights into `model`
+    if logger is None:  # another rank: rank 0 fits the guard and writes the checkpoint (a collective call)
+        trainer.save_checkpoint(best)
+        return None
     test_metrics = {k[len("test/"):]: float(v) for k, v in trainer.callback_metrics.items()
                     if k.startswith("test/")}
     test_metrics.update(fit_guard(logger, model, dm))

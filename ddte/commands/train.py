@@ -13,6 +13,11 @@ Examples:
   ddte train --config configs/train/default.yaml --data data/collect/default --verifier traversal
   ddte train --data data/collect/default --baselines model.objective=be trainer.max_epochs=40
   ddte train --print-config
+  ddte train --data data/collect/default trainer.devices=2 trainer.strategy=ddp    # one job on two processes
+  ddte train --data data/collect/default --tracking-uri http://127.0.0.1:5000      # a shared MLflow server
+
+Several devices or nodes (trainer.devices, trainer.num_nodes, trainer.strategy) make one job: one MLflow run,
+logged and written by rank 0; each rank trains on its own share of the training split.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
             print(config_yaml(config), end="")
             return 0
         result = train(config)
+    if result is None:  # a rank other than 0 of a multi-process job: rank 0 reports
+        return 0
     print(format_summary(result))
     sys.stdout.flush()
     return 0
