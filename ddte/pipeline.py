@@ -28,7 +28,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.compare import choose_static
+from bench.decoding import BenchSettings, bench_prompts, encode_prompts, environment, run_bench
+from bench.display import bench_metrics, format_table, plot
+from bench.method import AR, Method, by_method, static_rows
 from data_gen.config import CollectConfig, load_collect_config
+from ddte.pipeline_results import results_markdown
 from ddte_core.paths import refuse_file_in_the_way
 from ddte_core.yamlconfig import load_yaml_config
 from selector.train import TrainConfig, TrainResult, load_train_config, train
@@ -217,8 +222,6 @@ def _run_stages(plan: PipelinePlan, out: Path, tracking: _Tracking) -> PipelineR
     deployment = Deployment(choices, best_verifier, bench["pair_fingerprint"],
                             {"bench": "bench.json", "data": str(data_dir)})
     path = deployment.write(out / "policy.json")
-    from ddte.results import results_markdown
-
     text = results_markdown(bench, trained, candidates, kept, choices, timings, data_dir, tracking.parent)
     (out / "results.md").write_text(text + "\n", encoding="utf-8")
     for name in ("results.md", "policy.json"):
@@ -321,8 +324,6 @@ def static_candidates(metadata, summary: dict, temperatures: list[float], count:
 def _bench(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dict[str, dict[float, list[str]]],
            selectors: dict[str, Path], tracking: _Tracking) -> dict:
     """One interleaved bench per temperature of AR, the static candidates and the selectors; bench.json/png."""
-    from ddte.bench.methods import BenchSettings, bench_prompts, encode_prompts, environment, run_bench
-    from ddte.bench.report import bench_metrics, format_table, plot
     from decode.pair import load_pair_config
 
     if stage.threads:
@@ -335,11 +336,11 @@ def _bench(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dic
     settings = BenchSettings(stage.max_new_tokens, stage.repeats, stage.seed)
     rows = []
     for temperature in stage.temperatures:
-        methods = ["ar"]
+        methods = [AR]
         for verifier, actions in candidates.items():
-            methods += [f"{verifier}@{action}" for action in actions[temperature]]
+            methods += [Method.static(verifier, action) for action in actions[temperature]]
             if verifier in selectors:
-                methods.append(f"{verifier}@selector={selectors[verifier]}")
+                methods.append(Method.selector(verifier, selectors[verifier]))
         rows += run_bench(list(dict.fromkeys(methods)), pair, prompts, settings, [temperature])
     title = (f"{len(prompts)} held-out prompts × {stage.repeats}, {stage.max_new_tokens} new tokens, "
              f"T = {', '.join(f'{t:g}' for t in stage.temperatures)}")
@@ -362,15 +363,9 @@ def _bench(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dic
 
 def keep_statics(rows: list[dict], candidates: dict[str, dict[float, list[str]]]) -> dict[tuple[str, float], tuple]:
     """Per (verifier, temperature): the index of the static candidate to keep and why
-    (``choose_static`` in ddte/bench/compare.py)."""
-    from ddte.bench.compare import choose_static
-
-    out = {}
-    for verifier, by_temperature in candidates.items():
-        for temperature, actions in by_temperature.items():
-            at_t = {r["method"]: r for r in rows if r["temperature"] == temperature}
-            out[verifier, temperature] = choose_static([at_t[f"{verifier}@{a}"] for a in actions], actions)
-    return out
+    (``choose_static`` in bench/compare.py)."""
+    return {(verifier, temperature): choose_static(static_rows(rows, verifier, temperature, actions), actions)
+            for verifier, by_temperature in candidates.items() for temperature, actions in by_temperature.items()}
 
 
 def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], metadata: dict,
@@ -383,10 +378,10 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
     choices = []
     for verifier, path in selectors.items():
         for temperature, actions in candidates[verifier].items():
-            at_t = {r["method"]: r for r in rows if r["temperature"] == temperature}
             index, measured = kept[verifier, temperature]
-            static = at_t[f"{verifier}@{actions[index]}"]
-            selector = at_t.get(f"{verifier}@selector={path}")
+            at_t = by_method(rows, temperature)
+            static = at_t[Method.static(verifier, actions[index])]
+            selector = at_t.get(Method.selector(verifier, path))
             if metadata[verifier].fallback_for(temperature, 1.0).margin is None or selector is None:
                 policy, reason = "static", f"{measured}; the selector's guard is off (it never beat its fallback " \
                     "on validation prompts by the policy phase's cost, so it would draft the fallback anyway)"

@@ -18,7 +18,7 @@ training): stdlib modules for the shipped pair, chat prompts rendered with the c
 --temperature values give one block of rows per temperature. Selector rows also report the median network call
 (µs) and the share of wall time spent in the policy (features + call + decision). Every policy row (selector,
 policy file, adaptive, entropy) is then compared with its verifier's best static row in this run, with a paired
-bootstrap interval that chooses that row again in every resample (ddte/bench/compare.py).
+bootstrap interval that chooses that row again in every resample (bench/compare.py).
 
 Example:
   ddte bench --num-prompts 20 --max-new-tokens 128 --methods ar hf-assisted traversal@2,2,4 --output bench.json
@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from ddte.commands.common import (
     UserError,
@@ -42,6 +43,10 @@ from ddte.commands.common import (
     load_pair_from_args,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from bench.method import Method
+    from decode.deployment import Deployment
 
 DEFAULT_METHODS = [
     "ar", "hf-assisted", "traversal@adaptive", "traversal@entropy",
@@ -74,9 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", default=None, help="figure PNG (default: beside --output)")
 
 
-def check_arguments(args: argparse.Namespace) -> list[str]:
-    """Every option checked before any model loads; returns the canonical, de-duplicated methods."""
-    from ddte.bench.methods import parse_method, unique_methods
+def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, Deployment]]:
+    """Every option checked before any model loads; returns the parsed, de-duplicated methods and the policy file,
+    read once (by path; empty without --policy-file)."""
+    from bench.method import Method, unique_methods
 
     if args.num_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
         raise UserError("--num-prompts, --repeats and --max-new-tokens must be >= 1")
@@ -84,30 +90,34 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
         raise UserError("--skip-prompts must be >= 0")
     if any(not t >= 0 for t in args.temperature) or not 0 < args.top_p <= 1:
         raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
-    methods = list(args.methods)
+    with user_errors():
+        methods, dropped = unique_methods(args.methods)
+    for method in methods:
+        if method.path is not None and not os.path.isfile(method.path):
+            raise UserError(f"bad method '{method}': file {method.path!r} does not exist")
+    deployments = {}
     if args.policy_file:
         from decode.deployment import load_deployment
+        from decode.verifiers import get_verifier
 
         with user_errors(prefix="--policy-file: "):
-            deployment = load_deployment(args.policy_file)
-        for verifier in dict.fromkeys(c.verifier for c in deployment.choices):
-            methods.append(f"{verifier}@policy={args.policy_file}")
-    with user_errors():
-        for method in methods:
-            parse_method(method)
-    methods, dropped = unique_methods(methods)
+            deployment = deployments[args.policy_file] = load_deployment(args.policy_file)
+            from_file = [Method.policy_file(get_verifier(v).name, args.policy_file)
+                         for v in dict.fromkeys(c.verifier for c in deployment.choices)]
+        dropped += [m.key for m in from_file if m in methods]
+        methods += [m for m in from_file if m not in methods]
     if dropped:
         print(f"note: {', '.join(dropped)} draft the same trees as a method already listed; benched once",
               file=sys.stderr)
-    return methods
+    return methods, deployments
 
 
 def run(args: argparse.Namespace) -> int:
-    from ddte.bench.compare import format_comparisons, policy_comparisons
-    from ddte.bench.methods import BenchSettings, bench_prompts, encode_prompts, environment, run_bench
-    from ddte.bench.report import format_table, plot
+    from bench.compare import format_comparisons, policy_comparisons
+    from bench.decoding import BenchSettings, bench_prompts, encode_prompts, environment, run_bench
+    from bench.display import format_table, plot
 
-    methods = check_arguments(args)
+    methods, deployments = check_arguments(args)
     output = check_output_file(args.output) if args.output else None
     plot_path = check_output_file(args.plot, "--plot") if args.plot else None
     apply_threads(args.threads)
@@ -116,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         prompts = encode_prompts(pair, bench_prompts(args.prompts, args.field, args.num_prompts, args.skip_prompts,
                                                     pair.tokenizer, pair.heldout_prompts), args.max_new_tokens)
         settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p)
-        rows = run_bench(methods, pair, prompts, settings, args.temperature)
+        rows = run_bench(methods, pair, prompts, settings, args.temperature, deployments)
     temps = ", ".join(f"{t:g}" for t in args.temperature)
     skipped = f" (after the first {args.skip_prompts})" if args.skip_prompts else ""
     title = (f"{len(prompts)} held-out prompts{skipped} × {args.repeats} repeat(s), {args.max_new_tokens} new tokens, "
@@ -130,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
               "the prompts):")
         print(format_comparisons(comparisons))
     if output is not None:
-        settings_out = {k: v for k, v in vars(args).items() if not k.startswith("_")} | {"methods": methods}
+        settings_out = {k: v for k, v in vars(args).items() if not k.startswith("_")} | {
+            "methods": [m.key for m in methods]}
         payload = {"settings": settings_out, "environment": environment(pair.target.device), "rows": rows,
                    "comparisons": comparisons}
         tmp = f"{output}.tmp"

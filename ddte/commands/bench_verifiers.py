@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from ddte.bench.verifiers import GOAL_MS, bench_case, environment, format_table, parse_tree_spec
+    from bench.verifiers import GOAL_MS, bench_case, environment, format_table, parse_tree_spec
     from decode.verifiers import get_verifier, verifier_names
 
     names = args.verifiers or verifier_names()

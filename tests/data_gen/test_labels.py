@@ -11,8 +11,8 @@ import torch
 
 from data_gen.labels import label_forest, tree_labels
 from data_gen.union import grow_union_forest
-from ddte.bench.synthetic import SyntheticPair
 from decode.actions import Action, action_grid
+from decode.synthetic_pair import SyntheticPair
 from decode.verifiers import get_verifier
 from tests.decode.exact.harness import ToyPair, enumerate_runs, sample_delayed
 

@@ -70,19 +70,21 @@ def test_bench_bad_input(pair_dirs, extra, message):
 
 def test_methods_run_interleaved_in_a_rotating_order():
     """Prompt by prompt, every method in turn, starting one method later each round: drift reaches all alike."""
-    from ddte.bench import methods as bench
+    from bench import decoding as bench
+    from bench.method import Method
     from decode.sampling import SamplingConfig
     from decode.stats import GenerationStats
 
     calls = []
+    verifier = dict(zip("abc", ("nss", "specinfer", "traversal"), strict=True))
 
     class FakeRunner:
-        def __init__(self, method):
-            self.method = method
+        def __init__(self, name):
+            self.name, self.method = name, Method.static(verifier[name], "1,2,0")
 
         def one(self, ids, seed, sampling, max_new):
-            calls.append((self.method, ids[0], seed, sampling.temperature, max_new))
-            return GenerationStats(new_tokens=1, wall_seconds=0.1, network_seconds=[2e-6] * (self.method == "b"))
+            calls.append((self.name, ids[0], seed, sampling.temperature, max_new))
+            return GenerationStats(new_tokens=1, wall_seconds=0.1, network_seconds=[2e-6] * (self.name == "b"))
 
     settings = bench.BenchSettings(max_new_tokens=4, repeats=2, seed=5)
     runners = [FakeRunner(m) for m in "abc"]
@@ -98,16 +100,16 @@ def test_methods_run_interleaved_in_a_rotating_order():
 
 def test_one_decoder_per_verifier_serves_every_method_and_temperature(pair_dirs):
     """Methods of one verifier share a decoder; each method's policy is built once and started per generation."""
-    from ddte.bench.methods import BenchSettings, make_runners, run_bench
+    from bench.decoding import BenchSettings, make_runners, run_bench
+    from bench.method import Method
     from decode.pair import load_pair
 
     root, _ = pair_dirs
     pair = load_pair(root / "target", root / "draft", DEFAULT_TOKENIZER)
-    runners = make_runners(["ar", "traversal@2,1,2", "traversal@adaptive", "specinfer@1,3,0"], pair)
-    ar, static, adaptive, other = runners
+    methods = [Method.parse(m) for m in ("ar", "traversal@2,1,2", "traversal@adaptive", "specinfer@1,3,0")]
+    ar, static, adaptive, other = make_runners(methods, pair)
     assert ar.decoder is None and static.decoder is adaptive.decoder is not other.decoder
-    rows = run_bench(["traversal@2,1,2", "traversal@adaptive"], pair, [[5, 9, 3]], BenchSettings(max_new_tokens=3),
-                     [0.0, 1.0])
+    rows = run_bench(methods[1:3], pair, [[5, 9, 3]], BenchSettings(max_new_tokens=3), [0.0, 1.0])
     assert [(r["method"], r["temperature"]) for r in rows] == [
         ("traversal@2,1,2", 0.0), ("traversal@adaptive", 0.0), ("traversal@2,1,2", 1.0), ("traversal@adaptive", 1.0)]
     assert all(r["new_tokens"] == 3 for r in rows)
@@ -115,7 +117,7 @@ def test_one_decoder_per_verifier_serves_every_method_and_temperature(pair_dirs)
 
 def test_prompts_come_from_any_source_collect_reads(tmp_path):
     """The default is the held-out split; builtin:train and files work as in `ddte collect`, with one-line errors."""
-    from ddte.bench.methods import bench_prompts
+    from bench.decoding import bench_prompts
 
     heldout, train = bench_prompts(None, "prompt", 3), bench_prompts("builtin:train", "prompt", 3)
     assert heldout == bench_prompts("builtin:heldout", "prompt", 3) and len(train) == 3
@@ -128,3 +130,30 @@ def test_prompts_come_from_any_source_collect_reads(tmp_path):
         bench_prompts(str(path), "text", 5, skip=1)
     with pytest.raises(ValueError, match="not found"):
         bench_prompts(str(tmp_path / "missing.jsonl"), "prompt", 1)
+
+
+def test_a_policy_file_is_read_once_for_all_its_verifiers(pair_dirs, tmp_path, monkeypatch):
+    """--policy-file names two verifiers: the file is read once, to list them and to build both policies."""
+    import bench.decoding
+    import decode.deployment
+    from decode.deployment import Choice, Deployment
+
+    root, prompts = pair_dirs
+    policy = Deployment([Choice("traversal", 1.0, 1.0, "static", "2,1,2"), Choice("specinfer", 1.0, 1.0, "static",
+                                                                                    "1,3,0")], "traversal")
+    path = policy.write(tmp_path / "policy.json")
+    reads, load = [], decode.deployment.load_deployment
+
+    def counted(file):
+        reads.append(file)
+        return load(file)
+
+    monkeypatch.setattr(bench.decoding, "load_deployment", counted)
+    monkeypatch.setattr(decode.deployment, "load_deployment", counted)
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--target", str(root / "target"), "--draft", str(root / "draft"), "--tokenizer",
+                 str(DEFAULT_TOKENIZER), "--prompts", str(prompts), "--field", "text", "--num-prompts", "1",
+                 "--max-new-tokens", "3", "--methods", "ar", "--policy-file", str(path), "--output", str(out)]) == 0
+    methods = [r["method"] for r in json.loads(out.read_text())["rows"]]
+    assert methods == ["ar", f"traversal@policy={path}", f"specinfer@policy={path}"]
+    assert reads == [str(path)]  # once: the command lists the verifiers, and the runners are handed what it read

@@ -88,15 +88,6 @@ def test_bench_creates_a_new_output_folder_and_refuses_one_under_a_file(tiny, tm
     assert "no prompts left after skipping 1" in _one_line(capsys, "bench")
 
 
-def test_bench_runs_equivalent_static_actions_once(tmp_path, capsys):
-    from ddte.bench.methods import canonical_method, unique_methods
-
-    assert canonical_method("specinfer@2,2,0") == canonical_method("specinfer@1,0,2") == "specinfer@1,2,0"
-    assert canonical_method("traversal@2,1,3") == "traversal@2,1,3" and canonical_method("ar") == "ar"
-    kept, dropped = unique_methods(["ar", "specinfer@1,0,2", "specinfer@2,2,0", "traversal@4,3,0", "nss@1,3,0"])
-    assert kept == ["ar", "specinfer@1,2,0", "traversal@1,3,0", "nss@1,3,0"] and dropped == ["specinfer@2,2,0"]
-
-
 def test_bench_output_parent_is_created_before_any_work(tmp_path):
     """`--output out/newdir/sub/r.json`: the folders are made (and checked) before the run, the JSON lands."""
     pair = save_tiny_pair(tmp_path / "pair", vocab=4096, target_hidden=32, draft_hidden=16)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ddte.bench.synthetic import SyntheticPair, draft_delayed, draft_without_replacement
+from decode.synthetic_pair import SyntheticPair, draft_delayed, draft_without_replacement
 from decode.tree import DraftTree
 from decode.verifiers.base import Verifier
 

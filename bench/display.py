@@ -1,9 +1,12 @@
-"""What a bench run shows: the markdown table and the figure (one panel per temperature)."""
+"""How a decoding bench's rows are shown: the markdown table, the figure (one panel per temperature), and the flat
+metrics logged to MLflow."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from bench.method import AR, Method, by_method
 
 # one colour per verifier (and the two HF baselines), the same in every figure
 COLOURS = {
@@ -33,9 +36,9 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def metric_name(method: str) -> str:
+def metric_name(method: Method) -> str:
     """A method as an MLflow metric prefix (file paths reduced to their file name; only the allowed characters)."""
-    label = short_label(method).replace("@", "_").replace(",", "-").replace("=", "_")
+    label = method.label.replace("@", "_").replace(",", "-").replace("=", "_")
     return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in label)
 
 
@@ -45,7 +48,7 @@ def bench_metrics(rows: list[dict], positions: int = 8) -> dict[str, float]:
     accepted_tokens, and acceptance_rate_pos<i>: the share of steps that accepted at least i draft tokens."""
     out: dict[str, float] = {}
     for r in rows:
-        prefix = f"{metric_name(r['method'])}/T{r['temperature']:g}"
+        prefix = f"{metric_name(Method.parse(r['method']))}/T{r['temperature']:g}"
         values = {"tokens_per_s": r["tokens_per_s"], "speedup": r.get("speedup"), "tpot_ms": r.get("tpot_ms"),
                   "mean_acceptance_length": r.get("block_efficiency"), "acceptance_rate": r.get("acceptance_rate"),
                   "draft_tokens": r.get("draft_tokens"), "accepted_tokens": r.get("accepted_tokens"),
@@ -60,15 +63,6 @@ def bench_metrics(rows: list[dict], positions: int = 8) -> dict[str, float]:
     return out
 
 
-def short_label(method: str) -> str:
-    """A method as a bar label: file paths reduced to their file name."""
-    name, sep, spec = method.partition("@")
-    kind, eq, value = spec.partition("=")
-    if eq:
-        return f"{name}@{kind}={Path(value).name}"
-    return method
-
-
 def plot(rows: list[dict], path: str | Path, title: str) -> None:
     """Tokens/s per method, grouped by verifier and coloured by it, with the spread over prompts as error bars,
     the AR rate as a reference line and the speed-up vs AR on each bar; one panel per temperature."""
@@ -78,36 +72,32 @@ def plot(rows: list[dict], path: str | Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     temperatures = sorted({r["temperature"] for r in rows})
-    methods = sorted({r["method"] for r in rows}, key=lambda m: (_group(m) != "ar", _group(m), m))
+    methods = sorted({Method.parse(r["method"]) for r in rows}, key=lambda m: (m != AR, m.group, m.key))
     height = 0.42 * len(methods) + 1.6
     fig, axes = plt.subplots(1, len(temperatures), figsize=(5.2 * len(temperatures) + 1.6, height), squeeze=False,
                              sharey=True)
     for ax, temperature in zip(axes[0], temperatures, strict=True):
-        by_method = {r["method"]: r for r in rows if r["temperature"] == temperature}
+        at_t = by_method(rows, temperature)
         y = list(range(len(methods)))[::-1]
-        values = [by_method[m]["tokens_per_s"] if m in by_method else 0.0 for m in methods]
-        errors = [by_method.get(m, {}).get("tokens_per_s_stdev_over_prompts") or 0.0 for m in methods]
-        colours = [COLOURS.get(_group(m), "#333333") for m in methods]
+        values = [at_t[m]["tokens_per_s"] if m in at_t else 0.0 for m in methods]
+        errors = [at_t.get(m, {}).get("tokens_per_s_stdev_over_prompts") or 0.0 for m in methods]
+        colours = [COLOURS.get(m.group, "#333333") for m in methods]
         ax.barh(y, values, xerr=errors, color=colours, error_kw={"elinewidth": 0.8, "capsize": 2})
-        ar = by_method.get("ar", {}).get("tokens_per_s")
+        ar = at_t.get(AR, {}).get("tokens_per_s")
         if ar:
             ax.axvline(ar, color="black", lw=0.8, ls="--", label=f"AR {ar:.0f} tok/s")
             for yi, m in zip(y, methods, strict=True):
-                if m in by_method and m != "ar":
-                    ax.text(values[methods.index(m)] * 1.01, yi, f"{by_method[m]['tokens_per_s'] / ar:.2f}×",
+                if m in at_t and m != AR:
+                    ax.text(values[methods.index(m)] * 1.01, yi, f"{at_t[m]['tokens_per_s'] / ar:.2f}×",
                             va="center", fontsize=7)
             ax.legend(fontsize=7, loc="lower right")
         ax.set_title(f"T = {temperature:g}", fontsize=9)
         ax.set_xlabel("tokens/s (error bar: std over prompts)")
         ax.set_xlim(0, max(values + [1.0]) * 1.18)
-    axes[0][0].set_yticks(list(range(len(methods)))[::-1], [short_label(m) for m in methods], fontsize=8)
+    axes[0][0].set_yticks(list(range(len(methods)))[::-1], [m.label for m in methods], fontsize=8)
     fig.suptitle(title, fontsize=9, wrap=True)
     fig.tight_layout()
     tmp = f"{path}.tmp.png"
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     os.replace(tmp, path)
-
-
-def _group(method: str) -> str:
-    return method.partition("@")[0]

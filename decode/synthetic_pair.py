@@ -1,6 +1,6 @@
 """Synthetic draft/target pairs and tree drafting from a next-token function.
 
-Used by the verifier benchmark and the exact tests: a pair whose next-token distributions depend on the
+Used by the verifier bench (bench/verifiers.py) and the exact tests: a pair whose next-token distributions depend on the
 prefix through a seeded generator, and samplers that draft delayed and without-replacement trees from any
 ``next_q(prefix) -> (V,)`` function through a :class:`~decode.rng.RandomSource`.
 """

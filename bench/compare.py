@@ -5,7 +5,7 @@ candidate a deployment keeps.
 candidates are near-ties (on the shipped pair they lie within 1–3 %, while a 32-prompt run's rates carry about 2 %
 of sampling noise each), that maximum is biased upward, and a policy that always drafts a truly best tree reads
 below 1.0 against it: by about 2 % for three tied rows with 10 % noise per run over 16–32 prompts (simulated in
-tests/ddte/test_bench_compare.py). Neither cure we tried holds: choosing the row with one prompt left out swung
+tests/bench/test_compare.py). Neither cure we tried holds: choosing the row with one prompt left out swung
 from 0.98 to 1.10 between two runs (under a near-tie it picks, for each prompt, the row that did worst on it), and
 the bootstrap's estimate of the bias removes less than half of it. So the ratio is reported as read, with an
 interval that carries the selection:
@@ -21,13 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ddte.bench.methods import NAMED_POLICIES
-
-
-def is_static(method: str) -> bool:
-    """A ``VERIFIER@K,L1,L2`` row (ar, hf-assisted, named policies and files are not)."""
-    _, sep, spec = method.partition("@")
-    return bool(sep) and spec not in NAMED_POLICIES and "=" not in spec
+from bench.method import Method, by_method
 
 
 def _runs(row: dict) -> dict[tuple[int, int], tuple[float, float]]:
@@ -62,11 +56,11 @@ def policy_comparisons(rows: list[dict], draws: int = 2000, seed: int = 0, level
     tail = (1 - level) / 2
     out = []
     for temperature in dict.fromkeys(r["temperature"] for r in rows):
-        at_t = [r for r in rows if r["temperature"] == temperature and "@" in r["method"]]
-        for verifier in dict.fromkeys(r["method"].partition("@")[0] for r in at_t):
-            mine = [r for r in at_t if r["method"].partition("@")[0] == verifier]
-            statics = [r for r in mine if is_static(r["method"])]
-            for policy in (r for r in mine if not is_static(r["method"])):
+        at_t = {m: r for m, r in by_method(rows, temperature).items() if not m.is_hf}
+        for verifier in dict.fromkeys(m.verifier for m in at_t):
+            mine = {m: r for m, r in at_t.items() if m.verifier == verifier}
+            statics = [r for m, r in mine.items() if m.is_static]
+            for policy in (r for m, r in mine.items() if not m.is_static):
                 if not statics:
                     continue
                 tokens, wall = per_prompt_sums([policy, *statics])
@@ -96,7 +90,7 @@ def format_comparisons(comparisons: list[dict]) -> str:
     ]
     for c in comparisons:
         low, high = c["interval"]
-        lines.append(f"| {c['temperature']:g} | {c['policy']} | {c['best_static'].partition('@')[2]} | "
+        lines.append(f"| {c['temperature']:g} | {c['policy']} | {Method.parse(c['best_static']).spec} | "
                      f"{c['ratio_vs_best_static']:.3f} | [{low:.3f}, {high:.3f}] |")
     return "\n".join(lines)
 

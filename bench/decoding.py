@@ -1,8 +1,7 @@
 """Decoding methods side by side on the same prompts: the engine of `ddte bench` and of the pipeline's bench stage.
 
-A method is ``ar``, ``hf-assisted`` or ``VERIFIER@SPEC`` with SPEC a static shape ``K,L1,L2``, ``adaptive``,
-``entropy``, ``selector=FILE`` or ``policy=FILE`` (ddte/commands/bench.py's help lists them). Static shapes that
-draft the same tree are one method, written as their canonical (1, depth, 0) single path. Each method first runs
+Each method is a :class:`bench.method.Method` (``ar``, ``hf-assisted`` or ``VERIFIER@SPEC``, parsed once; static
+shapes that draft the same tree are one method, under their canonical shape). Each method first runs
 one warm-up prompt; then the methods run interleaved, prompt by prompt in a rotating order, so the CPU's drift
 over minutes reaches all of them alike. Every prompt runs ``repeats`` times with fixed seeds
 (seed + 1000·repeat + prompt index). Each method is made ready once and runs at every temperature: methods of one
@@ -21,16 +20,15 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from decode.actions import Action
-from decode.engine import SpeculativeDecoder, check_action
+from bench.method import AR, Method
+from decode.deployment import Deployment, load_deployment
+from decode.engine import SpeculativeDecoder
 from decode.pair import LoadedPair
 from decode.policies import Policy, PolicyOptions, StaticPolicy, make_policy
 from decode.rng import TorchRandom
 from decode.sampling import SamplingConfig
 from decode.stats import GenerationStats
 from decode.verifiers import get_verifier
-
-NAMED_POLICIES = ("adaptive", "entropy")
 
 
 @dataclass
@@ -51,7 +49,7 @@ class BenchSettings:
 class MethodResult:
     """One method's totals and per-prompt figures at one temperature."""
 
-    method: str
+    method: Method
     stats: GenerationStats
     temperature: float = 1.0
     selector_call_us: float | None = None
@@ -64,7 +62,7 @@ class MethodResult:
         decode_tokens = sum(p.get("decode_tokens", 0) for p in self.per_prompt)
         decode_seconds = sum(p.get("decode_seconds", 0.0) for p in self.per_prompt)
         return {
-            "method": self.method,
+            "method": self.method.key,
             "temperature": self.temperature,
             "tokens_per_s": s.tokens_per_second,
             "tokens_per_s_stdev_over_prompts": statistics.stdev(rates) if len(rates) > 1 else None,
@@ -85,47 +83,6 @@ class MethodResult:
             "policy_share": s.seconds["policy"] / s.wall_seconds if s.steps and s.wall_seconds else None,
             "per_prompt": self.per_prompt,
         }
-
-
-def canonical_method(text: str) -> str:
-    """The method's canonical spelling: a static shape written as :meth:`Action.canonical`; others unchanged."""
-    name, sep, spec = text.partition("@")
-    if not sep or spec in NAMED_POLICIES or "=" in spec:
-        return text
-    try:
-        return f"{name}@{Action.parse(spec).canonical().key}"
-    except ValueError:
-        return text
-
-
-def parse_method(text: str) -> tuple[str, str | None]:
-    """'ar' | 'hf-assisted' | 'VERIFIER@SPEC' -> (verifier or kind, spec); ValueError with one line if bad."""
-    if text in ("ar", "hf-assisted"):
-        return text, None
-    name, sep, spec = text.partition("@")
-    if not sep:
-        raise ValueError(f"bad method '{text}': use ar, hf-assisted, VERIFIER@K,L1,L2 or VERIFIER@adaptive")
-    verifier = get_verifier(name)  # KeyError names the known verifiers
-    kind, _, value = spec.partition("=")
-    if kind in ("selector", "policy") and value:
-        if not os.path.isfile(value):
-            raise ValueError(f"bad method '{text}': file {value!r} does not exist")
-    elif spec not in NAMED_POLICIES:
-        try:
-            check_action(verifier, Action.parse(spec))
-        except ValueError as err:
-            raise ValueError(f"bad method '{text}': {err}") from err
-    return name, spec
-
-
-def unique_methods(methods: list[str]) -> tuple[list[str], list[str]]:
-    """(canonical methods in first-seen order, the inputs dropped as repeats of an earlier one)."""
-    kept: list[str] = []
-    dropped: list[str] = []
-    for method in methods:
-        canonical = canonical_method(method)
-        (dropped if canonical in kept else kept).append(method if canonical in kept else canonical)
-    return kept, dropped
 
 
 class FirstTokenClock:
@@ -167,62 +124,63 @@ class _Runner:
     """One method, ready to run any prompt at any sampling: HF's ``generate`` (no decoder), or a ddte decoder with the
     method's policy (which the decoder starts afresh for every generation)."""
 
-    method: str
+    method: Method
     pair: LoadedPair
     decoder: SpeculativeDecoder | None = None
     policy: Policy | None = None
-    assisted: bool = False
 
     def one(self, ids: list[int], seed: int, sampling: SamplingConfig, max_new: int) -> GenerationStats:
         """Generate once after ``ids``; the statistics."""
         if self.decoder is None:
-            new, seconds, first = run_hf(self.pair, ids, max_new, sampling, seed, self.assisted)
+            assisted = self.method.kind == "hf-assisted"
+            new, seconds, first = run_hf(self.pair, ids, max_new, sampling, seed, assisted)
             stats = GenerationStats(new_tokens=new, wall_seconds=seconds)
             stats.seconds["prefill"] += first  # the prompt's pass and the first token: what TPOT leaves out
             return stats
         return self.decoder.generate(ids, max_new, self.policy, TorchRandom(seed), sampling).stats
 
 
-def method_policy(spec: str, verifier: str, pair: LoadedPair) -> Policy:
-    """The policy of a ddte method's SPEC, checked against the pair (ValueError for a file that does not fit)."""
-    kind, _, path = spec.partition("=")
-    if kind == "selector":
+def method_policy(method: Method, pair: LoadedPair, deployments: dict[str, Deployment]) -> Policy:
+    """The policy of a ddte method, checked against the pair (ValueError for a file that does not fit). A policy
+    file is read once: ``deployments`` holds those already read, by path, and gains the ones read here."""
+    if method.kind == "selector":
         from decode.selector_policy import OnnxSelectorPolicy
 
-        return OnnxSelectorPolicy.for_pair(path, verifier, pair)
-    if kind == "policy":
-        from decode.deployment import load_deployment
+        return OnnxSelectorPolicy.for_pair(method.path, method.verifier, pair)
+    if method.kind == "policy":
+        if method.path not in deployments:
+            deployments[method.path] = load_deployment(method.path)
+        return deployments[method.path].policy_for(method.verifier, pair)
+    if method.is_static:
+        return StaticPolicy(method.action)
+    return make_policy(method.kind, PolicyOptions())
 
-        return load_deployment(path).policy_for(verifier, pair)
-    if spec in NAMED_POLICIES:
-        return make_policy(spec, PolicyOptions())
-    return StaticPolicy(Action.parse(spec))
 
-
-def make_runners(methods: list[str], pair: LoadedPair) -> list[_Runner]:
-    """A ready runner per method, the methods of one verifier sharing one decoder (ValueError for a bad method or a
-    selector/policy file that does not fit)."""
+def make_runners(methods: list[Method], pair: LoadedPair,
+                 deployments: dict[str, Deployment] | None = None) -> list[_Runner]:
+    """A ready runner per method, the methods of one verifier sharing one decoder (ValueError for a selector or
+    policy file that does not fit). ``deployments``: policy files already read, by path (each other is read once)."""
+    deployments = {} if deployments is None else deployments
     decoders: dict[str, SpeculativeDecoder] = {}
     runners = []
     for method in methods:
-        kind, spec = parse_method(method)
-        if kind in ("ar", "hf-assisted"):
-            runners.append(_Runner(method, pair, assisted=kind == "hf-assisted"))
+        if method.is_hf:
+            runners.append(_Runner(method, pair))
             continue
-        if kind not in decoders:
-            decoders[kind] = SpeculativeDecoder(pair.target, pair.draft, get_verifier(kind), pair.eos_token_id)
-        runners.append(_Runner(method, pair, decoders[kind], method_policy(spec, kind, pair)))
+        if method.verifier not in decoders:
+            decoders[method.verifier] = SpeculativeDecoder(pair.target, pair.draft, get_verifier(method.verifier),
+                                                           pair.eos_token_id)
+        runners.append(_Runner(method, pair, decoders[method.verifier], method_policy(method, pair, deployments)))
     return runners
 
 
-def decode_time(method: str, stats: GenerationStats) -> dict[str, float]:
+def decode_time(method: Method, stats: GenerationStats) -> dict[str, float]:
     """The decode phase of one generation, prefill excluded: its seconds and the tokens it produced.
 
     HF rows (``ar``, ``hf-assisted``) leave out the time to the first new token and that token, as vLLM's TPOT
     does; ddte rows leave out the prompt's passes, after which every token comes out of a decoding step.
     """
-    hf = method in ("ar", "hf-assisted")
-    tokens = stats.new_tokens - 1 if hf else stats.new_tokens
+    tokens = stats.new_tokens - 1 if method.is_hf else stats.new_tokens
     return {"decode_seconds": stats.wall_seconds - stats.seconds["prefill"], "decode_tokens": max(tokens, 0)}
 
 
@@ -253,15 +211,16 @@ def bench_methods(runners: list[_Runner], prompts, settings: BenchSettings, samp
     return results
 
 
-def run_bench(methods: list[str], pair, prompts: list[list[int]], settings: BenchSettings,
-              temperatures: list[float]) -> list[dict]:
-    """Every method at every temperature (one interleaved block per temperature); the rows of all of them."""
-    runners = make_runners(methods, pair)
+def run_bench(methods: list[Method], pair, prompts: list[list[int]], settings: BenchSettings,
+              temperatures: list[float], deployments: dict[str, Deployment] | None = None) -> list[dict]:
+    """Every method at every temperature (one interleaved block per temperature); the rows of all of them.
+    ``deployments``: policy files already read, by path (:func:`make_runners`)."""
+    runners = make_runners(methods, pair, deployments)
     rows = []
     for temperature in temperatures:
         sampling = settings.sampling(temperature)
         results = bench_methods(runners, prompts, settings, sampling)
-        ar = next((r.stats.tokens_per_second for r in results if r.method == "ar"), None)
+        ar = next((r.stats.tokens_per_second for r in results if r.method == AR), None)
         rows.extend(r.row(ar) for r in results)
     return rows
 

@@ -1,8 +1,12 @@
-"""The pipeline's results.md: what to deploy and why, the honest head-room, and the offline figures."""
+"""The pipeline's results.md: what to deploy and why, the honest head-room, and the offline figures (the table
+``ddte pipeline`` prints and writes beside policy.json)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from bench.compare import cross_fitted_choice_ratio
+from bench.method import AR, Method, by_method, static_rows
 
 
 def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, choices: list,
@@ -11,7 +15,6 @@ def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, c
 
     ``kept``: per (verifier, temperature), the kept static candidate's index and the reason (``keep_statics``).
     """
-    from ddte.bench.compare import cross_fitted_choice_ratio
 
     rows = bench["rows"]
     settings = bench["settings"]["bench"]
@@ -33,13 +36,13 @@ def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, c
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for choice in choices:
-        at_t = {r["method"]: r for r in rows if r["temperature"] == choice.temperature}
         actions = candidates[choice.verifier][choice.temperature]
-        statics = [at_t[f"{choice.verifier}@{a}"] for a in actions]
+        statics = static_rows(rows, choice.verifier, choice.temperature, actions)
         index = kept[choice.verifier, choice.temperature][0]
         static = statics[index]
         fastest = max(row["tokens_per_s"] for row in statics)
-        selector = next((r for m, r in at_t.items() if m.startswith(f"{choice.verifier}@selector=")), None)
+        selector = next((r for m, r in by_method(rows, choice.temperature).items()
+                         if m.kind == "selector" and m.verifier == choice.verifier), None)
         if selector is None:
             measured = "= fallback (guard off) | - | 0 %"
         else:
@@ -54,7 +57,7 @@ def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, c
             f"{fastest / statics[0]['tokens_per_s']:.3f} | "
             f"{_fmt(cross_fitted_choice_ratio(statics), '.3f')} | {measured} | {deployed} |"
         )
-    ar = {r["temperature"]: r["tokens_per_s"] for r in rows if r["method"] == "ar"}
+    ar = {r["temperature"]: r["tokens_per_s"] for r in rows if Method.parse(r["method"]) == AR}
     if ar:
         lines += ["", "AR tokens/s: " + ", ".join(f"T={t:g}: {v:.1f}" for t, v in sorted(ar.items()))]
     lines += ["", *head_room_lines(data_dir, list(trained)), "",

@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ddte.bench.compare import (
+from bench.compare import (
     choose_static,
     cross_fitted_choice_ratio,
     fastest_row,
     format_comparisons,
-    is_static,
     per_prompt_sums,
     policy_comparisons,
     resampled_rates,
@@ -23,12 +22,6 @@ def _row(method: str, walls: list[float], temperature: float = 1.0, tokens: floa
                   for r in range(repeats) for i, w in enumerate(walls)]
     return {"method": method, "temperature": temperature, "tokens_per_s": tokens / np.mean(walls),
             "per_prompt": per_prompt}
-
-
-def test_static_rows_are_the_fixed_shapes():
-    assert is_static("traversal@2,1,3") and not is_static("ar") and not is_static("hf-assisted")
-    assert not is_static("traversal@adaptive") and not is_static("specinfer@selector=m.onnx")
-    assert not is_static("specinfer@policy=runs/policy.json")
 
 
 def test_runs_are_paired_and_summed_per_prompt():

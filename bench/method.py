@@ -1,0 +1,152 @@
+"""The method contract: what one bench row runs, parsed once from its text form, with one canonical spelling.
+
+A method is ``ar`` (the target alone, HF ``generate``), ``hf-assisted`` (HF assisted generation with the same
+draft) or ``VERIFIER@SPEC``, a ddte decoder with a policy: SPEC is a static shape ``K,L1,L2``, a named policy
+(``adaptive``, ``entropy``), ``selector=FILE`` or ``policy=FILE``. Static shapes that draft the same tree are one
+method: :meth:`Method.parse` keeps the canonical shape (:meth:`decode.actions.Action.canonical`), so
+``specinfer@1,0,2`` and ``specinfer@2,2,0`` are both ``specinfer@1,2,0``. The bench writes each row's method as
+:attr:`Method.key`; the pipeline builds its methods with :meth:`Method.static` and :meth:`Method.selector`, and
+finds their rows again through :func:`by_method`, never by spelling a string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from decode.actions import Action
+
+HF_KINDS = ("ar", "hf-assisted")
+NAMED_POLICIES = ("adaptive", "entropy")
+FILE_KINDS = ("selector", "policy")  # SPEC = KIND=FILE
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method. ``kind``: ``ar``, ``hf-assisted``, ``static``, a named policy, ``selector`` or ``policy``.
+
+    ``verifier``: the ddte decoder's verifier (None for the HF kinds); ``action``: the canonical static shape
+    (``static`` only); ``path``: the selector or policy file (those two kinds only), as given.
+    """
+
+    kind: str
+    verifier: str | None = None
+    action: Action | None = None
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        ddte = self.kind not in HF_KINDS
+        if self.kind not in (*HF_KINDS, "static", *NAMED_POLICIES, *FILE_KINDS):
+            raise ValueError(f"unknown method kind {self.kind!r}")
+        if ddte != (self.verifier is not None) or (self.kind == "static") != (self.action is not None) \
+                or (self.kind in FILE_KINDS) != (self.path is not None):
+            raise ValueError(f"a {self.kind} method takes {'a verifier' if ddte else 'no verifier'}"
+                             f"{', an action' if self.kind == 'static' else ''}"
+                             f"{', a file' if self.kind in FILE_KINDS else ''} and nothing else")
+        if self.action is not None:
+            object.__setattr__(self, "action", self.action.canonical())
+
+    @classmethod
+    def parse(cls, text: str) -> Method:
+        """From its text form. ValueError with one line for a bad form or a shape the verifier is not lossless on;
+        KeyError naming the known verifiers for an unknown one. Files are not opened here."""
+        from decode.engine import check_action
+        from decode.verifiers import get_verifier
+
+        if text in HF_KINDS:
+            return cls(text)
+        name, sep, spec = text.partition("@")
+        if not sep:
+            raise ValueError(f"bad method '{text}': use ar, hf-assisted, VERIFIER@K,L1,L2 or VERIFIER@adaptive")
+        verifier = get_verifier(name)  # KeyError names the known verifiers
+        kind, eq, value = spec.partition("=")
+        if eq and kind in FILE_KINDS and value:
+            return cls(kind, verifier.name, path=value)
+        if spec in NAMED_POLICIES:
+            return cls(spec, verifier.name)
+        try:
+            action = Action.parse(spec)
+            check_action(verifier, action)
+        except ValueError as err:
+            raise ValueError(f"bad method '{text}': {err}") from err
+        return cls("static", verifier.name, action)
+
+    @classmethod
+    def static(cls, verifier: str, action: Action | str) -> Method:
+        """``VERIFIER@K,L1,L2`` (the canonical shape)."""
+        return cls("static", verifier, action if isinstance(action, Action) else Action.parse(action))
+
+    @classmethod
+    def selector(cls, verifier: str, path: str | Path) -> Method:
+        """``VERIFIER@selector=FILE``."""
+        return cls("selector", verifier, path=str(path))
+
+    @classmethod
+    def policy_file(cls, verifier: str, path: str | Path) -> Method:
+        """``VERIFIER@policy=FILE``."""
+        return cls("policy", verifier, path=str(path))
+
+    @property
+    def is_hf(self) -> bool:
+        """HF ``generate`` runs it (``ar``, ``hf-assisted``): no ddte decoder, no policy."""
+        return self.kind in HF_KINDS
+
+    @property
+    def is_static(self) -> bool:
+        return self.kind == "static"
+
+    @property
+    def spec(self) -> str | None:
+        """What follows ``VERIFIER@`` (None for the HF kinds)."""
+        if self.is_hf:
+            return None
+        if self.action is not None:
+            return self.action.key
+        return f"{self.kind}={self.path}" if self.path is not None else self.kind
+
+    @property
+    def key(self) -> str:
+        """The canonical spelling: what a bench row's ``method`` holds."""
+        return self.kind if self.is_hf else f"{self.verifier}@{self.spec}"
+
+    @property
+    def label(self) -> str:
+        """The spelling for a figure or a metric name: a file reduced to its name."""
+        return f"{self.verifier}@{self.kind}={Path(self.path).name}" if self.path is not None else self.key
+
+    @property
+    def group(self) -> str:
+        """What a figure groups and colours rows by: the verifier, or the HF kind."""
+        return self.verifier or self.kind
+
+    def __str__(self) -> str:
+        return self.key
+
+
+AR = Method("ar")
+
+
+def unique_methods(texts: Iterable[str]) -> tuple[list[Method], list[str]]:
+    """(the methods parsed, in first-seen order, each once; the texts dropped as repeats of an earlier one)."""
+    kept: dict[Method, None] = {}
+    dropped: list[str] = []
+    for text in texts:
+        method = Method.parse(text)
+        if method in kept:
+            dropped.append(text)
+        kept[method] = None
+    return list(kept), dropped
+
+
+def by_method(rows: Iterable[dict], temperature: float | None = None) -> dict[Method, dict]:
+    """Bench rows by their method, each parsed once: the rows at ``temperature`` (where a method has one row), or
+    every row when None (rows of one temperature)."""
+    return {Method.parse(row["method"]): row for row in rows
+            if temperature is None or row["temperature"] == temperature}
+
+
+def static_rows(rows: Iterable[dict], verifier: str, temperature: float, actions: Iterable[str]) -> list[dict]:
+    """The rows of ``verifier``'s static ``actions`` (``K,L1,L2`` keys) at ``temperature``, in their order."""
+    at_t = by_method(rows, temperature)
+    return [at_t[Method.static(verifier, action)] for action in actions]

@@ -1,1 +1,0 @@
-"""The benchmarks: decoding methods side by side in the loop, and verifiers on synthetic trees."""
