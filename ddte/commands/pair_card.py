@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ddte.pair.card import CardSettings, markdown, measure
+    from ddte.pair_card.shipped import CardSettings, markdown, measure
 
     defaults = {"tree_nodes": (32, 8), "repeats": (30, 10), "num_prompts": (100, 24)}
     for name, (folder_default, pair_default) in defaults.items():
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     output = check_output_file(args.output) if args.output else None
     if args.pair:
-        from ddte.pair.pair_card import PairCardSettings, measure_pair, pair_markdown
+        from ddte.pair_card.any_pair import PairCardSettings, measure_pair, pair_markdown
 
         settings = PairCardSettings(args.pair, args.threads, args.cache_len, args.tree_nodes, args.repeats,
                                     args.num_prompts, args.max_new_tokens, args.sample_tokens, args.seed)
@@ -70,7 +70,7 @@ def _measure_and_print(measure_fn, settings, markdown_fn, output) -> int:
     """Measure, write the JSON (when asked), print the tables and the T = 0.8 sample."""
     from pathlib import Path
 
-    from ddte.pair.card import write_json
+    from ddte.pair_card.shipped import write_json
 
     with user_errors():
         result = measure_fn(settings)

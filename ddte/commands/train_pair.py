@@ -33,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ddte.pair.config import load_config
-    from ddte.pair.recipe import PRODUCTS, run_recipe
+    from ddte.train_pair.config import load_config
+    from ddte.train_pair.recipe import PRODUCTS, run_recipe
 
     if not Path(args.config).is_file():
         raise UserError(f"config file not found: {args.config}")

@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from ddte.commands import train_pair as recipe
 from ddte.commands.common import UserError
-from ddte.pair.config import PairConfig, load_config
+from ddte.train_pair.config import PairConfig, load_config
 from tests.factories import run_subcommand
 
 from .conftest import REPO, TINY_CONFIG
@@ -33,7 +33,7 @@ def test_yaml_files_mirror_the_dataclass_and_overrides_apply():
         ("target.train.steps=many", "expected int"),
         ("storage_dtype=int8", "storage_dtype"),
         ("target.train.seq_len=4096", "exceeds context_length"),
-        ("no_equals_sign", "key=value"),
+        ("no_equals_sign", "KEY=VALUE"),
         ("target.train.steps=-5", "target.train.steps must be >= 1"),
         ("draft.train.lr=0", "lr > 0"),
     ],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from data_gen import corpus
-from ddte.pair.tokenizer import train_bpe, wrap_for_transformers
+from ddte.train_pair.tokenizer import train_bpe, wrap_for_transformers
 
 TRICKY = 'def f(x ,y):\n\treturn x . y  ,  "é€😀" \r\n\n  # trailing   \n'
 

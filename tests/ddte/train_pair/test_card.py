@@ -7,7 +7,7 @@ import json
 import torch
 
 from ddte.commands import pair_card
-from ddte.pair import card
+from ddte.pair_card import shipped as card
 from tests.factories import run_subcommand
 
 
@@ -69,6 +69,6 @@ def test_the_card_of_a_pair_yaml_reports_loop_ratios_and_acceptance_per_temperat
     assert loop["target_one_token_ms"] > 0 and loop["draft_first_pass_ms"] >= loop["draft_one_token_ms"] > 0
     for t in ("0.6", "1"):
         assert result[f"acceptance_heldout_T{t}"]["contexts"] == 2 * 3
-    from ddte.pair.pair_card import pair_markdown
+    from ddte.pair_card.any_pair import pair_markdown
 
     assert "draft, a step's first pass" in pair_markdown(result) and "heldout (2 prompts" in pair_markdown(result)

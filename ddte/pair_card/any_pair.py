@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ddte.pair.card import describe
+from ddte.pair_card.shipped import describe
 from distill.evaluate import acceptance_on_target_samples, sample_continuation
 
 

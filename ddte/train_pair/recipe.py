@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from data_gen.corpus import SourceFile, corpus_summary, list_corpus, python_version, select_split, subset
-from ddte.pair.config import ModelRecipe, PairConfig, TrainSchedule, config_to_dict
-from ddte.pair.tokenizer import BOS, EOS, train_bpe, wrap_for_transformers
+from ddte.train_pair.config import ModelRecipe, PairConfig, TrainSchedule, config_to_dict
+from ddte.train_pair.tokenizer import BOS, EOS, train_bpe, wrap_for_transformers
 from distill.saving import round_to_storage, save_model
 
 DEFAULT_CONFIG = "configs/train-pair/default.yaml"
