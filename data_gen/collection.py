@@ -222,7 +222,7 @@ def check_context(config: CollectConfig, context_limit: int) -> None:
 
 def dataset_metadata(config: CollectConfig, facts: dict, verifiers: list[str], latency: LatencyTable) -> dict:
     """``dataset.json``: the contract of docs/dataset.md, with the latency table and provenance (``facts``: what a
-    worker reported of the pair and its machine, data_gen.collect.pair_facts)."""
+    worker reported of the pair and its machine, data_gen.collector.pair_facts)."""
     from decode.verifiers import LabelRule, get_verifier
 
     return {
@@ -267,6 +267,6 @@ def read_latency_file(config: CollectConfig) -> LatencyTable | None:
 
 def collect_latency(config: CollectConfig, pair) -> LatencyTable:
     """The config's latency table: read from ``latency.file`` (no pair needed), else measured on ``pair``."""
-    from data_gen.collect import measure_collect_latency
+    from data_gen.collector import measure_collect_latency
 
     return read_latency_file(config) or measure_collect_latency(config, pair)

@@ -54,14 +54,14 @@ class CollectActor:
     """One worker of the pool (wrapped by ``ray.remote`` in :class:`RayPool`): the pair, loaded once."""
 
     def __init__(self, config: CollectConfig) -> None:
-        from data_gen.collect import load_collect_pair
+        from data_gen.collector import load_collect_pair
 
         self.config = config
         self.pair = load_collect_pair(config)
         self.worker: ChunkWorker | None = None
 
     def facts(self, measure: bool) -> dict:
-        from data_gen.collect import pair_facts
+        from data_gen.collector import pair_facts
 
         return pair_facts(self.pair, self.config, measure)
 

@@ -135,7 +135,7 @@ def check_same_pair(metadata: dict, config: CollectConfig) -> None:
 
 def relabel_latency(config: CollectConfig) -> LatencyTable:
     """The new latency table: read from ``latency.file``, else measured here on the config's pair."""
-    from data_gen.collect import load_collect_pair
     from data_gen.collection import collect_latency
+    from data_gen.collector import load_collect_pair
 
     return collect_latency(config, None if config.latency.file else load_collect_pair(config))

@@ -37,7 +37,7 @@ class WorkPlan:
     label: str = "collect"
 
     def expected_roots(self, context_limit: int) -> int:
-        from data_gen.collect import root_positions
+        from data_gen.collector import root_positions
 
         per = len(self.metadata["sampling"]) * self.config.trajectories
         n = 0
@@ -76,7 +76,7 @@ class InProcess:
     """One worker: this process."""
 
     def __init__(self, config: CollectConfig, measure: bool) -> None:
-        from data_gen.collect import load_collect_pair
+        from data_gen.collector import load_collect_pair
 
         self.config, self.measure = config, measure
         self.pair = load_collect_pair(config)
@@ -88,7 +88,7 @@ class InProcess:
         pass
 
     def facts(self) -> dict:
-        from data_gen.collect import pair_facts
+        from data_gen.collector import pair_facts
 
         return pair_facts(self.pair, self.config, self.measure)
 
@@ -167,7 +167,7 @@ class Processes:
 
 def _process_main(config: CollectConfig, index: int, measure: bool, plans, tasks, results) -> None:
     try:
-        from data_gen.collect import load_collect_pair, pair_facts
+        from data_gen.collector import load_collect_pair, pair_facts
 
         pair = load_collect_pair(config)
         if index == 0:
@@ -184,7 +184,7 @@ class ChunkWorker:
     """Holds a Collector and writes one shard per chunk."""
 
     def __init__(self, plan: WorkPlan, pair: LoadedPair) -> None:
-        from data_gen.collect import Collector
+        from data_gen.collector import Collector
         from decode.latency import LatencyTable
         from decode.verifiers import get_verifier
 
@@ -204,7 +204,7 @@ class ChunkWorker:
     def chunk(self, c: int, report) -> int:
         """Collect chunk ``c`` and write its shard (none when it has no rows); ``report(n)`` after each trajectory's
         ``n`` rows. Returns the chunk's rows."""
-        from data_gen.collect import TrajectoryJob
+        from data_gen.collector import TrajectoryJob
         from decode.sampling import SamplingConfig
 
         plan = self.plan

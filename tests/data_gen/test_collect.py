@@ -125,7 +125,7 @@ def test_two_worker_processes_write_the_same_rows_as_one(tiny_pair, tmp_path):
 @pytest.mark.parametrize("chunk", [1024, 7])
 def test_target_rows_equal_a_prefill_of_each_node(tiny_pair, chunk):
     """The per-sample tree passes (split into chunks) give every internal node the p of its whole prefix."""
-    from data_gen.collect import Collector
+    from data_gen.collector import Collector
     from data_gen.union import grow_union_forest
     from decode.models import CachedLM, load_causal_lm
     from decode.sampling import SamplingConfig, distributions
@@ -158,7 +158,7 @@ def test_target_rows_equal_a_prefill_of_each_node(tiny_pair, chunk):
 
 def test_features_match_the_decoder(tiny_pair):
     """The first root's features: the collector's (full prefill) vs the decoder's (incremental) state."""
-    from data_gen.collect import Collector, TrajectoryJob
+    from data_gen.collector import Collector, TrajectoryJob
     from decode.engine import SpeculativeDecoder
     from decode.models import CachedLM, load_causal_lm
     from decode.policies import StaticPolicy
