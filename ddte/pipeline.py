@@ -67,6 +67,7 @@ class BenchStage:
 @dataclass
 class PipelineConfig:
     output: str = "runs/pipeline"
+    tracking_uri: str | None = None  # MLflow (any URI, e.g. http://host:5000); null: <output>/mlflow.db
     collect: CollectStage = field(default_factory=CollectStage)
     train: TrainStage = field(default_factory=TrainStage)
     bench: BenchStage = field(default_factory=BenchStage)
@@ -148,9 +149,10 @@ class _Tracking:
     def __init__(self, out: Path, config: PipelineConfig) -> None:
         from mlflow.tracking import MlflowClient
 
-        from ddte_core.tracking import experiment_id, log_environment, start_child_run
+        from ddte_core.tracking import experiment_id, log_environment, resolve_tracking_uri, start_child_run
 
-        self.uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
+        self.uri = (resolve_tracking_uri(config.tracking_uri) if config.tracking_uri
+                    else f"sqlite:///{(out / 'mlflow.db').resolve()}")
         self.client = MlflowClient(self.uri)
         self.experiment = experiment_id(self.client, self.EXPERIMENT, self.uri)
         self.parent = start_child_run(self.client, self.experiment, None, "pipeline")

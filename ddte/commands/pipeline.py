@@ -28,12 +28,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_overrides_argument(parser, "bench.num_prompts=4")
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="pipeline YAML")
     parser.add_argument("--output", default=None, help="output folder (overrides the config's output)")
+    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI, e.g. http://host:5000 "
+                        "(overrides the config's tracking_uri; default: <output>/mlflow.db)")
 
 
 def run(args: argparse.Namespace) -> int:
     from ddte.pipeline import load_pipeline, run_pipeline
 
     overrides = list(args.overrides) + ([f"output={args.output}"] if args.output else [])
+    if args.tracking_uri:
+        overrides.append(f"tracking_uri={args.tracking_uri}")
     with user_errors():
         plan = load_pipeline(args.config, overrides)
     with user_errors(ValueError, OSError, RuntimeError):
