@@ -105,8 +105,11 @@ def collect(
     chunks = [list(range(j, min(j + config.prompts_per_shard, len(prompts))))
               for j in range(0, len(prompts), config.prompts_per_shard)]
     mine = [c for c in range(len(chunks)) if c % num_shards == shard]
-    if not resume and any(shard_path(out, c).exists() for c in mine):
+    todo = [c for c in mine if not shard_path(out, c).exists()]
+    if not resume and len(todo) < len(mine):
         raise ValueError(f"{out} already holds shards: pass --resume to continue that run, or choose another --output")
+    if existing is not None and not todo:  # all done: no pair to load, no worker to start
+        return CollectSummary(out, 0, 0, len(mine), time.perf_counter() - start)
     latency = read_latency_file(config)
     measure = latency is None and existing is None and shard == 0  # the table is measured once per collection
     with sigterm_as_interrupt(), open_engine(config, measure) as engine:  # a kill stops the workers too
@@ -120,7 +123,6 @@ def collect(
             # the one on disk wins: its latency table labels every shard of every worker
             metadata = existing or write_metadata_once(out, dataset_metadata(config, facts, verifiers, table))
         check_same_collection(metadata, config_to_dict(config))
-        todo = [c for c in mine if not shard_path(out, c).exists()]
         plan = WorkPlan(config, metadata, prompts, chunks, todo, f"collect {shard}/{num_shards}")
         roots = run_plan(engine, plan, progress)
     return CollectSummary(out, roots, len(todo), len(mine) - len(todo), time.perf_counter() - start)

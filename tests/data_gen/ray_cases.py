@@ -51,7 +51,12 @@ def _metadata(folder) -> dict:
     return meta
 
 
-def test_a_ray_collection_equals_a_one_worker_collection_row_for_row(tiny_pair, tiny_collected, tmp_path):
+def test_a_ray_collection_equals_a_one_worker_collection_row_for_row(tiny_pair, tiny_collected, tmp_path,
+                                                                     monkeypatch):
+    def no_models(*args, **kwargs):
+        raise AssertionError("the driver loads only the tokenizer")
+
+    monkeypatch.setattr("decode.pair.load_pair", no_models)  # the actors' own processes are untouched
     out = tmp_path / "data"
     summary = collect(load_collect_config(None, _ray_overrides(tiny_pair, out, 2)), progress=False)
     assert (summary.shards_written, summary.shards_skipped) == (3, 0)
