@@ -36,6 +36,7 @@ from data_gen.config import CollectConfig, load_collect_config
 from ddte.pipeline_results import results_markdown
 from ddte_core.paths import refuse_file_in_the_way
 from ddte_core.yamlconfig import load_yaml_config
+from decode.sampling import SamplingConfig
 from selector.train import TrainConfig, TrainResult, load_train_config, train
 
 
@@ -211,8 +212,8 @@ def _run_stages(plan: PipelinePlan, out: Path, tracking: _Tracking) -> PipelineR
     timings["export"] = time.perf_counter() - started
     started = _stage(4, "bench on held-out prompts")
     metadata = {v: read_selector_metadata(path) for v, path in selectors.items()}
-    candidates = {v: static_candidates(metadata[v], trained[v].summary, config.bench.temperatures,
-                                       config.bench.candidates) for v in selectors}
+    candidates = {v: static_candidates(metadata[v], trained[v].info.data.sampling, trained[v].info.data.static_ranking,
+                                       config.bench.temperatures, config.bench.candidates) for v in selectors}
     active = {v: path for v, path in selectors.items()
               if any(m.margin is not None for m in metadata[v].fallbacks)}
     bench = _bench(config.bench, plan.collect, out, candidates, active, tracking)
@@ -301,24 +302,22 @@ def read_selector_metadata(path: Path):
     return SelectorMetadata.from_props({p.key: p.value for p in model.metadata_props}, str(path))
 
 
-def static_candidates(metadata, summary: dict, temperatures: list[float], count: int) -> dict[float, list[str]]:
+def static_candidates(metadata, sampling: list[SamplingConfig], ranking: dict[int, list[str]],
+                      temperatures: list[float], count: int) -> dict[float, list[str]]:
     """Per bench temperature, the static trees to bench: the selector's fallback (the best static action of its
     training split, what it drafts wherever its guard holds) first, then the split's runners-up, ``count`` distinct
     trees in all, canonical keys.
 
-    ``summary``: the training run's summary (``static_ranking`` per sampling configuration and ``sampling``); the
-    ranking of the configuration nearest each temperature is used. A summary without a ranking gives the fallback
-    alone.
+    ``sampling`` and ``ranking``: the training run's sampling configurations and, per configuration index, its
+    static ranking (:class:`selector.info.DataFacts`); the ranking of the configuration nearest each temperature is
+    used. Without a ranking, the fallback alone.
     """
     from decode.actions import distinct_trees
 
-    sampling = summary.get("sampling") or []
-    ranking = summary.get("static_ranking") or {}
     out = {}
     for temperature in temperatures:
-        nearest = min(range(len(sampling)), key=lambda i: abs(sampling[i]["temperature"] - temperature),
-                      default=None)
-        runners_up = ranking.get(str(nearest), []) if nearest is not None else []
+        nearest = min(range(len(sampling)), key=lambda i: abs(sampling[i].temperature - temperature), default=None)
+        runners_up = ranking.get(nearest, []) if nearest is not None else []
         out[temperature] = distinct_trees([metadata.fallback_for(temperature, 1.0).action, *runners_up], count)
     return out
 

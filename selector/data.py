@@ -34,6 +34,7 @@ from data_gen.schema import METADATA_FILE, READABLE_VERSIONS, SHARD_GLOB, label_
 from data_gen.throughput import static_throughputs
 from decode.actions import distinct_trees
 from decode.features import HIDDEN_NAMES, SCALAR_NAMES
+from selector.info import DataFacts, sampling_configs
 
 # KL divergences have a long right tail (probabilities clamped at 1e-9 under top-p give values of 10-20 nats):
 # log1p keeps a few extreme roots from dominating the standardised scale.
@@ -405,28 +406,26 @@ class SelectorDataModule(pl.LightningDataModule):
                                    dtype=np.int64)
         self.splits = {name: rows.take(index[name]) for name in SPLITS}
 
-    def describe(self) -> dict[str, Any]:
-        """What the model and the exported file need to know about the data (JSON-ready)."""
-        meta = self.info.metadata
-        return {
-            "schema_version": meta["schema_version"],
-            "actions": self.info.actions,
-            "scalar_names": list(SCALAR_NAMES),
-            "hidden_sizes": self.info.hidden_sizes,
-            "verifier": self.info.verifier,
-            "pair_fingerprint": self.info.pair_fingerprint,
-            "data_fingerprint": data_fingerprint(self.info),
-            "data_dir": str(self.info.folder.resolve()),
-            "sampling": meta["sampling"],
-            "static_actions": {str(k): self.info.actions[v] for k, v in self.static_actions.items()},
+    def facts(self) -> DataFacts:
+        """What the model and the exported file need to know about the data (after :meth:`setup`)."""
+        return DataFacts(
+            schema_version=self.info.metadata["schema_version"],
+            actions=list(self.info.actions),
+            hidden_sizes=dict(self.info.hidden_sizes),
+            verifier=self.info.verifier,
+            pair_fingerprint=self.info.pair_fingerprint,
+            data_fingerprint=data_fingerprint(self.info),
+            data_dir=str(self.info.folder.resolve()),
+            sampling=sampling_configs(self.info.metadata["sampling"]),
+            static_actions={k: self.info.actions[v] for k, v in self.static_actions.items()},
             # the training split's runners-up: `ddte pipeline` benches the leading distinct trees on held-out prompts
-            "static_ranking": {str(k): distinct_trees([self.info.actions[a] for a in ranked], STATIC_RANKING_KEPT)
-                               for k, ranked in self.static_ranking.items()},
-            "split_rows": {name: len(arr) for name, arr in self.splits.items()},
-            "split_prompts": {name: len(set(arr.prompt_id.tolist())) for name, arr in self.splits.items()},
+            static_ranking={k: distinct_trees([self.info.actions[a] for a in ranked], STATIC_RANKING_KEPT)
+                            for k, ranked in self.static_ranking.items()},
+            split_rows={name: len(arr) for name, arr in self.splits.items()},
+            split_prompts={name: len(set(arr.prompt_id.tolist())) for name, arr in self.splits.items()},
             # the prompts that shaped the model or its guard; offline scores of the file must leave them out
-            "fit_prompts": sorted({str(p) for name in ("train", "val") for p in self.splits[name].prompt_id.tolist()}),
-        }
+            fit_prompts=sorted({str(p) for name in ("train", "val") for p in self.splits[name].prompt_id.tolist()}),
+        )
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         self.setup()

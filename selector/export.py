@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from decode.selector_file import INPUT_NAMES, OUTPUT_NAME, Fallback, SelectorMetadata
+from decode.selector_file import INPUT_NAMES, OUTPUT_NAME, SelectorMetadata
 
 TOLERANCE = 1e-5
 
@@ -52,34 +52,17 @@ def load_selector(checkpoint: str | Path):
         module = SelectorModule.load_from_checkpoint(path, map_location="cpu")
     except Exception as err:  # torch/pickle/Lightning raise many types for a foreign or truncated file
         raise ValueError(f"'{path}' is not a selector checkpoint ({type(err).__name__})") from err
-    if not module.ddte_info.get("actions"):
+    if module.info is None:
         raise ValueError(f"'{path}' has no ddte metadata (actions, verifier): was it written by `ddte train`?")
     return module.eval()
 
 
 def selector_metadata(module, run_id: str | None = None) -> SelectorMetadata:
-    """The metadata of the exported file, from what the checkpoint carries (``ddte_info``).
+    """The metadata of the exported file, from what the checkpoint carries (:class:`selector.info.SelectorInfo`).
 
     Raises ValueError for a checkpoint trained before the never-lose guard (no fallbacks): retrain it.
     """
-    info = module.ddte_info
-    if "fallbacks" not in info:
-        raise ValueError("the checkpoint has no never-lose guard (fallback actions and margins): it was trained by "
-                         "an older ddte; retrain it with `ddte train`")
-    return SelectorMetadata(
-        actions=list(info["actions"]),
-        hidden_sizes=dict(info["hidden_sizes"]),
-        verifier=str(info["verifier"]),
-        objective=str(info["objective"]),
-        normalisation=dict(info["normalisation"]),
-        invalid_score=float(module.deployed().invalid_score),
-        fallbacks=[Fallback(**f) for f in info["fallbacks"]],
-        scalar_names=list(info["scalar_names"]),
-        pair_fingerprint=str(info.get("pair_fingerprint", "")),
-        data_fingerprint=str(info.get("data_fingerprint", "")),
-        run_id=str(run_id or info.get("run_id") or ""),
-        fit_prompts=list(info.get("fit_prompts", [])),
-    )
+    return module.info.metadata(module.deployed().invalid_score, run_id or module.run_id or "")
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
@@ -90,13 +73,13 @@ def random_inputs(module, n: int, seed: int = 0) -> dict[str, Any]:
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    info = module.ddte_info
-    norm = info["normalisation"]
+    facts = module.info.data
+    norm = module.info.normalisation
     z = rng.normal(0.0, 1.5, (n, len(norm["mean"])))
     x = z * np.asarray(norm["std"]) + np.asarray(norm["mean"])
     log_mask = np.array([name in norm["log1p"] for name in norm["scalar_names"]])
     x = np.where(log_mask, np.expm1(np.maximum(x, 0.0)), x)  # back to raw units, >= 0 where log1p applies
-    out = {name: rng.normal(0.0, 1.0, (n, int(info["hidden_sizes"][name]))).astype(np.float32)
+    out = {name: rng.normal(0.0, 1.0, (n, int(facts.hidden_sizes[name]))).astype(np.float32)
            for name in INPUT_NAMES[:3]}
     out["scalars"] = x.astype(np.float32)
     return out
@@ -109,14 +92,14 @@ def real_inputs(module, data_dir: str | Path | None, n: int) -> dict[str, Any] |
     from data_gen.schema import METADATA_FILE, SHARD_GLOB
     from selector.data import _list_column
 
-    folder = Path(data_dir or module.ddte_info.get("data_dir") or "")
+    folder = Path(data_dir or module.info.data.data_dir or "")
     shards = sorted(folder.glob(SHARD_GLOB)) if (folder / METADATA_FILE).is_file() else []
     if not shards:
         if data_dir is not None:
             raise ValueError(f"--data '{data_dir}' has no data set ({METADATA_FILE} + {SHARD_GLOB})")
         return None
     table = pq.read_table(shards[0], columns=list(INPUT_NAMES)).slice(0, n)
-    sizes = {**module.ddte_info["hidden_sizes"], "scalars": len(module.ddte_info["scalar_names"])}
+    sizes = {**module.info.data.hidden_sizes, "scalars": len(module.info.data.scalar_names)}
     return {name: _list_column(table, name, int(sizes[name])) for name in INPUT_NAMES}
 
 
@@ -246,7 +229,7 @@ def export_selector(
     real = real_inputs(module, data_dir, parity_rows)
     batch = rand if real is None else {k: np.concatenate([rand[k], real[k]]) for k in INPUT_NAMES}
     explicit_run = bool(run_id or tracking_uri)
-    run_id = run_id or module.ddte_info.get("run_id")
+    run_id = run_id or module.run_id
     metadata = selector_metadata(module, run_id)
 
     tmp = _writable_tmp(output)
@@ -265,7 +248,7 @@ def export_selector(
 
     result = ExportResult(path=output.resolve(), max_abs_diff=diff, metadata=metadata,
                           parity_rows={"random": parity_rows, "real": 0 if real is None else len(real["scalars"])})
-    uri = tracking_uri or module.ddte_info.get("tracking_uri")
+    uri = tracking_uri or module.tracking_uri
     if log_mlflow and run_id and uri:
         with torch.no_grad():
             scores = net(*(torch.from_numpy(batch[n]) for n in INPUT_NAMES)).numpy()

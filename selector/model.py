@@ -28,6 +28,7 @@ from torch import nn
 
 from decode.features import HIDDEN_NAMES, SCALAR_NAMES
 from decode.selector_file import OBJECTIVES
+from selector.info import SelectorInfo
 
 # Score given to actions that never had a label for this verifier: finite (ONNX parity compares it exactly, and
 # −inf would turn be/step_ms decisions into NaN arithmetic) yet below any real score.
@@ -194,9 +195,11 @@ class SelectorModule(pl.LightningModule):
             mlp_hidden = [512, 32]
         self.save_hyperparameters()
         self.net = SelectorNet(hidden_sizes, num_scalars, num_actions, d_proj, mlp_hidden, dropout)
-        # What the exported file needs besides weights (actions, verifier, fingerprints, run id); set from the
-        # data module at fit time and carried in the checkpoint.
-        self.ddte_info: dict[str, Any] = {}
+        # What the exported file needs besides weights (actions, verifier, fingerprints, standardisation, guard): set
+        # from the data module at fit time and carried in the checkpoint, beside the MLflow run that trained it.
+        self.info: SelectorInfo | None = None
+        self.run_id: str | None = None
+        self.tracking_uri: str | None = None
         self._outputs: dict[str, list[dict[str, np.ndarray]]] = {}
 
     @property
@@ -227,14 +230,16 @@ class SelectorModule(pl.LightningModule):
         norm = dm.normalisation
         self.net.set_normalisation(norm.mean, norm.std, norm.log_mask())
         self.net.set_valid_actions(dm.valid_actions)
-        self.ddte_info.update(dm.describe())
-        self.ddte_info.update(objective=self.objective, decision=self.decision, normalisation=norm.to_dict())
+        self.info = SelectorInfo(dm.facts(), self.objective, norm.to_dict())
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["ddte"] = dict(self.ddte_info)
+        run = {k: v for k, v in (("run_id", self.run_id), ("tracking_uri", self.tracking_uri)) if v}
+        checkpoint["ddte"] = (self.info.to_dict() if self.info is not None else {}) | run
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.ddte_info = dict(checkpoint.get("ddte", {}))
+        saved = checkpoint.get("ddte", {})
+        self.info = SelectorInfo.from_dict(saved) if saved.get("actions") else None
+        self.run_id, self.tracking_uri = saved.get("run_id"), saved.get("tracking_uri")
 
     # -------------------------------------------------------------- steps
 

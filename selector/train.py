@@ -46,7 +46,8 @@ from ddte_core.distributed import is_rank_zero
 from ddte_core.tracking import artifact_location, flatten_params, git_commit, quiet_lightning, resolve_tracking_uri
 from ddte_core.yamlconfig import load_yaml_config
 from decode.selector_file import OBJECTIVES
-from selector.reporting import fit_guard, log_head_room, log_plots
+from selector.evaluation import fit_guard, log_head_room, log_plots
+from selector.info import DataFacts, SelectorInfo
 
 DEFAULT_CONFIG = "configs/train/default.yaml"
 
@@ -144,15 +145,53 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    """What a training run produced; ``summary`` is what summary.json holds."""
+    """What a training run produced: its files and MLflow run, the selector's typed facts (what ``ddte pipeline``
+    reads: ``info.data.sampling``, ``info.data.static_ranking``), and its test figures. :meth:`summary` is what
+    summary.json holds.
+
+    ``metrics``: the test split's offline metrics, the guarded rule's included; ``head_room``: per sampling
+    configuration (its index as a string), the honest head-room figures; ``baselines``: per sklearn baseline, its
+    test metrics and MLflow run.
+    """
 
     checkpoint_path: Path
-    run_id: str | None
+    run_id: str
     metrics: dict[str, float]
     summary_path: Path
     tracking_uri: str
+    info: SelectorInfo
+    train_seconds: float
+    best_epoch_metric: dict[str, float]
+    head_room: dict[str, dict] = field(default_factory=dict)
     baselines: dict[str, dict[str, float]] = field(default_factory=dict)
-    summary: dict[str, Any] = field(default_factory=dict)
+    git_commit: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """What summary.json holds (JSON-ready)."""
+        facts, data = self.info.data, self.info.data.to_dict()
+        return {
+            "run_id": self.run_id,
+            "tracking_uri": self.tracking_uri,
+            "checkpoint": str(self.checkpoint_path),
+            "best_epoch_metric": self.best_epoch_metric,
+            "verifier": facts.verifier,
+            "objective": self.info.objective,
+            "decision": self.info.decision,
+            "data_dir": facts.data_dir,
+            "data_fingerprint": facts.data_fingerprint,
+            "pair_fingerprint": facts.pair_fingerprint,
+            "git_commit": self.git_commit,
+            "static_actions": data["static_actions"],
+            "static_ranking": data["static_ranking"],
+            "fallbacks": self.info.to_dict().get("fallbacks"),
+            "sampling": data["sampling"],
+            "split_rows": facts.split_rows,
+            "split_prompts": facts.split_prompts,
+            "train_seconds": round(self.train_seconds, 2),
+            "test": self.metrics,
+            "head_room": self.head_room,
+            "baselines": self.baselines,
+        }
 
 
 # ---------------------------------------------------------------------------------------------------- the config
@@ -264,7 +303,7 @@ def _add_trainer(run: _Run) -> None:
                              callbacks=callbacks, use_distributed_sampler=False)
 
 
-def _log_run_facts(run: _Run, info: dict[str, Any]) -> None:
+def _log_run_facts(run: _Run, facts: DataFacts, commit: str | None) -> None:
     """Config (artifact; params for the sections Lightning does not log itself), the data set as the run's input,
     the environment, data fingerprint, git commit, split sizes, static baselines."""
     from ddte_core.tracking import log_data_set_input, log_environment
@@ -277,17 +316,16 @@ def _log_run_facts(run: _Run, info: dict[str, Any]) -> None:
     # model and data hyper-parameters are logged by Lightning under their own names: not twice
     params = flatten_params("config", {k: v for k, v in dataclasses.asdict(run.config).items()
                                        if k not in ("model", "data")})
-    log_data_set_input(logger.experiment, run_id, info["data_dir"], info["data_fingerprint"])
+    log_data_set_input(logger.experiment, run_id, facts.data_dir, facts.data_fingerprint)
     log_environment(logger.experiment, run_id)
-    commit = git_commit()
     params.update({
-        "data_fingerprint": info["data_fingerprint"],
-        "pair_fingerprint": info["pair_fingerprint"],
+        "data_fingerprint": facts.data_fingerprint,
+        "pair_fingerprint": facts.pair_fingerprint,
         "git_commit": commit,
-        "verifier": info["verifier"],
-        **{f"split_rows/{k}": v for k, v in info["split_rows"].items()},
-        **{f"split_prompts/{k}": v for k, v in info["split_prompts"].items()},
-        **{f"static_action/cfg{k}": v for k, v in info["static_actions"].items()},
+        "verifier": facts.verifier,
+        **{f"split_rows/{k}": v for k, v in facts.split_rows.items()},
+        **{f"split_prompts/{k}": v for k, v in facts.split_prompts.items()},
+        **{f"static_action/cfg{k}": v for k, v in facts.static_actions.items()},
     })
     logger.log_hyperparams(params)
     if commit:
@@ -302,35 +340,6 @@ def _run_baselines(run: _Run) -> dict[str, dict[str, float]]:
                             parent_run_id=logger.run_id, max_samples=run.config.run.baseline_max_samples,
                             seed=run.config.seed_everything)
     return {r.name: r.metrics["test"].as_dict() | {"run_id": r.run_id} for r in results}
-
-
-def _summary(run: _Run, test_metrics: dict[str, float], baselines: dict, train_s: float,
-             head_room: dict) -> dict[str, Any]:
-    """What summary.json holds (JSON-ready)."""
-    info = run.model.ddte_info
-    return {
-        "run_id": run.logger.run_id,
-        "tracking_uri": run.tracking_uri,
-        "checkpoint": str(Path(run.checkpoint.best_model_path).resolve()),
-        "best_epoch_metric": {run.checkpoint.monitor: float(run.checkpoint.best_model_score or float("nan"))},
-        "verifier": info["verifier"],
-        "objective": info["objective"],
-        "decision": info["decision"],
-        "data_dir": info["data_dir"],
-        "data_fingerprint": info["data_fingerprint"],
-        "pair_fingerprint": info["pair_fingerprint"],
-        "git_commit": git_commit(),
-        "static_actions": info["static_actions"],
-        "static_ranking": info["static_ranking"],
-        "fallbacks": info["fallbacks"],
-        "sampling": info["sampling"],
-        "split_rows": info["split_rows"],
-        "split_prompts": info["split_prompts"],
-        "train_seconds": round(train_s, 2),
-        "test": test_metrics,
-        "head_room": head_room,
-        "baselines": baselines,
-    }
 
 
 def train(config: TrainConfig, verbose: bool = True) -> TrainResult | None:
@@ -390,9 +399,10 @@ def _fit_and_report(run: _Run) -> TrainResult | None:
     """Fit, test the best checkpoint, log plots, baselines, checkpoint and summary (rank 0; None on the others)."""
     model, dm, trainer, logger = run.model, run.datamodule, run.trainer, run.logger
     dm.setup("fit")  # splits and baselines first: "too few prompts" fails before any run output
+    commit = git_commit()
     if logger is not None:
-        model.ddte_info.update(run_id=logger.run_id, tracking_uri=run.tracking_uri)
-        _log_run_facts(run, dm.describe())
+        model.run_id, model.tracking_uri = logger.run_id, run.tracking_uri
+        _log_run_facts(run, dm.facts(), commit)
 
     start = time.perf_counter()
     trainer.fit(model, datamodule=dm)
@@ -412,16 +422,18 @@ def _fit_and_report(run: _Run) -> TrainResult | None:
     trainer.save_checkpoint(best)  # the best weights, now with the guard in their ddte metadata
     log_plots(logger, model, dm.splits["test"])
     baselines = _run_baselines(run) if run.config.run.baselines else {}
-    summary = _summary(run, test_metrics, baselines, train_s, head_room)
-    summary_path = run.out_dir / "summary.json"
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
-    client, run_id = logger.experiment, logger.run_id
-    client.log_artifact(run_id, best, "checkpoint")
-    client.log_artifact(run_id, str(summary_path))
-    client.log_metric(run_id, "train_seconds", train_s)
-    return TrainResult(checkpoint_path=Path(best).resolve(), run_id=run_id, metrics=test_metrics,
-                       summary_path=summary_path.resolve(), tracking_uri=run.tracking_uri, baselines=baselines,
-                       summary=summary)
+    best_score = float(run.checkpoint.best_model_score or float("nan"))
+    result = TrainResult(
+        checkpoint_path=Path(best).resolve(), run_id=logger.run_id, metrics=test_metrics,
+        summary_path=(run.out_dir / "summary.json").resolve(), tracking_uri=run.tracking_uri, info=model.info,
+        train_seconds=train_s, best_epoch_metric={run.checkpoint.monitor: best_score}, head_room=head_room,
+        baselines=baselines, git_commit=commit)
+    result.summary_path.write_text(json.dumps(result.summary(), indent=2) + "\n")
+    client = logger.experiment
+    client.log_artifact(result.run_id, best, "checkpoint")
+    client.log_artifact(result.run_id, str(result.summary_path))
+    client.log_metric(result.run_id, "train_seconds", train_s)
+    return result
 
 
 # ---------------------------------------------------------------------------------------------------- reporting
@@ -429,21 +441,20 @@ def _fit_and_report(run: _Run) -> TrainResult | None:
 
 def format_summary(result: TrainResult) -> str:
     """The end-of-run table (markdown) of the test split's offline metrics, baselines and where things went."""
-    s = result.summary
-    m = result.metrics
+    facts, m = result.info.data, result.metrics
     lines = [
-        f"selector {s['verifier']} / {s['objective']} — test split: {s['split_rows']['test']} roots, "
-        f"{s['split_prompts']['test']} prompts; trained in {s['train_seconds']:.1f} s",
+        f"selector {facts.verifier} / {result.info.objective} — test split: {facts.split_rows['test']} roots, "
+        f"{facts.split_prompts['test']} prompts; trained in {result.train_seconds:.1f} s",
         "",
         "| sampling | static action | selector vs best static | guarded | vs same-tree oracle (biased) |",
         "|---|---|---|---|---|",
     ]
-    for idx, cfg in enumerate(s["sampling"]):
+    for idx, cfg in enumerate(facts.sampling):
         key = f"ratio_vs_static/cfg{idx}"
         if key not in m:
             continue
         guarded = m.get(f"guarded_ratio_vs_static/cfg{idx}", float("nan"))
-        lines.append(f"| T={cfg['temperature']} top-p={cfg['top_p']} | {s['static_actions'].get(str(idx), '-')} | "
+        lines.append(f"| T={cfg.temperature} top-p={cfg.top_p} | {facts.static_actions.get(idx, '-')} | "
                      f"{m[key]:.3f} | {guarded:.3f} | {m[f'ratio_vs_oracle/cfg{idx}']:.3f} |")
     lines.append(f"| mean | | {m['ratio_vs_static']:.3f} | {m.get('guarded_ratio_vs_static', float('nan')):.3f} | "
                  f"{m['ratio_vs_oracle']:.3f} |")
@@ -454,10 +465,10 @@ def format_summary(result: TrainResult) -> str:
               "the other):", "",
               "| sampling | same-tree oracle (biased) | cross-fitted oracle | cross-fitted per-prompt static |",
               "|---|---|---|---|"]
-    for idx, cfg in enumerate(s["sampling"]):
-        room = s.get("head_room", {}).get(str(idx))
+    for idx, cfg in enumerate(facts.sampling):
+        room = result.head_room.get(str(idx))
         if room:
-            lines.append(f"| T={cfg['temperature']} top-p={cfg['top_p']} | {room['same_tree_oracle']:.3f} | "
+            lines.append(f"| T={cfg.temperature} top-p={cfg.top_p} | {room['same_tree_oracle']:.3f} | "
                          f"{_ratio(room['cross_fitted_oracle'])} | {_ratio(room['cross_fitted_prompt_static'])} |")
     lines += ["", f"MLflow run: {result.run_id}  ({result.tracking_uri})",
               f"checkpoint: {result.checkpoint_path}", f"summary:    {result.summary_path}"]

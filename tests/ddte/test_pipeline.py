@@ -101,13 +101,15 @@ def _selector_metadata(fallback: str, margin: float | None):
 
 def test_static_candidates_are_the_fallback_then_the_training_split_runners_up():
     from ddte.pipeline import static_candidates
+    from decode.sampling import SamplingConfig
 
-    summary = {"sampling": [{"temperature": 0.6, "top_p": 1.0}, {"temperature": 1.0, "top_p": 1.0}],
-               "static_ranking": {"0": ["1,3,0", "1,7,0", "1,5,0"], "1": ["1,5,0", "2,1,3", "1,3,0"]}}
-    chosen = static_candidates(_selector_metadata("1,0,3", None), summary, [0.6, 0.9], 3)
+    sampling = [SamplingConfig(0.6), SamplingConfig(1.0)]
+    ranking = {0: ["1,3,0", "1,7,0", "1,5,0"], 1: ["1,5,0", "2,1,3", "1,3,0"]}
+    metadata = _selector_metadata("1,0,3", None)
+    chosen = static_candidates(metadata, sampling, ranking, [0.6, 0.9], 3)
     assert chosen == {0.6: ["1,3,0", "1,7,0", "1,5,0"], 0.9: ["1,3,0", "1,5,0", "2,1,3"]}  # 0.9: the T = 1 ranking
-    assert static_candidates(_selector_metadata("1,0,3", None), summary, [0.6], 1) == {0.6: ["1,3,0"]}
-    assert static_candidates(_selector_metadata("1,0,3", None), {}, [0.6], 3) == {0.6: ["1,3,0"]}  # no ranking
+    assert static_candidates(metadata, sampling, ranking, [0.6], 1) == {0.6: ["1,3,0"]}
+    assert static_candidates(metadata, sampling, {}, [0.6], 3) == {0.6: ["1,3,0"]}  # no ranking
 
 
 @pytest.mark.parametrize(

@@ -57,10 +57,10 @@ def test_standardisation_is_fitted_on_the_training_split_only(dm):
 def test_baseline_action_is_the_best_static_of_the_training_split(dm):
     expected = best_static_actions(dm.splits["train"])
     assert dm.static_actions == expected
-    ranking = dm.describe()["static_ranking"]
+    ranking = dm.facts().static_ranking
     for config, action in expected.items():  # the ranking the pipeline benches starts with the fallback's tree
-        assert ranking[str(config)][0] == Action.parse(dm.info.actions[action]).canonical().key
-        assert len(set(ranking[str(config)])) == len(ranking[str(config)]) >= 2
+        assert ranking[config][0] == Action.parse(dm.info.actions[action]).canonical().key
+        assert len(set(ranking[config])) == len(ranking[config]) >= 2
     for arrays in dm.splits.values():
         assert all(b == expected[int(c)] for b, c in zip(arrays.base_index, arrays.sampling_index, strict=True))
 
@@ -77,11 +77,14 @@ def test_nan_labels_are_masked_in_batches(dm):
     assert not dm.valid_actions[delayed].any()
 
 
-def test_describe_carries_what_export_needs(dm):
-    info = dm.describe()
-    assert info["verifier"] == "gbv" and len(info["actions"]) == 18
-    assert info["hidden_sizes"] == {"target_hidden_prev": 16, "draft_hidden_prev": 8, "draft_hidden_root": 8}
-    assert len(info["data_fingerprint"]) == 64
+def test_the_facts_carry_what_export_needs(dm):
+    from selector.info import DataFacts
+
+    facts = dm.facts()
+    assert facts.verifier == "gbv" and len(facts.actions) == 18
+    assert facts.hidden_sizes == {"target_hidden_prev": 16, "draft_hidden_prev": 8, "draft_hidden_root": 8}
+    assert len(facts.data_fingerprint) == 64
+    assert DataFacts.from_dict(facts.to_dict()) == facts  # the checkpoint's JSON-ready form reads back whole
 
 
 @pytest.mark.parametrize(

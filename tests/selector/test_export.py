@@ -72,14 +72,14 @@ def test_metadata_round_trips(exported, trained):
     assert from_onnx["ddte.run_id"] == trained.run_id
     norm = json.loads(from_onnx["ddte.normalisation"])
     assert norm["log1p"] == ["kl_p_q_prev", "kl_q_p_prev"] and len(norm["mean"]) == len(norm["std"]) == 11
-    assert from_onnx["ddte.data_fingerprint"] == trained.summary["data_fingerprint"]
+    assert from_onnx["ddte.data_fingerprint"] == trained.info.data.data_fingerprint
     assert (from_onnx["ddte.output"], from_onnx["ddte.invalid_score"]) == ("probability", "0.0")
     fallbacks = json.loads(from_onnx["ddte.fallbacks"])
     assert [(f["temperature"], f["top_p"]) for f in fallbacks] == [(0.6, 1.0), (1.0, 0.9)]  # the data's configs
-    assert [f["action"] for f in fallbacks] == list(trained.summary["static_actions"].values())
+    assert [f["action"] for f in fallbacks] == list(trained.info.data.static_actions.values())
     assert all(f["margin"] is None or f["margin"] >= 0 for f in fallbacks)
     fitted = json.loads(from_onnx["ddte.fit_prompts"])  # train + validation prompts: offline scores leave them out
-    counts = trained.summary["split_prompts"]
+    counts = trained.info.data.split_prompts
     assert len(fitted) == len(set(fitted)) == counts["train"] + counts["val"]
 
 

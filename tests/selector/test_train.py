@@ -90,7 +90,7 @@ def test_be_objective_on_gbv_never_picks_unlabelled_actions(trained_be_gbv, tmp_
     from selector.model import INVALID_SCORE
 
     # offline_metrics raises on a NaN action, so finished test metrics mean no unlabelled action was chosen
-    assert trained_be_gbv.summary["verifier"] == "gbv" and trained_be_gbv.summary["decision"] == "throughput"
+    assert trained_be_gbv.info.data.verifier == "gbv" and trained_be_gbv.info.decision == "throughput"
     plots = {a.path for a in MlflowClient(trained_be_gbv.tracking_uri).list_artifacts(trained_be_gbv.run_id, "plots")}
     assert "plots/predicted_vs_true_be.png" in plots
     result = export_selector(trained_be_gbv.checkpoint_path, tmp_path / "gbv.onnx", log_mlflow=False)
@@ -98,7 +98,7 @@ def test_be_objective_on_gbv_never_picks_unlabelled_actions(trained_be_gbv, tmp_
     assert result.metadata.output == "expected_block_efficiency"
     assert result.metadata.invalid_score == INVALID_SCORE
     module = load_selector(trained_be_gbv.checkpoint_path)
-    actions = module.ddte_info["actions"]
+    actions = module.info.data.actions
     delayed = [i for i, a in enumerate(actions) if a[0] != "1" and all(int(v) > 0 for v in a.split(","))]
     import onnxruntime as ort
 
@@ -138,7 +138,7 @@ def test_schema_1_data_trains_and_says_cross_fitting_is_unavailable(tmp_path):
     result = train_selector(TINY_CONFIG, [f"data.data_dir={data}", f"run.output_dir={tmp_path / 'runs'}",
                                           f"run.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
                                           "trainer.max_epochs=1"], verbose=False)
-    rooms = result.summary["head_room"].values()
+    rooms = result.head_room.values()
     assert rooms and all(r["cross_fitted_oracle"] is None and r["same_tree_oracle"] > 0 for r in rooms)
     assert "unavailable (schema-1 data" in format_summary(result)
 
@@ -150,4 +150,4 @@ def test_schema_2_training_logs_the_cross_fitted_head_room(trained):
     for c in (0, 1):
         assert 0.5 < metrics[f"headroom/cross_fitted_oracle/cfg{c}"] < 2.0
         assert f"headroom/same_tree_oracle/cfg{c}" in metrics and f"guard/val_ratio/cfg{c}" in metrics
-    assert all(f["action"] for f in trained.summary["fallbacks"])
+    assert all(f.action for f in trained.info.fallbacks)

@@ -1,6 +1,6 @@
-"""What a training run reports after the fit, on its best checkpoint: the test split's plots, the never-lose
-guard fitted on the validation split (with its curve), and the honest head-room of the test split. Each logs to the
-run's MLflow record; ``selector/train.py`` calls them in that order.
+"""The best checkpoint evaluated after the fit: the never-lose guard fitted on the validation split (with its
+curve), the honest head-room of the test split, and the test split's plots. Each logs to the run's MLflow record;
+``selector/train.py`` calls them in that order.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def log_plots(logger, model, test) -> dict[str, Any]:
                             torch.from_numpy(valid), model.objective).numpy()
     oracle = oracle_actions(test.be, test.step_ms)
     tp = row_throughput(test.be, test.step_ms)
-    verifier = model.ddte_info["verifier"]
-    keys, canonical = canonical_index(model.ddte_info["actions"])
+    verifier = model.info.data.verifier
+    keys, canonical = canonical_index(model.info.data.actions)
     figures = {
         "chosen_actions.png": action_histogram_figure(
             canonical[chosen], keys, f"{verifier}: actions chosen on the test split (equivalent actions merged)",
@@ -68,34 +68,33 @@ def deployed_scores(model, arrays) -> Any:
 
 def fit_guard(logger, model, dm) -> dict[str, float]:
     """The never-lose guard (selector/guard.py): per sampling configuration, the fallback (best static action of the
-    training split) and the margin fitted on the validation split, stored in ``model.ddte_info["fallbacks"]``.
+    training split) and the margin fitted on the validation split, stored in ``model.info.fallbacks``.
     Logs each margin's validation curve and returns the test metrics of the guarded rule."""
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from decode.selector_file import Fallback
     from selector.guard import MarginFit, decision_values, fit_margin, guarded_choice, margin_figure
     from selector.metrics import offline_metrics
 
-    info, actions = model.ddte_info, model.ddte_info["actions"]
+    facts = model.info.data
     val, test = dm.splits["val"], dm.splits["test"]
     values = {name: decision_values(deployed_scores(model, arrays), arrays.step_ms, arrays.valid, model.decision)
               for name, arrays in (("val", val), ("test", test))}
     client, run_id = logger.experiment, logger.run_id
     fallbacks, fits = [], {}
-    for c, conf in enumerate(info["sampling"]):
+    for c, conf in enumerate(facts.sampling):
         fallback = dm.static_actions.get(c, dm.fallback_static)
         rows = val.sampling_index == c
         fit = fit_margin(values["val"][rows], val.be[rows], val.step_ms[rows], fallback) if rows.any() \
             else MarginFit(None, [])
         fits[c] = fit
-        fallbacks.append({"temperature": conf["temperature"], "top_p": conf["top_p"], "action": actions[fallback],
-                          "margin": fit.margin})
+        fallbacks.append(Fallback(conf.temperature, conf.top_p, facts.actions[fallback], fit.margin))
         for step, (_, ratio, share) in enumerate(fit.curve):
             client.log_metric(run_id, f"guard/val_ratio/cfg{c}", ratio, step=step)
             client.log_metric(run_id, f"guard/val_leave_share/cfg{c}", share, step=step)
-    info["fallbacks"] = fallbacks
-    figure = margin_figure(fits, [f"T={c['temperature']}, top-p={c['top_p']}" for c in info["sampling"]],
-                           info["verifier"])
+    model.info.fallbacks = fallbacks
+    figure = margin_figure(fits, [f"T={c.temperature}, top-p={c.top_p}" for c in facts.sampling], facts.verifier)
     client.log_figure(run_id, figure, "plots/guard_margin.png")
     plt.close(figure)
     margin_by_row = [fits[int(c)].margin if int(c) in fits else None for c in test.sampling_index]
