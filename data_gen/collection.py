@@ -40,7 +40,7 @@ from data_gen.store import (
     shard_path,
     write_metadata_once,
 )
-from data_gen.workers import WorkPlan, open_engine, run_plan
+from data_gen.workers import InProcess, Processes, WorkPlan, run_plan
 from ddte_core.paths import refuse_file_in_the_way
 from ddte_core.signals import sigterm_as_interrupt
 from decode.actions import action_grid
@@ -126,6 +126,16 @@ def collect(
         plan = WorkPlan(config, metadata, prompts, chunks, todo, f"collect {shard}/{num_shards}")
         roots = run_plan(engine, plan, progress)
     return CollectSummary(out, roots, len(todo), len(mine) - len(todo), time.perf_counter() - start)
+
+
+def open_engine(config: CollectConfig, measure: bool):
+    """The engine of ``config`` (``engine``, ``workers``; data_gen/workers.py, data_gen/ray_pool.py), its pairs
+    loading; ``measure``: its first worker measures the latency table for its ``facts()``."""
+    if config.engine == "ray":
+        from data_gen.ray_pool import RayPool
+
+        return RayPool(config, measure)
+    return InProcess(config, measure) if config.workers == 1 else Processes(config, measure)
 
 
 def check_output(out: Path, resume: bool) -> None:

@@ -7,7 +7,9 @@ plan's chunks, one shard each (data_gen/store.py), so an interrupted run keeps e
 
 * :class:`InProcess`: this process (``workers: 1``);
 * :class:`Processes`: ``workers`` local processes that pull chunks from a queue;
-* :class:`data_gen.ray_pool.RayPool`: an actor pool on a Ray cluster (``engine: ray``).
+* the actor pool of data_gen/ray_pool.py on a Ray cluster (``engine: ray``), built on :class:`ChunkWorker`.
+
+The driver (data_gen/collection.py, ``open_engine``) picks one.
 """
 
 from __future__ import annotations
@@ -46,16 +48,6 @@ class WorkPlan:
                 if len(self.prompts[i]) >= 2:
                     n += per * len(root_positions(len(self.prompts[i]), self.config, context_limit))
         return n
-
-
-def open_engine(config: CollectConfig, measure: bool):
-    """The engine of ``config`` (``engine``, ``workers``), its pairs loading; ``measure``: its first worker measures
-    the latency table for :meth:`facts`."""
-    if config.engine == "ray":
-        from data_gen.ray_pool import RayPool
-
-        return RayPool(config, measure)
-    return InProcess(config, measure) if config.workers == 1 else Processes(config, measure)
 
 
 def run_plan(engine, plan: WorkPlan, progress: bool) -> int:
