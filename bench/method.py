@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decode.actions import Action
+from decode.engine import check_action
+from decode.verifiers import get_verifier
 
 HF_KINDS = ("ar", "hf-assisted")
 NAMED_POLICIES = ("adaptive", "entropy")
 FILE_KINDS = ("selector", "policy")  # SPEC = KIND=FILE
+KINDS = (*HF_KINDS, "static", *NAMED_POLICIES, *FILE_KINDS)
 
 
 @dataclass(frozen=True)
@@ -36,14 +39,11 @@ class Method:
     path: str | None = None
 
     def __post_init__(self) -> None:
-        ddte = self.kind not in HF_KINDS
-        if self.kind not in (*HF_KINDS, "static", *NAMED_POLICIES, *FILE_KINDS):
-            raise ValueError(f"unknown method kind {self.kind!r}")
-        if ddte != (self.verifier is not None) or (self.kind == "static") != (self.action is not None) \
-                or (self.kind in FILE_KINDS) != (self.path is not None):
-            raise ValueError(f"a {self.kind} method takes {'a verifier' if ddte else 'no verifier'}"
-                             f"{', an action' if self.kind == 'static' else ''}"
-                             f"{', a file' if self.kind in FILE_KINDS else ''} and nothing else")
+        wants = (self.kind not in HF_KINDS, self.kind == "static", self.kind in FILE_KINDS)
+        has = (self.verifier is not None, self.action is not None, self.path is not None)
+        if self.kind not in KINDS or wants != has:
+            raise ValueError(f"not a method: {self!r} (a verifier for every kind but {', '.join(HF_KINDS)}, an "
+                             f"action for static, a file for {' and '.join(FILE_KINDS)})")
         if self.action is not None:
             object.__setattr__(self, "action", self.action.canonical())
 
@@ -51,9 +51,6 @@ class Method:
     def parse(cls, text: str) -> Method:
         """From its text form. ValueError with one line for a bad form or a shape the verifier is not lossless on;
         KeyError naming the known verifiers for an unknown one. Files are not opened here."""
-        from decode.engine import check_action
-        from decode.verifiers import get_verifier
-
         if text in HF_KINDS:
             return cls(text)
         name, sep, spec = text.partition("@")

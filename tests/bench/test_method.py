@@ -47,3 +47,9 @@ def test_rows_are_found_by_their_typed_method():
     at_t = by_method(rows, 1.0)
     assert at_t[AR] is rows[3] and at_t[Method.selector("nss", "s.onnx")] is rows[5]
     assert static_rows(rows, "nss", 0.6, ["1,0,3", "3,3,0"]) == [rows[1], rows[1]]  # canonical shapes
+
+
+def test_a_method_holds_exactly_the_parts_of_its_kind():
+    for parts in [("ar", "nss"), ("static", "nss"), ("selector", "nss", Action(1, 2, 0)), ("adaptive",), ("bogus",)]:
+        with pytest.raises(ValueError, match="not a method"):
+            Method(*parts)
