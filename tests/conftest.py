@@ -7,7 +7,9 @@ more time waking threads than computing, so tests pin one thread.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,6 +25,20 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 from tests.factories import TINY_TRAIN_CONFIG, TRAINED_EPOCHS  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _lightning_logs_to_this_tests_stderr():
+    """Point Lightning's console handlers at the sys.stderr of the test about to run.
+
+    Importing ``lightning`` adds a ``StreamHandler`` bound to the sys.stderr of that moment. When the import
+    happens inside a test that uses ``capsys``, that stream is closed at the test's end, and a later test that
+    logs through Lightning (``Seed set to 0``) prints a "Logging error" traceback into its own stderr. In the
+    console script sys.stderr lives as long as the process, so this is the test harness's business alone."""
+    for name in ("lightning", "lightning.fabric", "lightning.pytorch"):
+        for handler in logging.getLogger(name).handlers:
+            if type(handler) is logging.StreamHandler:
+                handler.stream = sys.stderr
 
 
 @pytest.fixture(scope="session")
