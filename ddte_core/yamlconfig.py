@@ -94,6 +94,11 @@ def load_yaml_config(cls: type[T], path: str | Path | None, overrides: list[str]
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as err:
             raise ValueError(f"config file {str(path)!r} is not valid YAML: {err}") from err
+        except UnicodeDecodeError as err:
+            raise ValueError(f"config file {str(path)!r} is not UTF-8 text") from err
+        if not isinstance(data, dict):
+            raise ValueError(f"config file {str(path)!r} is not a YAML config: expected 'key: value' lines, "
+                             f"got a {type(data).__name__}")
     for assignment in overrides or []:
         apply_override(data, assignment)
     return build_dataclass(cls, data)

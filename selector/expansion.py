@@ -24,6 +24,7 @@ that position could draw), and the roots are combined as N / Σ T̂/Ê; as ratio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -332,7 +333,12 @@ def selector_root_choices(path, folder, verifier: str) -> np.ndarray:
     from selector.data import _list_column
     from selector.guard import decision_values, guarded_choice
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    if not Path(path).is_file():
+        raise ValueError(f"selector file {str(path)!r} does not exist")
+    try:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...) for a bad file
+        raise ValueError(f"{path}: not a readable ONNX selector ({type(err).__name__})") from err
     meta = SelectorMetadata.from_props(dict(session.get_modelmeta().custom_metadata_map), str(path))
     sampling = read_metadata(folder)["sampling"]
     table = _read_table(folder, [*HIDDEN_NAMES, "scalars", "step_ms", "sampling_index", "prompt_id",

@@ -211,6 +211,12 @@ def check_train_config(config: TrainConfig) -> None:
         raise ValueError(f"model.objective must be one of {', '.join(OBJECTIVES)}, got {config.model.objective!r}")
     if config.run.monitor_mode not in ("max", "min"):
         raise ValueError(f"run.monitor_mode must be max or min, got {config.run.monitor_mode!r}")
+    # Lightning reads max_epochs=-1 as "train forever", which the learning-rate schedule cannot span
+    for key in ("max_epochs", "num_nodes", "log_every_n_steps"):
+        if getattr(config.trainer, key) < 1:
+            raise ValueError(f"trainer.{key} must be >= 1, got {getattr(config.trainer, key)}")
+    if config.data.batch_size < 1:
+        raise ValueError(f"data.batch_size must be >= 1, got {config.data.batch_size}")
 
 
 def config_yaml(config: TrainConfig) -> str:

@@ -47,6 +47,11 @@ def run(args: argparse.Namespace) -> int:
     if data is None:
         raise UserError("give --data DIR (a folder written by ddte collect)")
     folder = Path(data)
+    if args.expansion:  # checked before any work, so a bad one leaves no analysis behind
+        if args.folds < 2:
+            raise UserError("--folds must be >= 2")
+        if any("=" not in item for item in args.selector):
+            raise UserError("--selector takes VERIFIER=FILE.onnx")
     with user_errors():
         metadata, columns = load_columns(folder)
     if args.trees is not None and not 1 <= args.trees <= int(metadata.get("trees_per_root", 1)):
@@ -60,11 +65,7 @@ def run(args: argparse.Namespace) -> int:
         paths = plot(result, out)
     print(f"\nwrote {out / 'analysis.json'} and {', '.join(str(p) for p in paths)}")
     if args.expansion:
-        if args.folds < 2:
-            raise UserError("--folds must be >= 2")
-        selectors = dict(item.split("=", 1) for item in args.selector if "=" in item)
-        if len(selectors) != len(args.selector):
-            raise UserError("--selector takes VERIFIER=FILE.onnx")
+        selectors = dict(item.split("=", 1) for item in args.selector)
         with user_errors():
             table, result = expansion_report(folder, metadata, selectors, args.folds)
         print("\n" + table)

@@ -99,6 +99,12 @@ def check_arguments(args: argparse.Namespace) -> list[int] | None:
     if (args.prompt is None) == (args.prompt_ids is None):
         raise UserError("give exactly one of a prompt text or --prompt-ids")
     if args.prompt_ids is None:
+        try:
+            args.prompt.encode("utf-8")
+        except UnicodeEncodeError as err:  # the shell passed bytes that are not UTF-8 (kept as surrogates)
+            raise UserError(f"the prompt is not UTF-8 text (undecodable byte at character {err.start})") from err
+        if not args.prompt.strip():
+            raise UserError("the prompt is empty: give some text, or --prompt-ids")
         return None
     try:
         ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]

@@ -155,3 +155,30 @@ def test_an_unknown_pair_name_lists_the_known_ones(capsys):
     assert main(["generate", "--pair", "nosuchpair", "hi", "--max-new-tokens", "2"]) == 2
     line = _one_line(capsys, "generate")
     assert "shipped" in line and "smollm2" in line
+
+
+def test_a_prompt_that_is_not_utf8_or_is_empty_is_refused(tiny, capsys):
+    base = ["generate", "--target", str(tiny / "target"), "--draft", str(tiny / "draft"), "--max-new-tokens", "2"]
+    assert main([*base, "a\udcff\udcfe"]) == 2  # how Python's argv holds the bytes \xff\xfe
+    assert "not UTF-8" in _one_line(capsys, "generate")
+    assert main([*base, "  "]) == 2
+    assert "the prompt is empty" in _one_line(capsys, "generate")
+
+
+@pytest.mark.parametrize(("content", "message"), [(b"some notes here\n", "is not a YAML config"),
+                                                  (b"\xff\xfe\x00", "is not UTF-8 text")])
+def test_a_config_that_is_not_a_yaml_mapping_is_refused(tmp_path, capsys, content, message):
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(content)
+    assert main(["collect", "--config", str(notes), f"output={tmp_path / 'out'}"]) == 2
+    line = _one_line(capsys, "collect")
+    assert message in line and str(notes) in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_analyze_refuses_a_truncated_selector(tiny_collected, tmp_path, capsys):
+    onnx = tmp_path / "truncated.onnx"
+    onnx.write_bytes(b"\x08\x07\x12\x04garbage")
+    assert main(["analyze", "--data", str(tiny_collected), "--output", str(tmp_path / "a"), "--expansion",
+                 "--folds", "2", "--selector", f"specinfer={onnx}"]) == 2
+    assert "not a readable ONNX selector" in _one_line(capsys, "analyze")

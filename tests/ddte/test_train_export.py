@@ -24,6 +24,7 @@ def _one_line_error(capsys, command: str) -> str:
         (["data.data_dir={data}", "model.objective=ranking"], "model.objective"),
         (["data.data_dir={data}", "model.no_such_key=1"], "unknown config key(s): model.no_such_key"),
         (["not-a-key-value"], "is not KEY=VALUE"),
+        (["data.data_dir={data}", "trainer.max_epochs=-1"], "trainer.max_epochs must be >= 1"),
     ],
 )
 def test_train_bad_input(capsys, tmp_path, synthetic_dir, overrides, message):
