@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue as queue_module
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,8 +103,14 @@ class Processes:
                                   args=(config, w, measure and w == 0, self.plans[w], self.tasks, self.results),
                                   daemon=True)
                       for w in range(config.workers)]
-        for proc in self.procs:
-            proc.start()
+        # Ctrl-C reaches the whole process group: the parent alone handles it (it stops the workers on the way out);
+        # started with SIGINT ignored, a worker never prints its own KeyboardInterrupt traceback (even mid-import)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for proc in self.procs:
+                proc.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
         self.finished: set[int] = set()
         self.clean = False
 
@@ -157,7 +164,14 @@ class Processes:
         return done
 
 
+def _stop(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _process_main(config: CollectConfig, index: int, measure: bool, plans, tasks, results) -> None:
+    # the parent's terminate() (after Ctrl-C or a failure) unwinds the worker: a shard being written is removed and
+    # multiprocessing's exit handlers release the semaphores its libraries made (else: a "leaked semaphore" warning)
+    signal.signal(signal.SIGTERM, _stop)
     try:
         from data_gen.collector import load_collect_pair, pair_facts
 

@@ -182,3 +182,24 @@ def test_analyze_refuses_a_truncated_selector(tiny_collected, tmp_path, capsys):
     assert main(["analyze", "--data", str(tiny_collected), "--output", str(tmp_path / "a"), "--expansion",
                  "--folds", "2", "--selector", f"specinfer={onnx}"]) == 2
     assert "not a readable ONNX selector" in _one_line(capsys, "analyze")
+
+
+def test_ctrl_c_during_a_two_worker_collect_is_one_line(tmp_path):
+    """Ctrl-C reaches the whole process group: the workers print nothing (no KeyboardInterrupt traceback, no leaked
+    semaphore warning); the parent says "interrupted" and keeps its finished shards for --resume."""
+    from tests.factories import collect_overrides, save_collect_pair
+
+    pair = save_collect_pair(tmp_path / "pair")
+    out = tmp_path / "data"
+    argv = [sys.executable, "-m", "ddte", "collect", "--no-progress",
+            *collect_overrides(pair, out, workers=2, new_tokens=200, **{"prompts.limit": 50})]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.glob("shard-*.parquet")):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)  # see the train-pair test above
+    assert "interrupted" in err and "Traceback" not in err and "leaked" not in err, err
+    assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
