@@ -38,6 +38,22 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _IntermixedParser(argparse.ArgumentParser):
+    """A subcommand's parser that takes its positionals (the ``KEY=VALUE`` overrides, a prompt) anywhere among the
+    options: ``ddte collect prompts.limit=2 --output X trees_per_root=1`` reads both overrides."""
+
+    _inner = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._inner:  # parse_known_intermixed_args calls back into parse_known_args
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; only ``command``'s own arguments are added (its module is imported for that)."""
     parser = argparse.ArgumentParser(
@@ -45,7 +61,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="ddte: train and serve a neural expansion selector for lossless multi-path speculative decoding.",
     )
     parser.add_argument("--version", action="version", version=f"ddte {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_IntermixedParser)
     for name, (module_path, help_text) in SUBCOMMANDS.items():
         if name != command:
             sub.add_parser(name, help=help_text)

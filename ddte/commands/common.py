@@ -4,7 +4,7 @@ Conventions, the same in every subcommand (tests/ddte/test_cli.py checks them):
 
 * ``--output`` names what a command writes (a file or a folder);
 * ``--data`` names a collected data set it reads;
-* ``KEY=VALUE`` positionals override config keys (dotted for sections);
+* ``KEY=VALUE`` positionals override config keys (dotted for sections), anywhere among the options;
 * ``--threads`` sets torch's CPU threads, default 1 (one thread gives stable speed figures and never
   oversubscribes a shared machine; 0 = torch's default);
 * ``--max-new-tokens``, ``--num-prompts``, ``--temperature``, ``--top-p``, ``--seed``, ``--device``, ``--dtype``
@@ -90,7 +90,7 @@ def apply_threads(threads: int) -> None:
 
 def add_overrides_argument(parser: argparse.ArgumentParser, example: str) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
-                        help=f"config overrides, dotted for sections (e.g. {example})")
+                        help=f"config overrides, dotted for sections, anywhere on the command line (e.g. {example})")
 
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:

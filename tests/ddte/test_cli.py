@@ -52,6 +52,17 @@ def test_every_subcommand_uses_the_agreed_flag_names(name):
         assert options["--prompts"].type is None  # a file everywhere; a count is --num-prompts
 
 
+@pytest.mark.parametrize(("argv", "overrides", "option"), [
+    (["collect", "prompts.limit=2", "--output", "X", "trees_per_root=1"], ["prompts.limit=2", "trees_per_root=1"],
+     ("output", "X")),
+    (["train", "trainer.max_epochs=2", "--data", "X", "model.lr=0.01"], ["trainer.max_epochs=2", "model.lr=0.01"],
+     ("data", "X")),
+])
+def test_overrides_go_anywhere_on_the_command_line(argv, overrides, option):
+    args = build_parser(argv[0]).parse_args(argv)
+    assert args.overrides == overrides and getattr(args, option[0]) == option[1]
+
+
 def test_top_level_help_imports_no_command(tmp_path):
     """`ddte --help` builds the command map from names alone; `ddte generate --help` imports generate's shell
     only, and no torch."""
