@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from decode.actions import Action
+from decode.actions import Action, check_in_grid
 from decode.engine import check_action
 from decode.verifiers import get_verifier
 
@@ -64,6 +64,7 @@ class Method:
             return cls(spec, verifier.name)
         try:
             action = Action.parse(spec)
+            check_in_grid(action)
             check_action(verifier, action)
         except ValueError as err:
             raise ValueError(f"bad method '{text}': {err}") from err

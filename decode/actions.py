@@ -89,6 +89,19 @@ def action_grid(k_max: int = 4, l_max: int = 8) -> list[Action]:
     return [Action(k, l1, l2) for k in range(1, k_max + 1) for l1 in range(l_max + 1) for l2 in range(l_max + 1)]
 
 
+GRID_K_MAX, GRID_L_MAX = 4, 8  # the default grid: what collect labels and a selector chooses from
+
+
+def check_in_grid(action: Action, k_max: int = GRID_K_MAX, l_max: int = GRID_L_MAX) -> None:
+    """ValueError for a shape outside the action grid (up to an equivalent form: a single path of depth up to
+    2·l_max is (1, l_max, depth - l_max)). A tree far beyond it costs memory and time with nothing to gain."""
+    inside = (action.depth <= 2 * l_max if action.is_single_path
+              else action.k <= k_max and action.l1 <= l_max and action.l2 <= l_max)
+    if not inside:
+        raise ValueError(f"{action} is beyond the action grid (K <= {k_max}, L1 and L2 <= {l_max}): a bigger tree "
+                         "only costs memory and time, and no data set or selector covers it")
+
+
 def action_key(action: Action) -> str:
     """'K,L1,L2' (the same as ``action.key``)."""
     return action.key

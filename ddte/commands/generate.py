@@ -86,6 +86,11 @@ def check_arguments(args: argparse.Namespace) -> list[int] | None:
         raise UserError("--selector chooses the tree: do not combine it with --policy or --action")
     if args.action is not None and args.policy != "static":
         raise UserError(f"--action is the static policy's shape; --policy {args.policy} does not use it")
+    if args.action is not None:
+        from decode.actions import Action, check_in_grid
+
+        with user_errors(ValueError, prefix="--action: "):
+            check_in_grid(Action.parse(args.action))
     if args.max_draft < 1:
         raise UserError(f"--max-draft must be >= 1, got {args.max_draft}")
     if args.entropy_threshold <= 0:

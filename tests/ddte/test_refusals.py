@@ -61,6 +61,7 @@ def test_a_selector_trained_for_another_pair_is_refused(tiny, tmp_path, capsys):
         (["--entropy-threshold", "0", "--policy", "entropy"], "--entropy-threshold must be > 0"),
         (["--selector", "x.onnx", "--action", "1,2,0"], "--selector chooses the tree"),
         (["--verifier", "bogus"], "--verifier: unknown verifier 'bogus'"),
+        (["--action", "99,99,99"], "--action: (99,99,99) is beyond the action grid"),
         (["--output", "{file}/out.jsonl"], "is a file, not a folder"),
     ],
 )
@@ -82,6 +83,8 @@ def test_bench_creates_a_new_output_folder_and_refuses_one_under_a_file(tiny, tm
             "--max-new-tokens", "3", "--methods", "ar"]
     assert main([*base, "--output", str(blocker / "r.json")]) == 2
     assert "is a file" in _one_line(capsys, "bench")
+    assert main([*base[:-1], "traversal@99,99,99"]) == 2
+    assert "(99,99,99) is beyond the action grid" in _one_line(capsys, "bench")
     assert main([*base, "--skip-prompts", "-1"]) == 2
     assert "--skip-prompts must be >= 0" in _one_line(capsys, "bench")
     assert main([*base, "--prompts", str(prompts), "--skip-prompts", "1"]) == 2
