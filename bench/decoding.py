@@ -225,15 +225,25 @@ def run_bench(methods: list[Method], pair, prompts: list[list[int]], settings: B
     return rows
 
 
-def encode_prompts(pair: LoadedPair, texts: list[str], max_new: int) -> list[list[int]]:
-    """Token ids of each prompt, left-truncated so prompt + max_new fits the context window."""
+def encode_prompts(pair: LoadedPair, texts: list[str], max_new: int,
+                   truncated: list[int] | None = None) -> list[list[int]]:
+    """Token ids of each prompt, left-truncated so prompt + max_new fits the context window; the indices of the
+    prompts cut are appended to ``truncated`` when given (the caller says so). ValueError for an empty prompt."""
     if pair.tokenizer is None:
         raise ValueError("the pair has no tokenizer; pass --tokenizer DIR")
     room = pair.context_limit - max_new - 1
     if room < 2:
         raise ValueError(f"--max-new-tokens {max_new} leaves no room for a prompt in a {pair.context_limit}-token "
                          "context")
-    return [list(pair.tokenizer(t)["input_ids"])[-room:] for t in texts]
+    out = []
+    for index, text in enumerate(texts):
+        if not text.strip():
+            raise ValueError(f"prompt {index} is empty (it would generate from nothing but the start token)")
+        ids = list(pair.tokenizer(text)["input_ids"])
+        if len(ids) > room and truncated is not None:
+            truncated.append(index)
+        out.append(ids[-room:])
+    return out
 
 
 def bench_prompts(source: str | None, field_name: str, count: int, skip: int = 0, tokenizer=None,

@@ -122,14 +122,24 @@ def run(args: argparse.Namespace) -> int:
     plot_path = check_output_file(args.plot, "--plot") if args.plot else None
     apply_threads(args.threads)
     pair = load_pair_from_args(args)
+    truncated: list[int] = []
     with user_errors():
         prompts = encode_prompts(pair, bench_prompts(args.prompts, args.field, args.num_prompts, args.skip_prompts,
-                                                    pair.tokenizer, pair.heldout_prompts), args.max_new_tokens)
+                                                    pair.tokenizer, pair.heldout_prompts), args.max_new_tokens,
+                                 truncated)
+    if truncated:
+        print(f"warning: {len(truncated)} of {len(prompts)} prompts are longer than the "
+              f"{pair.context_limit}-token context leaves beside --max-new-tokens {args.max_new_tokens}: their "
+              f"first tokens are cut (prompts {', '.join(str(i) for i in truncated[:5])}"
+              f"{', ...' if len(truncated) > 5 else ''})", file=sys.stderr)
+    with user_errors():
         settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p)
         rows = run_bench(methods, pair, prompts, settings, args.temperature, deployments)
     temps = ", ".join(f"{t:g}" for t in args.temperature)
     skipped = f" (after the first {args.skip_prompts})" if args.skip_prompts else ""
-    title = (f"{len(prompts)} held-out prompts{skipped} × {args.repeats} repeat(s), {args.max_new_tokens} new tokens, "
+    heldout = args.prompts in (None, pair.heldout_prompts) or str(args.prompts).endswith(":heldout")
+    which = "held-out prompts" if heldout else f"prompts from {args.prompts}"
+    title = (f"{len(prompts)} {which}{skipped} × {args.repeats} repeat(s), {args.max_new_tokens} new tokens, "
              f"T = {temps}, top-p {args.top_p:g}")
     print(title)
     print(format_table(rows))

@@ -157,3 +157,15 @@ def test_a_policy_file_is_read_once_for_all_its_verifiers(pair_dirs, tmp_path, m
     methods = [r["method"] for r in json.loads(out.read_text())["rows"]]
     assert methods == ["ar", f"traversal@policy={path}", f"specinfer@policy={path}"]
     assert reads == [str(path)]  # once: the command lists the verifiers, and the runners are handed what it read
+
+
+def test_bench_says_when_it_cuts_a_prompt_and_names_its_prompt_file(pair_dirs, tmp_path, capsys):
+    root, _ = pair_dirs
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"prompt": "x = 1\n" * 200}) + "\n" + json.dumps({"prompt": "def f():"}) + "\n")
+    assert main(["bench", "--target", str(root / "target"), "--draft", str(root / "draft"), "--tokenizer",
+                 str(DEFAULT_TOKENIZER), "--prompts", str(prompts), "--num-prompts", "2", "--max-new-tokens", "4",
+                 "--methods", "ar"]) == 0
+    captured = capsys.readouterr()
+    assert "warning: 1 of 2 prompts are longer than the 64-token context" in captured.err
+    assert f"2 prompts from {prompts}" in captured.out and "held-out" not in captured.out

@@ -102,6 +102,16 @@ def test_bench_output_parent_is_created_before_any_work(tmp_path):
     assert json.loads(out.read_text())["rows"] and out.with_suffix(".png").is_file()
 
 
+def test_bench_refuses_an_empty_prompt(tmp_path, capsys):
+    pair = save_tiny_pair(tmp_path / "pair", vocab=4096, target_hidden=32, draft_hidden=16)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n" + json.dumps({"prompt": " "}) + "\n")
+    capsys.readouterr()  # the pair's own save
+    assert main(["bench", "--pair", str(pair / "pair.yaml"), "--prompts", str(prompts), "--num-prompts", "2",
+                 "--max-new-tokens", "3", "--methods", "ar"]) == 2
+    assert "prompt 1 is empty" in _one_line(capsys, "bench")
+
+
 def test_collect_refuses_a_folder_of_foreign_files(tmp_path, capsys):
     out = tmp_path / "mine"
     out.mkdir()
