@@ -163,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         if not ids:
             raise UserError("the prompt encodes to no tokens")
     sampling = SamplingConfig(args.temperature, args.top_p)
+    _note_unmeasured_sampling(args, policy, deployment, verifier.name)
     with user_errors():
         decoder = SpeculativeDecoder(pair.target, pair.draft, verifier, pair.eos_token_id)
     total = GenerationStats()
@@ -185,3 +186,23 @@ def run(args: argparse.Namespace) -> int:
         except OSError as err:
             raise UserError(f"cannot write {output}: {err.strerror}") from err
     return 0
+
+
+def _note_unmeasured_sampling(args: argparse.Namespace, policy, deployment, verifier: str) -> None:
+    """Say once when the selector or policy file has no choice at this temperature and top-p: it then uses the one
+    measured nearest (a selector's guard, a policy file's choice)."""
+    if args.selector:
+        what = "the selector was trained for"
+        measured = [(f.temperature, f.top_p) for f in policy.metadata.fallbacks]
+    elif deployment is not None:
+        what = "the policy file has choices for"
+        measured = [(c.temperature, c.top_p) for c in deployment.choices_of(verifier)]
+    else:
+        return
+    here = (args.temperature, args.top_p)
+    if not measured or any(abs(t - here[0]) < 1e-6 and abs(p - here[1]) < 1e-6 for t, p in measured):
+        return
+    t, p = min(measured, key=lambda m: (abs(m[0] - here[0]), abs(m[1] - here[1])))
+    listed = ", ".join(f"T={a:g} top-p={b:g}" for a, b in sorted(set(measured)))
+    print(f"note: {what} {listed}; T={here[0]:g} top-p={here[1]:g} uses the nearest, T={t:g} top-p={p:g}",
+          file=sys.stderr)

@@ -103,3 +103,20 @@ def test_pair_config(pair_dirs, tmp_path):
     result = subprocess.run([sys.executable, "-m", "ddte", "generate", "--prompt-ids", "4", "--pair", str(config)],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "needs keys target and draft" in result.stderr
+
+
+def test_a_policy_file_at_another_temperature_says_so_once(pair_dirs, tmp_path, capsys):
+    from decode.deployment import Choice, Deployment
+
+    root, _ = pair_dirs
+    path = Deployment([Choice("traversal", 0.7, 1.0, "static", "2,1,2"), Choice("traversal", 1.0, 1.0, "static",
+                                                                                "1,3,0")], "traversal").write(
+        tmp_path / "policy.json")
+    base = ["generate", "--prompt-ids", "5,9", "--target", str(root / "target"), "--draft", str(root / "draft"),
+            "--policy-file", str(path), "--max-new-tokens", "3", "--num-samples", "2"]
+    assert main([*base, "--temperature", "0.3"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == ["note: the policy file has choices for T=0.7 top-p=1, T=1 top-p=1; T=0.3 top-p=1 uses the "
+                     "nearest, T=0.7 top-p=1"]
+    assert main([*base, "--temperature", "1"]) == 0
+    assert "note:" not in capsys.readouterr().err
