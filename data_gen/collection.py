@@ -224,12 +224,18 @@ def tokenize_prompts(tokenizer, texts: list[str], config: CollectConfig) -> list
 
 
 def check_context(config: CollectConfig, context_limit: int) -> None:
-    """ValueError unless the longest prompt and a 2·l_max tree fit the models' context."""
+    """ValueError unless the longest prompt and a 2·l_max tree fit the models' context, and new_tokens could be
+    reached in it (else it would be cut to the context without a word)."""
     if config.prompts.max_tokens + 2 * config.l_max + 2 > context_limit:
         raise ValueError(
             f"prompts.max_tokens ({config.prompts.max_tokens}) + a 2·l_max tree leaves no room in the models' "
             f"{context_limit}-token context"
         )
+    longest = context_limit - 2 * config.l_max - 2  # roots stop where a 2·l_max tree would overrun the context
+    if config.new_tokens > longest:
+        raise ValueError(f"new_tokens ({config.new_tokens}) cannot be reached in the models' {context_limit}-token "
+                         f"context, where a trajectory's roots end {2 * config.l_max + 2} tokens before its end: "
+                         f"at most {longest}")
 
 
 def dataset_metadata(config: CollectConfig, facts: dict, verifiers: list[str], latency: LatencyTable) -> dict:

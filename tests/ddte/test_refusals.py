@@ -121,6 +121,15 @@ def test_collect_refuses_a_folder_of_foreign_files(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
+def test_collect_refuses_new_tokens_beyond_the_context(tiny_pair, tmp_path, capsys):
+    from tests.factories import collect_overrides
+
+    out = tmp_path / "data"
+    assert main(["collect", "--no-progress", *collect_overrides(tiny_pair, out, new_tokens=10**9)]) == 2
+    assert "new_tokens (1000000000) cannot be reached in the models' 64-token context" in _one_line(capsys, "collect")
+    assert not out.exists()
+
+
 def test_bench_verifiers_refuses_a_degenerate_tree(capsys):
     assert main(["bench-verifiers", "--trees", "wor:0,2", "--vocab", "8"]) == 2
     assert "B >= 1" in _one_line(capsys, "bench-verifiers")
@@ -205,7 +214,7 @@ def test_ctrl_c_during_a_two_worker_collect_is_one_line(tmp_path):
     pair = save_collect_pair(tmp_path / "pair")
     out = tmp_path / "data"
     argv = [sys.executable, "-m", "ddte", "collect", "--no-progress",
-            *collect_overrides(pair, out, workers=2, new_tokens=200, **{"prompts.limit": 50})]
+            *collect_overrides(pair, out, workers=2, new_tokens=50, **{"prompts.limit": 50})]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
     deadline = time.time() + 120
