@@ -190,6 +190,20 @@ def log_to_mlflow(path: Path, tracking_uri: str, run_id: str, max_abs_diff: floa
         mlflow.set_tracking_uri(previous)
 
 
+def check_run_exists(tracking_uri: str, run_id: str) -> None:
+    """ValueError unless MLflow run ``run_id`` exists at ``tracking_uri`` (a sqlite store must exist already: it is
+    not created to be asked)."""
+    prefix = "sqlite:///"
+    if tracking_uri.startswith(prefix) and not Path(tracking_uri[len(prefix):]).is_file():
+        raise ValueError(f"no MLflow store at {tracking_uri} to log the model to run {run_id}")
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient(tracking_uri).get_run(run_id)
+    except Exception as err:  # MLflow raises its own (RESOURCE_DOES_NOT_EXIST) and SQLAlchemy/HTTP errors
+        raise ValueError(f"no MLflow run {run_id} at {tracking_uri}") from err
+
+
 def export_selector(
     checkpoint: str | Path,
     output: str | Path,
@@ -231,6 +245,9 @@ def export_selector(
     explicit_run = bool(run_id or tracking_uri)
     run_id = run_id or module.run_id
     metadata = selector_metadata(module, run_id)
+    uri = tracking_uri or module.tracking_uri
+    if log_mlflow and explicit_run and run_id and uri:  # a run the user named must exist before anything is written
+        check_run_exists(resolve_tracking_uri(uri), run_id)
 
     tmp = _writable_tmp(output)
     try:
@@ -248,7 +265,6 @@ def export_selector(
 
     result = ExportResult(path=output.resolve(), max_abs_diff=diff, metadata=metadata,
                           parity_rows={"random": parity_rows, "real": 0 if real is None else len(real["scalars"])})
-    uri = tracking_uri or module.tracking_uri
     if log_mlflow and run_id and uri:
         with torch.no_grad():
             scores = net(*(torch.from_numpy(batch[n]) for n in INPUT_NAMES)).numpy()

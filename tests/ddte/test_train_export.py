@@ -100,6 +100,14 @@ def test_export_unwritable_output(capsys, tmp_path, trained):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
+def test_export_to_a_bogus_run_writes_nothing(capsys, tmp_path, trained, tracking_uri):
+    out = tmp_path / "sel.onnx"
+    assert main(["export", "--checkpoint", str(trained.checkpoint_path), "--output", str(out), "--run-id", "bogus",
+                 "--tracking-uri", tracking_uri]) == 2
+    assert "no MLflow run bogus" in _one_line_error(capsys, "export")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_export_cli_writes_and_reports(capsys, tmp_path, trained):
     out = tmp_path / "sel.onnx"
     assert main(["export", "--checkpoint", str(trained.checkpoint_path), "--output", str(out), "--no-mlflow",
