@@ -83,16 +83,25 @@ class PipelinePlan:
     train: TrainConfig  # train.config with train.overrides; each verifier's run sets its data and tracking keys
 
 
-def load_pipeline(path: str | Path | None, overrides: list[str]) -> PipelinePlan:
+def load_pipeline(path: str | Path | None, overrides: list[str], resume: bool = False) -> PipelinePlan:
     """The pipeline config and its stages' configs, every setting checked (ValueError naming the first bad one)."""
-    return plan_pipeline(load_yaml_config(PipelineConfig, path, overrides))
+    return plan_pipeline(load_yaml_config(PipelineConfig, path, overrides), resume)
 
 
-def plan_pipeline(config: PipelineConfig) -> PipelinePlan:
-    """Everything that can be checked before the first stage: a 6-minute collection must not end in a refusal."""
+def plan_pipeline(config: PipelineConfig, resume: bool = False) -> PipelinePlan:
+    """Everything that can be checked before the first stage: a 6-minute collection must not end in a refusal.
+    ``resume``: the output folder may hold an earlier run of this pipeline, whose collected shards are kept and
+    whose selectors, policy.json and results are redone; without it the folder must be new or empty."""
     from data_gen.collection import check_output, check_verifiers
 
     refuse_file_in_the_way(config.output)
+    out = Path(config.output)
+    if not resume and out.is_dir() and any(out.iterdir()):
+        held = ("a finished pipeline run (policy.json)" if (out / "policy.json").is_file()
+                else "an unfinished pipeline run" if (out / "data").is_dir() or (out / "mlflow.db").is_file()
+                else "other files")
+        raise ValueError(f"{out} already holds {held}: pass --resume to continue or redo it (its collected data is "
+                         "kept; selectors, policy.json and results are rewritten), or choose another --output")
     try:
         collect = load_collect_config(config.collect.config,
                                       [*config.collect.overrides, f"output={Path(config.output) / 'data'}"])

@@ -11,6 +11,7 @@ choice skips them (ddte bench --skip-prompts N).
 Examples:
   ddte pipeline --config configs/pipeline/default.yaml
   ddte pipeline --output runs/small 'collect.overrides=[prompts.limit=8]' bench.num_prompts=4
+  ddte pipeline --output runs/small --resume                          # continue an interrupted run
   ddte generate "def f(x):" --policy-file runs/pipeline/policy.json      # deploy what it chose
 """
 
@@ -28,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_overrides_argument(parser, "bench.num_prompts=4")
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="pipeline YAML")
     parser.add_argument("--output", default=None, help="output folder (overrides the config's output)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue or redo a run in --output: keep its collected shards, rewrite its selectors, "
+                        "policy.json and results (without it --output must be new or empty)")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI, e.g. http://host:5000 "
                         "(overrides the config's tracking_uri; default: <output>/mlflow.db)")
 
@@ -39,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tracking_uri:
         overrides.append(f"tracking_uri={args.tracking_uri}")
     with user_errors():
-        plan = load_pipeline(args.config, overrides)
+        plan = load_pipeline(args.config, overrides, resume=args.resume)
     with user_errors(ValueError, OSError, RuntimeError):
         result = run_pipeline(plan)
     print(result.results_markdown)

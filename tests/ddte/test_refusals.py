@@ -130,6 +130,19 @@ def test_collect_refuses_new_tokens_beyond_the_context(tiny_pair, tmp_path, caps
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("held", "message"), [("policy.json", "a finished pipeline run (policy.json)"),
+                                               ("data", "an unfinished pipeline run"), ("notes.txt", "other files")])
+def test_pipeline_refuses_a_used_output_without_resume(tmp_path, capsys, held, message):
+    """Like collect: a folder that holds a run is continued or redone only with --resume."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / held).mkdir() if held == "data" else (out / held).write_text("{}")
+    assert main(["pipeline", "--output", str(out)]) == 2
+    line = _one_line(capsys, "pipeline")
+    assert f"already holds {message}: pass --resume" in line
+    assert sorted(p.name for p in out.iterdir()) == [held]
+
+
 def test_bench_verifiers_refuses_a_degenerate_tree(capsys):
     assert main(["bench-verifiers", "--trees", "wor:0,2", "--vocab", "8"]) == 2
     assert "B >= 1" in _one_line(capsys, "bench-verifiers")
