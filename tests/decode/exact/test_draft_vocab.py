@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from decode.draft_vocab import DraftVocab, expand_logits
-from decode.verifiers import get_verifier
+from decode.tree import Regime
+from decode.verifiers import get_verifier, verifier_names
 from decode.verifiers.traversal import TraversalVerifier
 from tests.decode.exact.harness import (
     ToyPair,
@@ -72,15 +73,13 @@ def test_the_draft_puts_no_mass_outside_its_vocabulary():
 
 
 def _cases():
-    for pair_name in PAIRS:
-        for shape in DELAYED:
-            for name in ["nss", "naive", "specinfer", "spectr", "traversal"]:
-                yield pair_name, shape, name
-            k, l1, l2 = shape
-            if l1 == 0 or k == 1 or l2 == 0:
-                yield pair_name, shape, "gbv"
-            if k == 1 or l2 == 0:
-                yield pair_name, shape, "block"
+    """Every verifier that drafts i.i.d. trees, on every delayed shape it claims (its own supports_action)."""
+    for name in verifier_names():
+        verifier = get_verifier(name)
+        if verifier.draft_regime != Regime.IID:
+            continue  # RSD drafts without replacement: the next test
+        for pair_name in PAIRS:
+            yield from ((pair_name, shape, name) for shape in DELAYED if verifier.supports_action(*shape))
 
 
 @pytest.mark.parametrize(("pair_name", "shape", "name"), list(_cases()))
