@@ -15,8 +15,11 @@ worker of shard 0, while the other shards wait for its ``dataset.json``.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,10 +115,15 @@ def collect(
         return CollectSummary(out, 0, 0, len(mine), time.perf_counter() - start)
     latency = read_latency_file(config)
     measure = latency is None and existing is None and shard == 0  # the table is measured once per collection
-    with sigterm_as_interrupt(), open_engine(config, measure) as engine:  # a kill stops the workers too
+    with contextlib.ExitStack() as stack, sigterm_as_interrupt(), open_engine(config, measure) as engine:
+        # a kill stops the workers too; the shard's lock is released last
         facts = engine.facts()
         check_context(config, facts["context_limit"])
         create_output(out)  # only now: a refused collection leaves no folder behind
+        stack.enter_context(shard_lock(out, shard, num_shards))
+        if not resume and any(shard_path(out, c).exists() for c in todo):  # the holder before us finished them
+            raise ValueError(f"{out} already holds shards: pass --resume to continue that run, or choose another "
+                             "--output")
         if latency is None and existing is None and not measure:
             metadata = wait_for_metadata(out)
         else:
@@ -126,6 +134,30 @@ def collect(
         plan = WorkPlan(config, metadata, prompts, chunks, todo, f"collect {shard}/{num_shards}")
         roots = run_plan(engine, plan, progress)
     return CollectSummary(out, roots, len(todo), len(mine) - len(todo), time.perf_counter() - start)
+
+
+LOCK_PREFIX = ".lock-"
+
+
+@contextlib.contextmanager
+def shard_lock(out: Path, shard: int, num_shards: int) -> Iterator[None]:
+    """Hold ``out/.lock-shard-i-of-N`` while this shard collects: ValueError when another ``ddte collect`` of the
+    same shard (two runs on one --output, say) holds it. An flock: the system releases it when its process ends,
+    killed or not, so a stale lock file never blocks a later run. Other shards of a split take other locks."""
+    import fcntl
+
+    fd = os.open(out / f"{LOCK_PREFIX}shard-{shard}-of-{num_shards}", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as err:
+            raise ValueError(f"another ddte collect is writing shard {shard}/{num_shards} of {out}: wait for it to "
+                             "finish, or choose another --output") from err
+        except OSError:  # a file system without locks: collect as before, unguarded
+            pass
+        yield
+    finally:
+        os.close(fd)
 
 
 def open_engine(config: CollectConfig, measure: bool):
@@ -142,7 +174,7 @@ def check_output(out: Path, resume: bool) -> None:
     """The output must be new, empty, or hold this data set (``resume``); never a folder with foreign files or an
     older ddte's shard names."""
     refuse_file_in_the_way(out)
-    existing = [p for p in out.iterdir() if not p.name.startswith(".tmp-")] if out.is_dir() else []
+    existing = [p for p in out.iterdir() if not p.name.startswith((".tmp-", LOCK_PREFIX))] if out.is_dir() else []
     if existing and not (out / METADATA_FILE).is_file():
         raise ValueError(f"{out} is not empty and holds no data set ({METADATA_FILE}): choose an empty or new "
                          "--output")

@@ -17,7 +17,8 @@ sampling.temperatures=[0.6,1.0]). Many machines, on a shared output folder:
   * --shard i/N, no dependency: one process per worker, e.g. a SLURM array
     (--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT) or torchrun (--shard $RANK/$WORLD_SIZE).
 Chunk names do not depend on N: --resume skips finished chunks with any worker or shard count. The latency table
-comes from latency.file, or shard 0 measures it once and the other shards wait for its dataset.json.
+comes from latency.file, or shard 0 measures it once and the other shards wait for its dataset.json. A second run of
+the same shard on one folder while the first is still running is refused (each shard holds a lock there).
 """
 
 from __future__ import annotations

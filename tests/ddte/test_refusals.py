@@ -121,6 +121,23 @@ def test_collect_refuses_a_folder_of_foreign_files(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
+def test_a_second_collect_on_one_output_is_refused(tiny_pair, tmp_path, capsys):
+    """Another collect of the same shard holds the output's lock: this one says so and writes no shard."""
+    import fcntl
+
+    from tests.factories import collect_overrides
+
+    out = tmp_path / "data"
+    out.mkdir()
+    with open(out / ".lock-shard-0-of-1", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what the first run holds while it collects
+        assert main(["collect", "--no-progress", *collect_overrides(tiny_pair, out)]) == 2
+    assert "another ddte collect is writing shard 0/1" in _one_line(capsys, "collect")
+    assert not list(out.glob("shard-*"))
+    assert main(["collect", "--no-progress", *collect_overrides(tiny_pair, out)]) == 0  # released: a stale file
+    assert list(out.glob("shard-*.parquet"))
+
+
 def test_collect_refuses_new_tokens_beyond_the_context(tiny_pair, tmp_path, capsys):
     from tests.factories import collect_overrides
 
