@@ -20,6 +20,8 @@ def load_columns(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
     """The data set's metadata and its columns as numpy arrays (lists become 2-D arrays)."""
     from data_gen.store import read_metadata
 
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file, not a data set folder (the folder `ddte collect` wrote)")
     if not folder.is_dir():
         raise ValueError(f"no data set folder at {folder}")
     shards = sorted(folder.glob(SHARD_GLOB))
@@ -112,7 +114,8 @@ def format_report(result: dict) -> str:
         lines.append("|---|---|---|---|---|---|---|")
         for v, best in entry["best_static"].items():
             room = entry["head_room"][v]
-            lines.append(f"| {v} | {best['action']} | {best['block_efficiency']:.2f} | {best['tokens_per_s']:.1f} | "
+            lines.append(f"| {v} | {_tree(best['action'])} | {best['block_efficiency']:.2f} | "
+                         f"{best['tokens_per_s']:.1f} | "
                          f"{room['same_tree_oracle']:.3f}× | {_ratio(room['cross_fitted_oracle'])} | "
                          f"{_ratio(room['cross_fitted_prompt_static'])} |")
     lines.append("\nHead-room columns are per-root (or per-prompt) choices as a ratio to the best static action. The "
@@ -122,7 +125,14 @@ def format_report(result: dict) -> str:
 
 
 def _ratio(value: float | None) -> str:
-    return "n/a (schema 1)" if value is None else f"{value:.3f}×"
+    return "n/a (needs 2+ trees per root)" if value is None else f"{value:.3f}×"
+
+
+def _tree(key: str) -> str:
+    """An action as the tree it drafts: (1,0,7) and (1,7,0) are one path of 7 and print the same, (1,7,0)."""
+    from decode.actions import Action
+
+    return str(Action.parse(key).canonical())
 
 
 def plot(result: dict, folder: Path) -> list[Path]:

@@ -128,17 +128,21 @@ def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from err
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object per line")
-            rows.append(row)
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines: U+2028 may sit inside a string
+    except UnicodeDecodeError as err:
+        line = err.object[:err.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text (byte {err.object[err.start]:#04x})") from err
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from err
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object per line")
+        rows.append(row)
     return rows
 
 

@@ -232,7 +232,7 @@ def _run_stages(plan: PipelinePlan, out: Path, tracking: _Tracking) -> PipelineR
     choices = decide(bench["rows"], candidates, metadata, selectors, out, kept)
     best_verifier = max(choices, key=lambda c: c.tokens_per_s or 0.0).verifier
     deployment = Deployment(choices, best_verifier, bench["pair_fingerprint"],
-                            {"bench": "bench.json", "data": str(data_dir)})
+                            {"bench": "bench.json", "data": _beside(data_dir, out)})
     path = deployment.write(out / "policy.json")
     text = results_markdown(bench, trained, candidates, kept, choices, timings, data_dir, tracking.parent)
     (out / "results.md").write_text(text + "\n", encoding="utf-8")
@@ -247,6 +247,13 @@ def _run_stages(plan: PipelinePlan, out: Path, tracking: _Tracking) -> PipelineR
         tracking.client.set_tag(tracking.parent, f"deploy/{c.verifier}/T{c.temperature:g}",
                                 "selector" if c.policy == "selector" else f"static {c.action}")
     return PipelineResult(text, path, bench)
+
+
+def _beside(path: Path, out: Path) -> str:
+    """``path`` as policy.json's ``source`` names it: relative to the output folder (policy.json's own) when inside
+    it, like its bench.json, else absolute."""
+    path, out = path.resolve(), out.resolve()
+    return str(path.relative_to(out)) if path.is_relative_to(out) else str(path)
 
 
 def _collect(plan: PipelinePlan, out: Path, tracking: _Tracking) -> Path:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bench.compare import cross_fitted_choice_ratio
 from bench.method import AR, Method, by_method, static_rows
+from decode.actions import Action
 
 
 def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, choices: list,
@@ -44,7 +45,7 @@ def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, c
         selector = next((r for m, r in by_method(rows, choice.temperature).items()
                          if m.kind == "selector" and m.verifier == choice.verifier), None)
         if selector is None:
-            measured = "= fallback (guard off) | - | 0 %"
+            measured = "= fallback (its guard never leaves it here: not benched) | - | 0 %"
         else:
             measured = (f"{selector['tokens_per_s']:.1f} | {selector['tokens_per_s'] / static['tokens_per_s']:.3f} | "
                         f"{_fmt(selector.get('policy_share'), '.1%')}")
@@ -86,7 +87,8 @@ def head_room_lines(data_dir: Path, verifiers: list[str]) -> list[str]:
         for verifier in verifiers:
             room = entry["head_room"][verifier]
             lines.append(f"| {entry['sampling']['temperature']:g} | {verifier} | "
-                         f"{entry['best_static'][verifier]['action']} | {room['same_tree_oracle']:.3f} | "
+                         f"{Action.parse(entry['best_static'][verifier]['action']).canonical()} | "
+                         f"{room['same_tree_oracle']:.3f} | "
                          f"{_fmt(room['cross_fitted_oracle'], '.3f')} | "
                          f"{_fmt(room['cross_fitted_prompt_static'], '.3f')} |")
     return lines

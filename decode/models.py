@@ -405,6 +405,8 @@ def load_causal_lm(
         from decode.gguf import load_gguf_model
 
         return load_gguf_model(p, _default_dtype(dev, dtype)).to(dev)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"model {str(p)!r} is a file, not a model directory (an HF folder, or a .gguf file)")
     if not p.is_dir():
         raise ValueError(f"model directory {str(p)!r} does not exist")
     if not (p / "config.json").is_file():

@@ -166,7 +166,8 @@ class OnnxSelectorPolicy(Policy):
 
     def describe(self, sampling: SamplingConfig) -> str:
         guard = self.guard(sampling)
-        return f"selector {self.path} (fallback {guard.action}, margin {guard.margin})"
+        margin = "never leaves it" if guard.margin is None else f"margin {guard.margin:g}"
+        return f"selector {self.path} (fallback {guard.action}, {margin})"
 
     def network_seconds(self) -> list[float]:
         return self._call_seconds

@@ -140,6 +140,8 @@ def inspect_dataset(folder: str | Path, verifier: str) -> DatasetInfo:
     import pyarrow.parquet as pq
 
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"'{folder}' is a file, not a data folder: give the folder `ddte collect` wrote")
     if not folder.is_dir():
         raise ValueError(f"data folder '{folder}' does not exist")
     meta_path = folder / METADATA_FILE
@@ -160,6 +162,11 @@ def inspect_dataset(folder: str | Path, verifier: str) -> DatasetInfo:
             raise ValueError(f"{meta_path}: missing key '{key}'")
     verifiers = list(metadata["verifiers"])
     if verifier not in verifiers:
+        from decode.verifiers import VERIFIERS
+
+        if verifier in VERIFIERS:
+            raise ValueError(f"this data set has no labels for verifier '{verifier}' (it has labels for "
+                             f"{', '.join(verifiers)}): collect with it among the verifiers, or choose one of those")
         raise ValueError(f"unknown verifier '{verifier}': this data set has labels for {', '.join(verifiers)}")
     shards = tuple(sorted(folder.glob(SHARD_GLOB)))
     if not shards:

@@ -482,4 +482,4 @@ def format_summary(result: TrainResult) -> str:
 
 
 def _ratio(value: float | None) -> str:
-    return "unavailable (schema-1 data: no per-tree labels)" if value is None else f"{value:.3f}"
+    return "unavailable (needs per-tree labels of 2+ trees per root)" if value is None else f"{value:.3f}"

@@ -108,7 +108,7 @@ def check_arguments(args: argparse.Namespace) -> list[int] | None:
             args.prompt.encode("utf-8")
         except UnicodeEncodeError as err:  # the shell passed bytes that are not UTF-8 (kept as surrogates)
             raise UserError(f"the prompt is not UTF-8 text (undecodable byte at character {err.start})") from err
-        if not args.prompt.strip():
+        if not args.prompt:
             raise UserError("the prompt is empty: give some text, or --prompt-ids")
         return None
     try:

@@ -58,6 +58,7 @@ def test_the_pipeline_runs_end_to_end_and_its_choice_deploys(tiny, tmp_path, cap
                  "bench.json", "bench.png", "policy.json", "results.md"):
         assert (out / name).exists(), name
     policy = json.loads((out / "policy.json").read_text())
+    assert policy["source"] == {"bench": "bench.json", "data": "data"}  # both beside policy.json
     assert {(c["verifier"], c["temperature"]) for c in policy["choices"]} == {
         (v, t) for v in ("specinfer", "traversal") for t in (0.6, 1.0)}
     bench_file = json.loads((out / "bench.json").read_text())

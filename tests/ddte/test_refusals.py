@@ -63,6 +63,7 @@ def test_a_selector_trained_for_another_pair_is_refused(tiny, tmp_path, capsys):
         (["--verifier", "bogus"], "--verifier: unknown verifier 'bogus'"),
         (["--action", "99,99,99"], "--action: (99,99,99) is beyond the action grid"),
         (["--output", "{file}/out.jsonl"], "is a file, not a folder"),
+        (["--target", "{file}"], "is a file, not a model directory"),
     ],
 )
 def test_generate_refuses_options_it_would_ignore_or_misread(tiny, tmp_path, capsys, argv, message):
@@ -102,14 +103,16 @@ def test_bench_output_parent_is_created_before_any_work(tmp_path):
     assert json.loads(out.read_text())["rows"] and out.with_suffix(".png").is_file()
 
 
-def test_bench_refuses_an_empty_prompt(tmp_path, capsys):
+@pytest.mark.parametrize(("second", "message"), [(b'{"prompt": ""}', "prompt 1 is empty"),
+                                                 (b'{"prompt": "caf\xe9"}', "p.jsonl:2: not UTF-8 text (byte 0xe9)")])
+def test_bench_refuses_an_empty_or_undecodable_prompt(tmp_path, capsys, second, message):
     pair = save_tiny_pair(tmp_path / "pair", vocab=4096, target_hidden=32, draft_hidden=16)
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n" + json.dumps({"prompt": " "}) + "\n")
+    prompts.write_bytes(json.dumps({"prompt": "def f(x):"}).encode() + b"\n" + second + b"\n")
     capsys.readouterr()  # the pair's own save
     assert main(["bench", "--pair", str(pair / "pair.yaml"), "--prompts", str(prompts), "--num-prompts", "2",
                  "--max-new-tokens", "3", "--methods", "ar"]) == 2
-    assert "prompt 1 is empty" in _one_line(capsys, "bench")
+    assert message in _one_line(capsys, "bench")
 
 
 def test_collect_refuses_a_folder_of_foreign_files(tmp_path, capsys):
@@ -213,7 +216,7 @@ def test_a_prompt_that_is_not_utf8_or_is_empty_is_refused(tiny, capsys):
     base = ["generate", "--target", str(tiny / "target"), "--draft", str(tiny / "draft"), "--max-new-tokens", "2"]
     assert main([*base, "a\udcff\udcfe"]) == 2  # how Python's argv holds the bytes \xff\xfe
     assert "not UTF-8" in _one_line(capsys, "generate")
-    assert main([*base, "  "]) == 2
+    assert main([*base, ""]) == 2
     assert "the prompt is empty" in _one_line(capsys, "generate")
 
 

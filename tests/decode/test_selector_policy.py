@@ -247,4 +247,4 @@ def test_one_selector_serves_every_temperature_with_its_own_guard(selector_file,
     cool, warm = policy.start(SamplingConfig(0.5)), policy.start(SamplingConfig(0.9))
     assert type(cool) is StaticPolicy and cool.action == Action(1, 2, 0)
     assert isinstance(warm, OnnxSelectorPolicy) and warm.guard(SamplingConfig(0.9)).action == Action(2, 1, 2)
-    assert policy.describe(SamplingConfig(0.6)).endswith(f"(fallback {Action(1, 2, 0)}, margin None)")
+    assert policy.describe(SamplingConfig(0.6)).endswith(f"(fallback {Action(1, 2, 0)}, never leaves it)")

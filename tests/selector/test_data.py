@@ -94,7 +94,9 @@ def test_the_facts_carry_what_export_needs(dm):
         ("no_shards", "has no shards"),
         ("schema_version", "schema_version"),
         ("missing_column", "lacks column(s) scalars"),
-        ("unknown_verifier", "unknown verifier 'nss'"),
+        ("unknown_verifier", "unknown verifier 'bogus'"),
+        ("unlabelled_verifier", "this data set has no labels for verifier 'nss'"),
+        ("a_file", "is a file, not a data folder"),
     ],
 )
 def test_bad_data_folders_give_clear_errors(synthetic_dir, tmp_path, breakage, message):
@@ -114,7 +116,11 @@ def test_bad_data_folders_give_clear_errors(synthetic_dir, tmp_path, breakage, m
         shard = sorted(folder.glob("shard-*.parquet"))[0]
         pq.write_table(pq.read_table(shard).drop_columns(["scalars"]), shard)
     elif breakage == "unknown_verifier":
+        verifier = "bogus"
+    elif breakage == "unlabelled_verifier":
         verifier = "nss"
+    elif breakage == "a_file":
+        folder = folder / "dataset.json"
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         inspect_dataset(folder, verifier)
 

@@ -140,7 +140,7 @@ def test_schema_1_data_trains_and_says_cross_fitting_is_unavailable(tmp_path):
                                           "trainer.max_epochs=1"], verbose=False)
     rooms = result.head_room.values()
     assert rooms and all(r["cross_fitted_oracle"] is None and r["same_tree_oracle"] > 0 for r in rooms)
-    assert "unavailable (schema-1 data" in format_summary(result)
+    assert "unavailable (needs per-tree labels of 2+ trees per root)" in format_summary(result)
 
 
 def test_schema_2_training_logs_the_cross_fitted_head_room(trained):

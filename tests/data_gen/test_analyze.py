@@ -1,0 +1,19 @@
+"""`ddte analyze`'s report: one spelling per tree, and a missing figure says what it needs."""
+
+from __future__ import annotations
+
+import re
+
+from ddte.cli import main
+from decode.actions import Action
+
+
+def test_the_report_spells_each_tree_one_way_and_says_what_a_missing_figure_needs(tiny_collected, tmp_path, capsys):
+    assert main(["analyze", "--data", str(tiny_collected), "--output", str(tmp_path), "--trees", "1"]) == 0
+    report = capsys.readouterr().out
+    trees = re.findall(r"^\| (?:specinfer|traversal|gbv) \| \((\d+),(\d+),(\d+)\) \|", report, flags=re.M)
+    assert trees
+    for k, l1, l2 in trees:  # (1,0,7) and (1,7,0) are one path: always printed (1,7,0)
+        action = Action(int(k), int(l1), int(l2))
+        assert action == action.canonical()
+    assert "n/a (needs 2+ trees per root)" in report and "schema 1" not in report
