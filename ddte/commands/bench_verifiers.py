@@ -5,7 +5,7 @@ are passed in the dtype a decoder would use (float32 by default). Each figure is
 trees and repeats, after a warm-up. Verifiers that are not lossless on a tree's regime are shown as '-'.
 
 Example:
-  ddte bench-verifiers --vocab 4096 32000 --trees 4,0,8 4,2,6 1,8,0 --output verifier_bench.json
+  ddte bench-verifiers --vocab 4096 32000 --shapes 4,0,8 4,2,6 1,8,0 --output verifier_bench.json
 """
 
 from __future__ import annotations
@@ -14,19 +14,30 @@ import argparse
 import json
 import os
 
-from ddte.commands.common import UserError, add_threads_argument, apply_threads, check_output_file, user_errors
+from ddte.commands.common import (
+    UserError,
+    add_threads_argument,
+    apply_threads,
+    check_output_file,
+    deprecated,
+    user_errors,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", type=int, nargs="+", default=[4096, 32000], help="vocabulary sizes")
     parser.add_argument(
-        "--trees", nargs="+", default=["4,0,8", "4,2,6", "1,8,0", "wor:4,1,1,1,1,1,1,1"],
+        "--shapes", nargs="+", default=["4,0,8", "4,2,6", "1,8,0", "wor:4,1,1,1,1,1,1,1"],
         help="tree shapes: K,L1,L2 (delayed) or wor:B1,B2,... (per-node without replacement)",
     )
+    deprecated(parser, "--trees", "--shapes", "shapes", nargs="+")  # --trees is a count in analyze
     parser.add_argument("--verifiers", nargs="+", default=None, help="verifier names (default: all)")
     parser.add_argument("--samples", type=int, default=10, help="trees drafted per case")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per tree")
-    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="dtype of p and q")
+    parser.add_argument("--timed-calls", type=int, default=5, help="timed calls per tree")
+    deprecated(parser, "--repeats", "--timed-calls", "timed_calls", type=int)  # bench's --repeats: runs per prompt
+    parser.add_argument("--prob-dtype", choices=["float32", "float64"], default="float32",
+                        help="dtype of the distributions p and q")
+    deprecated(parser, "--dtype", "--prob-dtype", "prob_dtype", choices=["float32", "float64"])  # a model's elsewhere
     add_threads_argument(parser)
     parser.add_argument("--output", default=None, help="also write the rows and environment as JSON here")
 
@@ -42,16 +53,16 @@ def run(args: argparse.Namespace) -> int:
     with user_errors():
         for name in names:
             get_verifier(name)
-        for spec in args.trees:
+        for spec in args.shapes:
             parse_tree_spec(spec)
-    if min(args.vocab) < 2 or args.samples < 1 or args.repeats < 1:
-        raise UserError("--vocab must be >= 2 and --samples, --repeats >= 1")
+    if min(args.vocab) < 2 or args.samples < 1 or args.timed_calls < 1:
+        raise UserError("--vocab must be >= 2 and --samples, --timed-calls >= 1")
     output = check_output_file(args.output) if args.output else None
     apply_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    cases = [(n, t, v) for v in args.vocab for t in args.trees for n in names]
+    dtype = getattr(torch, args.prob_dtype)
+    cases = [(n, t, v) for v in args.vocab for t in args.shapes for n in names]
     rows = [
-        bench_case(n, t, v, args.samples, args.repeats, dtype) for n, t, v in tqdm(cases, desc="bench", unit="case")
+        bench_case(n, t, v, args.samples, args.timed_calls, dtype) for n, t, v in tqdm(cases, desc="bench", unit="case")
     ]
     print(format_table(rows))
     worst = max((r.verify_us for r in rows if r.vocab == 32000 and r.verify_us is not None), default=None)
@@ -61,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if output is not None:
         from dataclasses import asdict
 
-        payload = {"environment": environment(), "dtype": args.dtype, "rows": [asdict(r) for r in rows]}
+        payload = {"environment": environment(), "dtype": args.prob_dtype, "rows": [asdict(r) for r in rows]}
         tmp = f"{output}.tmp"
         with open(tmp, "w") as f:
             json.dump(payload, f, indent=2)

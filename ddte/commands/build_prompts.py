@@ -31,10 +31,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from data_gen.corpus import HELDOUT_FRACTION, SPLITS
     from data_gen.prompts import DEFAULT_COUNT, DEFAULT_MAX_CHARS
 
-    parser.add_argument("--output", "-o", default=None, help="output JSONL path (required)")
+    # --output is required; argparse would not let its old spelling --out stand in for it, so the check is in run()
+    # and the usage line says it
+    parser.usage = "ddte build-prompts --output FILE.jsonl [options]"
+    parser.add_argument("--output", default=None, help="output JSONL path (required)")
     deprecated(parser, "--out", "--output", "output")
-    parser.add_argument("--num-prompts", "-n", type=int, default=DEFAULT_COUNT, help="prompts to build")
+    deprecated(parser, "-o", "--output", "output")  # no other command has short flags
+    parser.add_argument("--num-prompts", type=int, default=DEFAULT_COUNT, help="prompts to build")
     deprecated(parser, "--count", "--num-prompts", "num_prompts", type=int)
+    deprecated(parser, "-n", "--num-prompts", "num_prompts", type=int)
     parser.add_argument("--split", choices=SPLITS, default="heldout",
                         help="modules to draw from ('train' only for data collection, never for evaluation)")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="prompt length cap")

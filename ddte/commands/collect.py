@@ -41,7 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
                         help="model dtype (overrides the config)")
     parser.add_argument("--seed", type=int, default=None, help="overrides the config's seed")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per worker (overrides the config)")
+    parser.add_argument("--num-prompts", type=int, default=None, help="prompts to collect on (prompts.limit)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="tokens sampled per trajectory (new_tokens)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads per worker (threads; 1 in the shipped configs)")
     parser.add_argument("--workers", type=int, default=None,
                         help="worker processes, or Ray actors with --engine ray (overrides the config)")
     parser.add_argument("--engine", default=None, choices=("local", "ray"),
@@ -49,16 +53,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+# flag -> the config key it sets (a flag given wins over a KEY=VALUE of the same key)
+FLAG_KEYS = {"output": "output", "device": "device", "dtype": "dtype", "seed": "seed", "workers": "workers",
+             "threads": "threads", "engine": "engine", "num_prompts": "prompts.limit", "max_new_tokens": "new_tokens"}
+
+
+def overrides_from_args(args: argparse.Namespace) -> list[str]:
+    """The KEY=VALUE overrides, then one per flag given."""
+    overrides = list(args.overrides)
+    for flag, key in FLAG_KEYS.items():
+        if getattr(args, flag) is not None:
+            overrides.append(f"{key}={getattr(args, flag)}")
+    return overrides
+
+
 def run(args: argparse.Namespace) -> int:
     from data_gen.collection import collect, parse_shard
     from data_gen.config import load_collect_config
 
-    overrides = list(args.overrides)
-    for key in ("output", "device", "dtype", "seed", "workers", "threads", "engine"):
-        if getattr(args, key) is not None:
-            overrides.append(f"{key}={getattr(args, key)}")
     with user_errors():
-        config = load_collect_config(args.config, overrides)
+        config = load_collect_config(args.config, overrides_from_args(args))
         shard, num_shards = parse_shard(args.shard)
     with user_errors(ValueError, OSError, KeyError, RuntimeError):
         summary = collect(config, shard, num_shards, resume=args.resume, progress=not args.no_progress)

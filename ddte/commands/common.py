@@ -8,7 +8,8 @@ Conventions, the same in every subcommand (tests/ddte/test_cli.py checks them):
 * ``--threads`` sets torch's CPU threads, default 1 (one thread gives stable speed figures and never
   oversubscribes a shared machine; 0 = torch's default);
 * ``--max-new-tokens``, ``--num-prompts``, ``--temperature``, ``--top-p``, ``--seed``, ``--device``, ``--dtype``
-  mean the same thing wherever they appear.
+  (the models'), ``--trees`` (a count), ``--shapes`` (tree shapes), ``--repeats`` (runs per prompt) and
+  ``--timed-calls`` (timed calls per figure) mean the same thing wherever they appear; no command has short flags.
 
 Older spellings stay for one release as deprecated aliases that print a warning. Libraries raise plain
 exceptions; :func:`user_errors` turns the expected ones into :class:`UserError`, which ``ddte`` prints as one line

@@ -12,7 +12,7 @@ pass times in the decoding loop and their ratios, and acceptance at T = 0.6 and 
 Examples:
   ddte pair-card --output models/card.json
   ddte pair-card --pair smollm2 --output models/smollm2-card.json
-  ddte pair-card --models /tmp/pair --num-prompts 10 --repeats 5
+  ddte pair-card --models /tmp/pair --num-prompts 10 --timed-calls 5
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-len", type=int, default=256, help="KV cache length for latency")
     parser.add_argument("--tree-nodes", type=int, default=None, help="nodes of the timed tree pass (default: 32; "
                         "8 with --pair)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed calls per latency figure (default: 30; "
+    parser.add_argument("--timed-calls", type=int, default=None, help="timed calls per latency figure (default: 30; "
                         "10 with --pair)")
+    deprecated(parser, "--repeats", "--timed-calls", "timed_calls", type=int)  # bench's --repeats: runs per prompt
     parser.add_argument("--num-prompts", type=int, default=None, help="held-out prompts for acceptance (default: "
                         "100; 24 per group with --pair)")
     deprecated(parser, "--prompts", "--num-prompts", "num_prompts", type=int)
@@ -47,21 +48,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ddte.pair_card.shipped import CardSettings, markdown, measure
 
-    defaults = {"tree_nodes": (32, 8), "repeats": (30, 10), "num_prompts": (100, 24)}
+    defaults = {"tree_nodes": (32, 8), "timed_calls": (30, 10), "num_prompts": (100, 24)}
     for name, (folder_default, pair_default) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, pair_default if args.pair else folder_default)
-    for name in ("threads", "cache_len", "tree_nodes", "repeats", "num_prompts", "max_new_tokens", "sample_tokens"):
+    for name in ("threads", "cache_len", "tree_nodes", "timed_calls", "num_prompts", "max_new_tokens", "sample_tokens"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     output = check_output_file(args.output) if args.output else None
     if args.pair:
         from ddte.pair_card.any_pair import PairCardSettings, measure_pair, pair_markdown
 
-        settings = PairCardSettings(args.pair, args.threads, args.cache_len, args.tree_nodes, args.repeats,
+        settings = PairCardSettings(args.pair, args.threads, args.cache_len, args.tree_nodes, args.timed_calls,
                                     args.num_prompts, args.max_new_tokens, args.sample_tokens, args.seed)
         return _measure_and_print(measure_pair, settings, pair_markdown, output)
-    settings = CardSettings(args.models, args.threads, args.cache_len, args.tree_nodes, args.repeats,
+    settings = CardSettings(args.models, args.threads, args.cache_len, args.tree_nodes, args.timed_calls,
                             args.num_prompts, args.max_new_tokens, args.heldout_blocks, args.sample_tokens, args.seed)
     return _measure_and_print(measure, settings, markdown, output)
 

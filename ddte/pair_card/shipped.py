@@ -4,7 +4,7 @@ For a pair directory (default ``models``) this measures, with the models loaded 
   * architecture, parameter counts, training tokens and wall times (from recipe.json);
   * held-out loss and perplexity of both models on the held-out stdlib modules (blocks of the recipe's seq_len);
   * per-token latency: one token after a 256-token KV cache, and one 32-node tree pass (float additive 4D tree
-    mask, depth-based position ids) after the same cache; median of --repeats; and the target/draft ratios;
+    mask, depth-based position ids) after the same cache; median of --timed-calls; and the target/draft ratios;
   * per-token acceptance 1 - TV(p, q) = sum_v min(p_v, q_v) at T = 1 and T = 0.6, on the contexts of target-sampled
     continuations of held-out prompts (mean, std, percentiles, and the spread of per-prompt means);
   * the draft's calibration at T = 1 and 0.6: at the nodes of drafted chains, the correlation (and ROC AUC) of its

@@ -50,6 +50,12 @@ def test_every_subcommand_uses_the_agreed_flag_names(name):
         assert options["--threads"].default == 1
     if "--prompts" in options:
         assert options["--prompts"].type is None  # a file everywhere; a count is --num-prompts
+    if "--dtype" in options:  # the models' dtype everywhere (bench-verifiers' distributions: --prob-dtype)
+        assert "bfloat16" in options["--dtype"].choices
+    if "--trees" in options:  # a count (analyze); tree shapes are --shapes
+        assert options["--trees"].type is int
+    if "--repeats" in options:  # runs per prompt (bench); timed calls per figure are --timed-calls
+        assert "per prompt" in options["--repeats"].help
 
 
 @pytest.mark.parametrize(("argv", "overrides", "option"), [
@@ -61,6 +67,23 @@ def test_every_subcommand_uses_the_agreed_flag_names(name):
 def test_overrides_go_anywhere_on_the_command_line(argv, overrides, option):
     args = build_parser(argv[0]).parse_args(argv)
     assert args.overrides == overrides and getattr(args, option[0]) == option[1]
+
+
+def test_no_command_shows_short_flags_and_build_prompts_usage_requires_its_output(capsys):
+    for name in SUBCOMMANDS:
+        shown = [o for o in _visible_options(name) if not o.startswith("--") and o != "-h"]
+        assert not shown, f"{name} shows short flags {shown}"
+    with pytest.raises(SystemExit):
+        main(["build-prompts", "--help"])
+    assert "usage: ddte build-prompts --output FILE.jsonl" in capsys.readouterr().out
+
+
+def test_collect_takes_the_flag_names_of_the_other_commands():
+    from ddte.commands.collect import overrides_from_args
+
+    args = build_parser("collect").parse_args(["collect", "--num-prompts", "5", "--max-new-tokens", "32",
+                                               "stride=4"])
+    assert overrides_from_args(args) == ["stride=4", "prompts.limit=5", "new_tokens=32"]
 
 
 def test_top_level_help_imports_no_command(tmp_path):
@@ -86,7 +109,7 @@ def test_no_command_prints_help_and_fails(capsys):
 def test_bench_verifiers_runs_and_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     code = main(
-        ["bench-verifiers", "--vocab", "64", "--trees", "2,1,2", "1,3,0", "--samples", "2", "--repeats", "1",
+        ["bench-verifiers", "--vocab", "64", "--shapes", "2,1,2", "1,3,0", "--samples", "2", "--timed-calls", "1",
          "--output", str(out)]
     )
     assert code == 0
@@ -102,8 +125,8 @@ def test_bench_verifiers_runs_and_writes_json(tmp_path, capsys):
     ("argv", "message"),
     [
         (["bench-verifiers", "--verifiers", "bogus"], "unknown verifier"),
-        (["bench-verifiers", "--trees", "4,x,8"], "bad tree spec"),
-        (["bench-verifiers", "--trees", "0,1,1"], "K must be >= 1"),
+        (["bench-verifiers", "--shapes", "4,x,8"], "bad tree spec"),
+        (["bench-verifiers", "--trees", "0,1,1"], "K must be >= 1"),  # the old spelling still works
         (["bench-verifiers", "--samples", "0"], ">= 1"),
     ],
 )

@@ -164,7 +164,7 @@ def test_pipeline_refuses_a_used_output_without_resume(tmp_path, capsys, held, m
 
 
 def test_bench_verifiers_refuses_a_degenerate_tree(capsys):
-    assert main(["bench-verifiers", "--trees", "wor:0,2", "--vocab", "8"]) == 2
+    assert main(["bench-verifiers", "--shapes", "wor:0,2", "--vocab", "8"]) == 2
     assert "B >= 1" in _one_line(capsys, "bench-verifiers")
 
 

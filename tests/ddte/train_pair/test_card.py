@@ -38,7 +38,8 @@ def test_timed_tree_pass_matches_sequential_paths(tiny_pair):
 def test_card_runs_end_to_end(tiny_pair, tmp_path):
     out = tmp_path / "card.json"
     argv = ["--models", str(tiny_pair), "--output", str(out), "--num-prompts", "3", "--max-new-tokens", "4",
-            "--heldout-blocks", "4", "--repeats", "2", "--sample-tokens", "5", "--cache-len", "16", "--tree-nodes", "8"]
+            "--heldout-blocks", "4", "--timed-calls", "2", "--sample-tokens", "5", "--cache-len", "16",
+            "--tree-nodes", "8"]
     assert run_subcommand(pair_card, argv) == 0
     result = json.loads(out.read_text())
     acc = result["acceptance_T1"]
@@ -62,7 +63,7 @@ def test_the_card_of_a_pair_yaml_reports_loop_ratios_and_acceptance_per_temperat
     root = save_tiny_pair(tmp_path / "pair", vocab=4096, context=128)
     out = tmp_path / "card.json"
     argv = ["--pair", str(root / "pair.yaml"), "--output", str(out), "--num-prompts", "2", "--max-new-tokens", "3",
-            "--repeats", "1", "--sample-tokens", "3", "--cache-len", "16", "--tree-nodes", "4"]
+            "--timed-calls", "1", "--sample-tokens", "3", "--cache-len", "16", "--tree-nodes", "4"]
     assert run_subcommand(pair_card, argv) == 0
     result = json.loads(out.read_text())
     loop = result["loop_latency"]
