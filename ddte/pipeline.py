@@ -37,6 +37,7 @@ from ddte.pipeline_results import results_markdown
 from ddte_core.paths import refuse_file_in_the_way
 from ddte_core.yamlconfig import load_yaml_config
 from decode.sampling import SamplingConfig
+from decode.selector_file import read_selector_metadata
 from selector.train import TrainConfig, TrainResult, load_train_config, train
 
 
@@ -306,16 +307,6 @@ def _export(out: Path, verifier: str, trained, data_dir: Path) -> Path:
         raise ValueError(f"export {verifier}: {err}") from err
     print(f"{path}: parity max |Δ| = {result.max_abs_diff:.1e}")
     return path
-
-
-def read_selector_metadata(path: Path):
-    """The :class:`~decode.selector_file.SelectorMetadata` of an exported selector."""
-    import onnx
-
-    from decode.selector_file import SelectorMetadata
-
-    model = onnx.load(str(path), load_external_data=False)
-    return SelectorMetadata.from_props({p.key: p.value for p in model.metadata_props}, str(path))
 
 
 def static_candidates(metadata, sampling: list[SamplingConfig], ranking: dict[int, list[str]],

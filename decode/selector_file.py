@@ -153,3 +153,11 @@ def _json(props: dict[str, str], name: str, where: str):
         return json.loads(props[PREFIX + name])
     except (KeyError, json.JSONDecodeError) as err:
         raise SelectorFileError(f"{where}: metadata {PREFIX}{name} is missing or not JSON") from err
+
+
+def read_selector_metadata(path) -> SelectorMetadata:
+    """The :class:`SelectorMetadata` of an exported selector, read with ``onnx`` (no inference session)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return SelectorMetadata.from_props({p.key: p.value for p in model.metadata_props}, str(path))

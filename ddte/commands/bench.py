@@ -41,6 +41,7 @@ from ddte.commands.common import (
     check_output_file,
     deprecated,
     load_pair_from_args,
+    nearest_note,
     user_errors,
 )
 
@@ -118,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from bench.display import format_table, plot
 
     methods, deployments = check_arguments(args)
+    _note_unmeasured_sampling(args, methods, deployments)
     output = check_output_file(args.output) if args.output else None
     plot_path = check_output_file(args.plot, "--plot") if args.plot else None
     apply_threads(args.threads)
@@ -162,3 +164,26 @@ def run(args: argparse.Namespace) -> int:
     if plot_path is not None:
         plot(rows, plot_path, title)
     return 0
+
+
+def _note_unmeasured_sampling(args: argparse.Namespace, methods, deployments) -> None:
+    """Say once per method and temperature where a selector or policy file has no choice measured there: the
+    nearest one stands in."""
+    for method in methods:
+        if method.kind == "selector":
+            try:
+                from decode.selector_file import read_selector_metadata
+
+                fallbacks = read_selector_metadata(method.path).fallbacks
+            except Exception:  # an unreadable file: the run reports it when it loads the selector
+                continue
+            what, measured = f"{method.label} was trained for", [(f.temperature, f.top_p) for f in fallbacks]
+        elif method.kind == "policy" and method.path in deployments:
+            what = f"{method.label} has choices for"
+            measured = [(c.temperature, c.top_p) for c in deployments[method.path].choices_of(method.verifier)]
+        else:
+            continue
+        for temperature in args.temperature:
+            note = nearest_note(what, measured, temperature, args.top_p)
+            if note:
+                print(note, file=sys.stderr)

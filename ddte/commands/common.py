@@ -89,6 +89,17 @@ def apply_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+def nearest_note(what: str, measured: list[tuple[float, float]], temperature: float, top_p: float) -> str | None:
+    """The line saying that a choice measured at other sampling settings (a selector's guard, a policy file's
+    choice; ``measured``: their (temperature, top-p)) stands in for ``temperature`` and ``top_p``; None when one
+    was measured there. ``what`` starts the line: "the selector was trained for"."""
+    if not measured or any(abs(t - temperature) < 1e-6 and abs(p - top_p) < 1e-6 for t, p in measured):
+        return None
+    t, p = min(measured, key=lambda m: (abs(m[0] - temperature), abs(m[1] - top_p)))
+    listed = ", ".join(f"T={a:g} top-p={b:g}" for a, b in sorted(set(measured)))
+    return f"note: {what} {listed}; T={temperature:g} top-p={top_p:g} uses the nearest, T={t:g} top-p={p:g}"
+
+
 def add_overrides_argument(parser: argparse.ArgumentParser, example: str) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
                         help=f"config overrides, dotted for sections, anywhere on the command line (e.g. {example})")

@@ -27,6 +27,7 @@ from ddte.commands.common import (
     check_output_file,
     deprecated,
     load_pair_from_args,
+    nearest_note,
     user_errors,
 )
 from decode.policies import POLICIES
@@ -199,10 +200,6 @@ def _note_unmeasured_sampling(args: argparse.Namespace, policy, deployment, veri
         measured = [(c.temperature, c.top_p) for c in deployment.choices_of(verifier)]
     else:
         return
-    here = (args.temperature, args.top_p)
-    if not measured or any(abs(t - here[0]) < 1e-6 and abs(p - here[1]) < 1e-6 for t, p in measured):
-        return
-    t, p = min(measured, key=lambda m: (abs(m[0] - here[0]), abs(m[1] - here[1])))
-    listed = ", ".join(f"T={a:g} top-p={b:g}" for a, b in sorted(set(measured)))
-    print(f"note: {what} {listed}; T={here[0]:g} top-p={here[1]:g} uses the nearest, T={t:g} top-p={p:g}",
-          file=sys.stderr)
+    note = nearest_note(what, measured, args.temperature, args.top_p)
+    if note:
+        print(note, file=sys.stderr)

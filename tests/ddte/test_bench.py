@@ -169,3 +169,17 @@ def test_bench_says_when_it_cuts_a_prompt_and_names_its_prompt_file(pair_dirs, t
     captured = capsys.readouterr()
     assert "warning: 1 of 2 prompts are longer than the 64-token context" in captured.err
     assert f"2 prompts from {prompts}" in captured.out and "held-out" not in captured.out
+
+
+def test_bench_says_when_a_policy_file_stands_in_at_another_temperature(pair_dirs, tmp_path, capsys):
+    from decode.deployment import Choice, Deployment
+
+    root, prompts = pair_dirs
+    path = Deployment([Choice("traversal", 0.7, 1.0, "static", "2,1,2")], "traversal").write(tmp_path / "policy.json")
+    assert main(["bench", "--target", str(root / "target"), "--draft", str(root / "draft"), "--tokenizer",
+                 str(DEFAULT_TOKENIZER), "--prompts", str(prompts), "--field", "text", "--num-prompts", "1",
+                 "--max-new-tokens", "3", "--methods", "ar", "--policy-file", str(path), "--temperature", "0.7",
+                 "1"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == ["note: traversal@policy=policy.json has choices for T=0.7 top-p=1; T=1 top-p=1 uses the "
+                     "nearest, T=0.7 top-p=1"]
