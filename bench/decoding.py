@@ -69,6 +69,7 @@ class MethodResult:
             "speedup": s.tokens_per_second / ar_tps if ar_tps else None,
             "tpot_ms": 1000 * decode_seconds / decode_tokens if decode_tokens else None,
             "block_efficiency": s.block_efficiency if s.steps else None,
+            "mean_acceptance_length": s.block_efficiency if s.steps else None,  # vLLM's name (Spec-Bench's τ)
             "acceptance_rate": s.acceptance_rate if s.steps else None,
             "new_tokens": s.new_tokens,
             "target_passes": s.steps,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bench.method import AR, Method, by_method
+from bench.method import Method, by_method
 
 # one colour per verifier (and the two HF baselines), the same in every figure
 COLOURS = {
@@ -19,8 +19,9 @@ def format_table(rows: list[dict]) -> str:
     def num(x, fmt):
         return "-" if x is None else format(x, fmt)
 
+    # TPOT and mean acceptance length are vLLM's names (Spec-Bench's "mean accepted tokens" τ): block efficiency
     lines = [
-        "| T | method | tokens/s | ± (prompts) | TPOT ms | speedup vs ar | block efficiency | acceptance rate "
+        "| T | method | tokens/s | ± (prompts) | TPOT ms | speedup vs ar | mean acceptance length | acceptance rate "
         "| outside forwards | selector call µs | policy share |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -63,41 +64,59 @@ def bench_metrics(rows: list[dict], positions: int = 8) -> dict[str, float]:
     return out
 
 
+# the HF baselines are drawn as reference lines: name, colour, line style
+REFERENCES = {"ar": ("AR", "black", "--"), "hf-assisted": ("HF assisted", COLOURS["hf-assisted"], ":")}
+
+
+def panels(rows: list[dict]) -> list[tuple[float, list[Method], dict[str, float]]]:
+    """Per temperature of the figure: the methods drawn as bars (only those benched at it, grouped by verifier)
+    and the reference rates (``ar``, ``hf-assisted``) drawn as lines."""
+    out = []
+    for temperature in sorted({r["temperature"] for r in rows}):
+        at_t = by_method(rows, temperature)
+        bars = sorted((m for m in at_t if m.kind not in REFERENCES), key=lambda m: (m.group, m.key))
+        out.append((temperature, bars, {m.kind: at_t[m]["tokens_per_s"] for m in at_t if m.kind in REFERENCES}))
+    return out
+
+
 def plot(rows: list[dict], path: str | Path, title: str) -> None:
-    """Tokens/s per method, grouped by verifier and coloured by it, with the spread over prompts as error bars,
-    the AR rate as a reference line and the speed-up vs AR on each bar; one panel per temperature."""
+    """Tokens/s per method, grouped by verifier and coloured by it, with the spread over prompts as error bars and
+    the speed-up vs AR after each bar; AR and HF assisted as reference lines, not bars; one panel per temperature,
+    each with only the methods benched at it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    temperatures = sorted({r["temperature"] for r in rows})
-    methods = sorted({Method.parse(r["method"]) for r in rows}, key=lambda m: (m != AR, m.group, m.key))
-    height = 0.42 * len(methods) + 1.6
-    fig, axes = plt.subplots(1, len(temperatures), figsize=(5.2 * len(temperatures) + 1.6, height), squeeze=False,
-                             sharey=True)
-    for ax, temperature in zip(axes[0], temperatures, strict=True):
+    layout = panels(rows)
+    most = max((len(bars) for _, bars, _ in layout), default=0)
+    fig, axes = plt.subplots(1, len(layout), figsize=(5.6 * len(layout) + 1.8, 0.42 * max(most, 1) + 2.2),
+                             squeeze=False)
+    for ax, (temperature, bars, references) in zip(axes[0], layout, strict=True):
         at_t = by_method(rows, temperature)
-        y = list(range(len(methods)))[::-1]
-        values = [at_t[m]["tokens_per_s"] if m in at_t else 0.0 for m in methods]
-        errors = [at_t.get(m, {}).get("tokens_per_s_stdev_over_prompts") or 0.0 for m in methods]
-        colours = [COLOURS.get(m.group, "#333333") for m in methods]
-        ax.barh(y, values, xerr=errors, color=colours, error_kw={"elinewidth": 0.8, "capsize": 2})
-        ar = at_t.get(AR, {}).get("tokens_per_s")
+        y = list(range(len(bars)))[::-1]
+        values = [at_t[m]["tokens_per_s"] for m in bars]
+        errors = [at_t[m].get("tokens_per_s_stdev_over_prompts") or 0.0 for m in bars]
+        ax.barh(y, values, xerr=errors, color=[COLOURS.get(m.group, "#333333") for m in bars],
+                error_kw={"elinewidth": 0.8, "capsize": 2})
+        ax.set_yticks(y, [m.label for m in bars], fontsize=8)
+        for kind, rate in references.items():
+            name, colour, style = REFERENCES[kind]
+            ax.axvline(rate, color=colour, lw=1.0, ls=style, label=f"{name} {rate:.0f} tok/s")
+        ar = references.get("ar")
+        right = max([v + e for v, e in zip(values, errors, strict=True)] + list(references.values()) + [1.0])
         if ar:
-            ax.axvline(ar, color="black", lw=0.8, ls="--", label=f"AR {ar:.0f} tok/s")
-            for yi, m in zip(y, methods, strict=True):
-                if m in at_t and m != AR:
-                    ax.text(values[methods.index(m)] * 1.01, yi, f"{at_t[m]['tokens_per_s'] / ar:.2f}×",
-                            va="center", fontsize=7)
-            ax.legend(fontsize=7, loc="lower right")
+            for yi, value, error in zip(y, values, errors, strict=True):
+                ax.text(value + error + 0.015 * right, yi, f"{value / ar:.2f}×", va="center", fontsize=7)
+        if references:  # below the panel: never over a bar
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(references), frameon=False)
         ax.set_title(f"T = {temperature:g}", fontsize=9)
-        ax.set_xlabel("tokens/s (error bar: std over prompts)")
-        ax.set_xlim(0, max(values + [1.0]) * 1.18)
-    axes[0][0].set_yticks(list(range(len(methods)))[::-1], [m.label for m in methods], fontsize=8)
+        ax.set_xlabel("tokens/s (error bar: std over prompts)", fontsize=8)
+        ax.set_xlim(0, right * 1.16)  # room for the error bars and the speed-up labels after them
+        ax.set_ylim(-0.6, max(len(bars), 1) - 0.4)
     fig.suptitle(title, fontsize=9, wrap=True)
     fig.tight_layout()
     tmp = f"{path}.tmp.png"
-    fig.savefig(tmp, dpi=110)
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
     plt.close(fig)
     os.replace(tmp, path)

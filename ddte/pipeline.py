@@ -332,6 +332,25 @@ def static_candidates(metadata, sampling: list[SamplingConfig], ranking: dict[in
 def _bench(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dict[str, dict[float, list[str]]],
            selectors: dict[str, Path], tracking: _Tracking) -> dict:
     """One interleaved bench per temperature of AR, the static candidates and the selectors; bench.json/png."""
+    run = tracking.child("bench")  # started now, so that its duration is the bench's
+    for key, value in stage.__dict__.items():
+        tracking.client.log_param(run, key, str(value))
+    try:
+        payload = _bench_rows(stage, collect, out, candidates, selectors)
+    except BaseException:
+        tracking.finish(run, "FAILED")
+        raise
+    tracking.log_metrics(run, bench_metrics(payload["rows"]))
+    for name in ("bench.json", "bench.png"):
+        tracking.client.log_artifact(run, str(out / name))
+    tracking.finish(run)
+    payload["mlflow_run_id"] = run
+    return payload
+
+
+def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dict[str, dict[float, list[str]]],
+                selectors: dict[str, Path]) -> dict:
+    """The bench itself: its rows, printed and written to bench.json and bench.png; the payload of bench.json."""
     from decode.pair import load_pair_config
 
     if stage.threads:
@@ -358,14 +377,6 @@ def _bench(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dic
                "environment": environment(pair.target.device), "pair_fingerprint": pair.fingerprint()}
     (out / "bench.json").write_text(json.dumps(payload, indent=2, default=str))
     plot(rows, out / "bench.png", title)
-    run = tracking.child("bench")
-    for key, value in stage.__dict__.items():
-        tracking.client.log_param(run, key, str(value))
-    tracking.log_metrics(run, bench_metrics(rows))
-    for name in ("bench.json", "bench.png"):
-        tracking.client.log_artifact(run, str(out / name))
-    tracking.finish(run)
-    payload["mlflow_run_id"] = run
     return payload
 
 
