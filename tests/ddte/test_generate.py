@@ -36,7 +36,11 @@ def test_generate_writes_jsonl_and_matches_greedy(pair_dirs, tmp_path, capsys):
     reference = target.generate(torch.tensor([[5, 9, 3]]), max_new_tokens=10, min_new_tokens=10, do_sample=False)
     assert records[0]["tokens"] == reference[0, 3:].tolist()
     assert records[0]["stats"]["target_passes"] >= 1 and "block_efficiency" in records[0]["stats"]
-    assert "block efficiency" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "block efficiency" in printed
+    passes, tokens = (sum(r["stats"][k] for r in records) for k in ("target_passes", "new_tokens"))
+    assert (f"vs plain decoding: {passes} target passes after prefill instead of {tokens - 2} (one per token after "
+            f"the first): {tokens - 2 - passes} avoided") in printed
 
 
 def test_generate_sampling_is_reproducible(pair_dirs, tmp_path):
