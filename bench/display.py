@@ -108,9 +108,10 @@ def plot(rows: list[dict], path: str | Path, title: str) -> None:
         if ar:
             for yi, value, error in zip(y, values, errors, strict=True):
                 ax.text(value + error + 0.015 * right, yi, f"{value / ar:.2f}×", va="center", fontsize=7)
-        if references:  # below the panel: never over a bar
-            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(references), frameon=False)
-        ax.set_title(f"T = {temperature:g}", fontsize=9)
+        if references:  # above the panel, right of its title: never over a bar or the axis label
+            ax.legend(fontsize=7, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(references), frameon=False,
+                      borderaxespad=0.1)
+        ax.set_title(f"T = {temperature:g}", fontsize=9, loc="left")
         ax.set_xlabel("tokens/s (error bar: std over prompts)", fontsize=8)
         ax.set_xlim(0, right * 1.16)  # room for the error bars and the speed-up labels after them
         ax.set_ylim(-0.6, max(len(bars), 1) - 0.4)
