@@ -1,7 +1,12 @@
-"""The one check of a place to write: no file may stand where the output, or a folder above it, has to be."""
+"""Places to write: the one check that no file stands where an output, or a folder above it, has to be, and the one
+staged write that leaves a file whole or not at all."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -14,3 +19,22 @@ def refuse_file_in_the_way(path: str | Path, what: str = "output", folder: bool 
     if blocking is not None:
         raise ValueError(f"{what} {path}: {blocking} is a file, not a folder")
     return path
+
+
+@contextlib.contextmanager
+def staged_file(path: str | Path) -> Iterator[Path]:
+    """Write ``path`` whole or not at all: yields a temporary path in the same folder (created if missing) for the
+    caller to write; on success it becomes an ordinary shared file (0644; mkstemp makes 0600) renamed onto
+    ``path``, and on any error it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        tmp.chmod(0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

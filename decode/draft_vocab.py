@@ -14,13 +14,13 @@ outside the set, so everything downstream (sampling, features, verifiers, HF ass
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from ddte_core.paths import staged_file
 
 FILE = "draft_vocab.safetensors"
 FORMAT = "ddte-draft-vocab/1"
@@ -47,25 +47,14 @@ class DraftVocab:
     def size(self) -> int:
         return self.token_ids.numel()
 
-    def expand(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits over the set ``(..., Vs)`` -> full-width logits ``(..., V)``, ``-inf`` outside the set."""
-        return expand_logits(logits, self.token_ids.to(logits.device), self.vocab_size)
-
     def save(self, folder: str | Path) -> Path:
         """Write ``folder/draft_vocab.safetensors`` atomically; returns its path."""
         from safetensors.torch import save_file
 
         path = Path(folder) / FILE
-        fd, tmp = tempfile.mkstemp(prefix=f".{FILE}-", dir=path.parent)
-        os.close(fd)
-        try:
+        with staged_file(path) as tmp:
             save_file({"token_ids": self.token_ids.contiguous()}, tmp, metadata={
                 "format": FORMAT, "vocab_size": str(self.vocab_size), "info": json.dumps(self.info)})
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
         return path
 
     @classmethod

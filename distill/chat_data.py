@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +26,9 @@ from pathlib import Path
 import torch
 
 from data_gen.chat_prompts import build_chat_prompts
+from ddte_core.paths import staged_file
 from decode.pair import render_chat
+from distill.teacher_cache import left_padded, until_eos
 
 
 def _conversation(tokenizer, user: str, assistant: str) -> list[int]:
@@ -92,24 +92,18 @@ def target_responses(target, tokenizer, fingerprint: str, count: int, tokens: in
     for first in range(0, len(records), batch_size):
         batch = records[first : first + batch_size]
         prompts = [list(tokenizer(render_chat(tokenizer, r["messages"]))["input_ids"]) for r in batch]
-        width = max(map(len, prompts))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        ids, mask = left_padded(prompts, pad)
+        width = ids.shape[1]
         with torch.no_grad():
             generated = target.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
                                         top_k=None, top_p=None, max_new_tokens=tokens, pad_token_id=pad)
         for record, row in zip(batch, generated[:, width:].tolist(), strict=True):
-            eos = tokenizer.eos_token_id
-            out[record["id"]] = row[: row.index(eos) + 1] if eos in row else row
+            out[record["id"]] = until_eos(row, tokenizer.eos_token_id)
         done = sum(map(len, out.values()))
         log(f"target responses: {len(out)}/{len(records)} prompts, {done} tokens, "
             f"{done / (time.perf_counter() - start):.0f} tokens/s")
     seconds = time.perf_counter() - start
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=cache_dir)
-    with os.fdopen(fd, "w") as handle:
-        json.dump({"count": count, "tokens": tokens, "temperature": temperature, "seconds": round(seconds, 1),
-                   "responses": out}, handle)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    with staged_file(path) as tmp:
+        tmp.write_text(json.dumps({"count": count, "tokens": tokens, "temperature": temperature,
+                                   "seconds": round(seconds, 1), "responses": out}))
     return out

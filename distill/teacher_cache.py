@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import IterableDataset
 
+from ddte_core.paths import staged_file
 from decode.draft_vocab import DraftVocab, most_frequent
 
 FORMAT = "ddte-teacher-laws/1"
@@ -57,11 +56,15 @@ class TeacherLaws:
     def sequence(self, j: int) -> list[int]:
         return self.tokens[self.offsets[j] : self.offsets[j + 1]].tolist()
 
+    def response_offsets(self) -> torch.Tensor:
+        """``(S + 1,)``: sequence ``j``'s response laws are rows ``[r[j], r[j + 1])``."""
+        lengths = (self.offsets[1:] - self.offsets[:-1]) - self.starts  # (S,) response lengths
+        return torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+
     def response_rows(self, j: int) -> slice:
         """The rows of sequence ``j``'s response laws."""
-        lengths = (self.offsets[1:] - self.offsets[:-1]) - self.starts  # (S,) response lengths
-        first = int(lengths[:j].sum())
-        return slice(first, first + int(lengths[j]))
+        rows = self.response_offsets()
+        return slice(int(rows[j]), int(rows[j + 1]))
 
     def response_token_count(self) -> int:
         return self.top_ids.shape[0]
@@ -74,16 +77,8 @@ class TeacherLaws:
                    "sample_temperatures": self.sample_temperatures, "top_ids": self.top_ids,
                    "top_logits": self.top_logits, "log_norm": self.log_norm}
         meta = {"format": FORMAT, "temperatures": json.dumps(self.temperatures), "seconds": f"{self.seconds:.1f}"}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-        os.close(fd)
-        try:
+        with staged_file(path) as tmp:
             save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=meta)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
     @classmethod
     def load(cls, path: Path) -> TeacherLaws:
@@ -93,13 +88,11 @@ class TeacherLaws:
         try:
             with safe_open(str(path), "pt") as handle:
                 meta = handle.metadata() or {}
-                if meta.get("format") != FORMAT:
-                    raise ValueError(f"{path} is not a {FORMAT} file")
                 tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118 (safe_open has no iter)
-        except ValueError:
-            raise
         except Exception as error:  # safetensors raises its own error types for a corrupt file
             raise ValueError(f"{path}: unreadable teacher laws ({error})") from error
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a {FORMAT} file")
         return cls(temperatures=json.loads(meta["temperatures"]), seconds=float(meta.get("seconds", 0)), **tensors)
 
 
@@ -136,9 +129,8 @@ def sample_responses(target, tokenizer, prompts: list[list[int]], sample_tempera
     responses: dict[int, tuple[list[int], tuple[torch.Tensor, ...]]] = {}
     start, done = time.perf_counter(), 0
     for number, chunk in enumerate(batches):
-        width = max(len(prompts[j]) for j in chunk)
-        ids = torch.tensor([[pad] * (width - len(prompts[j])) + prompts[j] for j in chunk])
-        mask = torch.tensor([[0] * (width - len(prompts[j])) + [1] * len(prompts[j]) for j in chunk])
+        ids, mask = left_padded([prompts[j] for j in chunk], pad)
+        width = ids.shape[1]
         torch.manual_seed(seed + number)
         with torch.no_grad():
             out = target.generate(input_ids=ids, attention_mask=mask, do_sample=True,
@@ -147,14 +139,26 @@ def sample_responses(target, tokenizer, prompts: list[list[int]], sample_tempera
                                   return_dict_in_generate=True)
         steps = torch.stack(out.logits, dim=1)  # (b, steps, V): the raw laws each token was drawn from
         for row, j in enumerate(chunk):
-            response = out.sequences[row, width:].tolist()
-            length = response.index(eos) + 1 if eos in response else len(response)
-            responses[j] = (response[:length], keep_laws(steps[row, :length], k, temperatures))
-            done += length
+            response = until_eos(out.sequences[row, width:].tolist(), eos)
+            responses[j] = (response, keep_laws(steps[row, : len(response)], k, temperatures))
+            done += len(response)
         del steps, out
         log(f"target responses: batch {number + 1}/{len(batches)}, {done} tokens, "
             f"{done / (time.perf_counter() - start):.0f} tokens/s")
     return _assemble(prompts, sample_temperatures, responses, temperatures, time.perf_counter() - start)
+
+
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id prompts as one left-padded batch for HF ``generate``: (ids ``(b, width)``, attention mask)."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+def until_eos(tokens: list[int], eos: int | None) -> list[int]:
+    """A sampled response up to and including its first ``eos`` (all of it when there is none; HF pads after)."""
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
 
 
 def _assemble(prompts, sample_temperatures, responses, temperatures, seconds) -> TeacherLaws:
@@ -193,8 +197,7 @@ class LawBatches(IterableDataset):
 
     def __init__(self, laws: TeacherLaws, batch_size: int, max_len: int, seed: int) -> None:
         self.laws, self.batch_size, self.max_len, self.seed = laws, batch_size, max_len, seed
-        lengths = laws.offsets[1:] - laws.offsets[:-1] - laws.starts
-        self.first_row = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+        self.first_row = laws.response_offsets()
 
     def batch(self, picks: list[int]) -> LawBatch:
         laws, k = self.laws, self.laws.top_ids.shape[1]

@@ -45,3 +45,19 @@ def test_relative_sqlite_uri_is_made_absolute(tmp_path, monkeypatch):
     assert resolve_tracking_uri(None) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert resolve_tracking_uri(None) == "http://127.0.0.1:5000"
+
+
+def test_a_staged_file_is_whole_or_absent(tmp_path):
+    from ddte_core.paths import staged_file
+
+    target = tmp_path / "sub" / "out.txt"
+    with staged_file(target) as tmp:
+        tmp.write_text("whole")
+    assert target.read_text() == "whole" and oct(target.stat().st_mode & 0o777) == "0o644"
+    try:
+        with staged_file(tmp_path / "sub" / "never.txt") as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("interrupted")
+    except RuntimeError:
+        pass
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["out.txt"]
