@@ -73,7 +73,7 @@ class CollectConfig:
     trees_per_root: int = 4  # s: union trees per root
     prompts_per_shard: int = 8
     target_chunk: int = 1024  # most tree tokens per target pass (each union sample is its own pass, split if larger)
-    device: str = "auto"
+    device: str = "cpu"  # as every command's --device; auto: cuda when available
     dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
     seed: int = 0
     threads: int | None = 1  # torch threads per worker

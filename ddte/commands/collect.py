@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 
-from ddte.commands.common import add_overrides_argument, user_errors
+from ddte.commands.common import DEFAULT_DEVICE, DEVICE_HELP, add_overrides_argument, user_errors
 
 DEFAULT_CONFIG = "configs/collect/default.yaml"
 
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue a run in --output: skip finished shards")
     parser.add_argument("--shard", default="0/1", help="i/N: collect only the chunks c with c %% N == i")
     parser.add_argument("--device", default=None, choices=("cpu", "cuda", "auto"),
-                        help="where the models run (overrides the config)")
+                        help=f"{DEVICE_HELP}; overrides the config's device ({DEFAULT_DEVICE} in the shipped config)")
     parser.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
                         help="model dtype (overrides the config)")
     parser.add_argument("--seed", type=int, default=None, help="overrides the config's seed")

@@ -7,6 +7,7 @@ Conventions, the same in every subcommand (tests/ddte/test_cli.py checks them):
 * ``KEY=VALUE`` positionals override config keys (dotted for sections), anywhere among the options;
 * ``--threads`` sets torch's CPU threads, default 1 (one thread gives stable speed figures and never
   oversubscribes a shared machine; 0 = torch's default);
+* ``--device`` is where the models run, default cpu everywhere (``collect``: its config's ``device``, also cpu);
 * ``--max-new-tokens``, ``--num-prompts``, ``--temperature``, ``--top-p``, ``--seed``, ``--device``, ``--dtype``
   (the models'), ``--trees`` (a count), ``--shapes`` (tree shapes), ``--repeats`` (runs per prompt) and
   ``--timed-calls`` (timed calls per figure) mean the same thing wherever they appear; no command has short flags.
@@ -75,6 +76,12 @@ def deprecated(parser: argparse.ArgumentParser, old: str, new: str, dest: str, *
     parser.add_argument(old, dest=dest, action=DeprecatedAlias, new=new, help=argparse.SUPPRESS, **kwargs)
 
 
+# Every command's --device default (collect's comes from its config, whose default is the same): CPU, where the
+# shipped selectors' step times were measured and the figures are stable; cuda or auto (cuda when present) opt in.
+DEFAULT_DEVICE = "cpu"
+DEVICE_HELP = "where the models run (auto: cuda when available, else cpu)"
+
+
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (0: torch's own choice)")
@@ -115,7 +122,8 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=str(DEFAULT_TARGET), help="target model: an HF folder or a .gguf file")
     parser.add_argument("--draft", default=str(DEFAULT_DRAFT), help="draft model: an HF folder or a .gguf file")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the target)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="where the models run")
+    parser.add_argument("--device", default=DEFAULT_DEVICE, choices=("cpu", "cuda", "auto"),
+                        help=DEVICE_HELP)
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="both models' dtype (auto: the pair's own dtypes, else float32 on CPU and "
                         "bfloat16 on CUDA)")

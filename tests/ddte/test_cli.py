@@ -86,6 +86,23 @@ def test_collect_takes_the_flag_names_of_the_other_commands():
     assert overrides_from_args(args) == ["stride=4", "prompts.limit=5", "new_tokens=32"]
 
 
+def test_every_command_runs_its_models_on_the_same_default_device():
+    """--device is cpu unless asked: in generate and bench (the flag), in collect (its config, the flag unset) and so
+    in the pipeline's collect stage."""
+    from data_gen.config import CollectConfig, load_collect_config
+    from ddte.commands.collect import DEFAULT_CONFIG, overrides_from_args
+
+    with_device = [name for name in SUBCOMMANDS if "--device" in _visible_options(name)]
+    assert {"generate", "bench", "collect"} <= set(with_device)
+    for name in with_device:
+        option = _visible_options(name)["--device"]
+        assert option.default == ("cpu" if name != "collect" else None), name
+        assert "auto: cuda when available" in option.help, name
+    args = build_parser("collect").parse_args(["collect"])
+    assert load_collect_config(DEFAULT_CONFIG, overrides_from_args(args)).device == "cpu"
+    assert CollectConfig().device == "cpu"
+
+
 def test_top_level_help_imports_no_command(tmp_path):
     """`ddte --help` builds the command map from names alone; `ddte generate --help` imports generate's shell
     only, and no torch."""
