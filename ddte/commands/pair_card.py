@@ -1,18 +1,20 @@
-"""Measure the pair for its model card: every number in models/README.md comes from here.
+"""Measure a pair for its model card: every number in models/README.md comes from here.
 
-For a pair folder (default models/) this measures, with the models in fp32 on CPU: architecture, parameters and
-training figures (from recipe.json); held-out loss and perplexity; per-token latency after a 256-token cache and
-for a 32-node tree pass, with the target/draft ratios; acceptance 1 − TV(p, q) at T = 1 on target-sampled
-continuations of held-out prompts; one T = 0.8 sample. It prints a markdown table and writes everything as JSON.
+--pair names the pair as every command does (a name under configs/pair/, default shipped, or a pair YAML). A pair
+laid out as `ddte train-pair` writes one (target/, draft/, tokenizer/ and recipe.json in one folder, like the shipped
+pair in models/) gets the full card, with the models in fp32 on CPU: architecture, parameters and training figures
+(from recipe.json); held-out loss and perplexity; per-token latency after a 256-token cache and for a 32-node tree
+pass, with the target/draft ratios; acceptance 1 − TV(p, q) at T = 1 on target-sampled continuations of held-out
+prompts; one T = 0.8 sample. It prints a markdown table and writes everything as JSON.
 
-With --pair NAME (a pair YAML, e.g. smollm2) it measures that pair instead, each model in the pair's own dtype:
-pass times in the decoding loop and their ratios, and acceptance at T = 0.6 and 1 on the pair's held-out prompts
-(for chat prompts: those like the training data and those unlike it, separately).
+Any other pair (e.g. smollm2) gets, each model in the pair's own dtype: pass times in the decoding loop and their
+ratios, and acceptance at T = 0.6 and 1 on the pair's held-out prompts (for chat prompts: those like the training
+data and those unlike it, separately).
 
 Examples:
   ddte pair-card --output models/card.json
   ddte pair-card --pair smollm2 --output models/smollm2-card.json
-  ddte pair-card --models /tmp/pair --num-prompts 10 --timed-calls 5
+  ddte pair-card --pair /tmp/pair/pair.yaml --num-prompts 10 --timed-calls 5
 """
 
 from __future__ import annotations
@@ -23,19 +25,21 @@ from ddte.commands.common import UserError, add_threads_argument, check_output_f
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", default="models", help="pair folder with tokenizer/, target/, draft/")
-    parser.add_argument("--pair", default=None, help="measure this pair YAML (a name under configs/pair/) instead")
+    parser.add_argument("--pair", default="shipped", help="the pair: a name under configs/pair/ or a pair YAML (a "
+                        "`ddte train-pair` folder's pair gets the full card)")
+    deprecated(parser, "--models", "--pair with a pair YAML naming the folder's target/, draft/ and tokenizer/",
+               "models")
     parser.add_argument("--output", default=None, help="write all measurements to this JSON file")
     deprecated(parser, "--json", "--output", "output")
     add_threads_argument(parser)
     parser.add_argument("--cache-len", type=int, default=256, help="KV cache length for latency")
-    parser.add_argument("--tree-nodes", type=int, default=None, help="nodes of the timed tree pass (default: 32; "
-                        "8 with --pair)")
-    parser.add_argument("--timed-calls", type=int, default=None, help="timed calls per latency figure (default: 30; "
-                        "10 with --pair)")
+    parser.add_argument("--tree-nodes", type=int, default=None, help="nodes of the timed tree pass (default: 32 for "
+                        "the full card, else 8)")
+    parser.add_argument("--timed-calls", type=int, default=None, help="timed calls per latency figure (default: 30 "
+                        "for the full card, else 10)")
     deprecated(parser, "--repeats", "--timed-calls", "timed_calls", type=int)  # bench's --repeats: runs per prompt
     parser.add_argument("--num-prompts", type=int, default=None, help="held-out prompts for acceptance (default: "
-                        "100; 24 per group with --pair)")
+                        "100 for the full card, else 24 per group)")
     deprecated(parser, "--prompts", "--num-prompts", "num_prompts", type=int)
     parser.add_argument("--max-new-tokens", type=int, default=32, help="sampled tokens per prompt")
     deprecated(parser, "--new-tokens", "--max-new-tokens", "max_new_tokens", type=int)
@@ -46,25 +50,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ddte.pair_card.shipped import CardSettings, markdown, measure
+    from ddte.pair_card.shipped import CardSettings, markdown, measure, train_pair_folder
+    from decode.pair import read_pair_config
 
+    folder = args.models
+    if folder is None:
+        with user_errors():
+            folder = train_pair_folder(read_pair_config(args.pair))
     defaults = {"tree_nodes": (32, 8), "timed_calls": (30, 10), "num_prompts": (100, 24)}
     for name, (folder_default, pair_default) in defaults.items():
         if getattr(args, name) is None:
-            setattr(args, name, pair_default if args.pair else folder_default)
+            setattr(args, name, folder_default if folder is not None else pair_default)
     for name in ("threads", "cache_len", "tree_nodes", "timed_calls", "num_prompts", "max_new_tokens", "sample_tokens"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     output = check_output_file(args.output) if args.output else None
-    if args.pair:
+    if folder is None:
         from ddte.pair_card.any_pair import PairCardSettings, measure_pair, pair_markdown
 
         settings = PairCardSettings(args.pair, args.threads, args.cache_len, args.tree_nodes, args.timed_calls,
                                     args.num_prompts, args.max_new_tokens, args.sample_tokens, args.seed)
         return _measure_and_print(measure_pair, settings, pair_markdown, output)
-    settings = CardSettings(args.models, args.threads, args.cache_len, args.tree_nodes, args.timed_calls,
+    settings = CardSettings(_shown(folder), args.threads, args.cache_len, args.tree_nodes, args.timed_calls,
                             args.num_prompts, args.max_new_tokens, args.heldout_blocks, args.sample_tokens, args.seed)
     return _measure_and_print(measure, settings, markdown, output)
+
+
+def _shown(folder) -> str:
+    """The pair folder as the card names it: relative to the current directory when inside it (models)."""
+    from pathlib import Path
+
+    folder, here = Path(folder).resolve(), Path.cwd().resolve()
+    return str(folder.relative_to(here)) if folder.is_relative_to(here) else str(folder)
 
 
 def _measure_and_print(measure_fn, settings, markdown_fn, output) -> int:

@@ -37,6 +37,18 @@ from data_gen.prompts import build_prompts
 from distill.evaluate import PERCENTILES, acceptance_on_target_samples, drafting_calibration, sample_continuation
 
 
+def train_pair_folder(spec) -> Path | None:
+    """The folder of a pair :class:`~decode.pair.PairSpec` laid out as ``ddte train-pair`` writes one (``target/``,
+    ``draft/``, ``tokenizer/`` and ``recipe.json`` side by side, e.g. the shipped pair in ``models/``), else None:
+    such a pair gets this module's card, any other pair the card of :mod:`ddte.pair_card.any_pair`."""
+    target = spec.target.resolve()
+    folder = target.parent
+    tokenizer = spec.tokenizer.resolve() if spec.tokenizer is not None else folder / "tokenizer"
+    laid_out = (target.name == "target" and spec.draft.resolve() == folder / "draft"
+                and tokenizer == folder / "tokenizer")
+    return folder if laid_out and (folder / "recipe.json").is_file() else None
+
+
 def load_pair(models_dir: Path):
     """(tokenizer, target, draft, recipe dict) from a pair directory, fp32, eval mode, sdpa attention."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

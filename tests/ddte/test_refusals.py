@@ -212,6 +212,12 @@ def test_an_unknown_pair_name_lists_the_known_ones(capsys):
     assert "shipped" in line and "smollm2" in line
 
 
+def test_pair_card_takes_its_pair_as_every_command_does(capsys):
+    assert main(["pair-card", "--pair", "nosuchpair"]) == 2
+    line = _one_line(capsys, "pair-card")
+    assert "pair config 'nosuchpair' does not exist" in line and "shipped" in line
+
+
 def test_a_prompt_that_is_not_utf8_or_is_empty_is_refused(tiny, capsys):
     base = ["generate", "--target", str(tiny / "target"), "--draft", str(tiny / "draft"), "--max-new-tokens", "2"]
     assert main([*base, "a\udcff\udcfe"]) == 2  # how Python's argv holds the bytes \xff\xfe

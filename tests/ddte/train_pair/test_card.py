@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from ddte.commands import pair_card
+from ddte.commands.common import UserError
 from ddte.pair_card import shipped as card
 from tests.factories import run_subcommand
 
@@ -35,9 +37,16 @@ def test_timed_tree_pass_matches_sequential_paths(tiny_pair):
             assert torch.allclose(model(full).logits[0, -1], logits[node], atol=1e-4)
 
 
+def _pair_yaml(folder, path):
+    path.write_text(json.dumps({k: str(folder / k) for k in ("target", "draft", "tokenizer")}))  # JSON is YAML
+    return path
+
+
 def test_card_runs_end_to_end(tiny_pair, tmp_path):
+    """--pair names a `ddte train-pair` folder's models, as in every command: the full card."""
     out = tmp_path / "card.json"
-    argv = ["--models", str(tiny_pair), "--output", str(out), "--num-prompts", "3", "--max-new-tokens", "4",
+    argv = ["--pair", str(_pair_yaml(tiny_pair, tmp_path / "pair.yaml")), "--output", str(out),
+            "--num-prompts", "3", "--max-new-tokens", "4",
             "--heldout-blocks", "4", "--timed-calls", "2", "--sample-tokens", "5", "--cache-len", "16",
             "--tree-nodes", "8"]
     assert run_subcommand(pair_card, argv) == 0
@@ -55,6 +64,28 @@ def test_card_runs_end_to_end(tiny_pair, tmp_path):
     assert loop["draft_wrapper"] == "FastCachedLM" and loop["ratio_one_token"] > 0
     text = card.markdown(result)
     assert "acceptance" in text and "corr(top probability" in text and "in the decoding loop" in text
+
+
+def test_the_card_follows_the_pair_and_models_is_a_deprecated_alias(tiny_pair, tmp_path, capsys):
+    """A pair laid out as `ddte train-pair` writes one (recipe.json beside target/, draft/, tokenizer/; the shipped
+    pair by default) gets the full card, any other pair the loop card; --models FOLDER still names a folder, with one
+    warning line."""
+    from decode.pair import read_pair_config
+    from tests.factories import REPO, save_tiny_pair
+
+    assert card.train_pair_folder(read_pair_config("shipped")) == REPO / "models"
+    assert card.train_pair_folder(read_pair_config(_pair_yaml(tiny_pair, tmp_path / "p.yaml"))) == tiny_pair
+    assert card.train_pair_folder(read_pair_config(save_tiny_pair(tmp_path / "other") / "pair.yaml")) is None
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_subcommand(pair_card, ["--help"])
+    assert exit_info.value.code == 0 and "--pair PAIR" in capsys.readouterr().out  # --models is hidden
+    missing = tmp_path / "nothing"
+    with pytest.raises(UserError, match=f"{missing / 'tokenizer'} not found"):
+        run_subcommand(pair_card, ["--models", str(missing)])
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: --models is deprecated and will be removed in the next release; use --pair with a pair YAML naming "
+        "the folder's target/, draft/ and tokenizer/"]
 
 
 def test_the_card_of_a_pair_yaml_reports_loop_ratios_and_acceptance_per_temperature(tmp_path):
