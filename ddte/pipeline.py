@@ -6,7 +6,8 @@
 3. export: each selector to `<output>/selectors/<verifier>.onnx` (parity-checked, logged to MLflow);
 4. bench: on held-out prompts, for each temperature, in one interleaved run: AR, each verifier's static
    candidates (the `bench.candidates` best distinct trees of the training split at that temperature, its selector's
-   fallback first) and its selector (left out where its guard is off, because it then drafts exactly the fallback);
+   fallback first) and its selector (left out where its guard never leaves the fallback at any temperature, because
+   it then drafts exactly the fallback);
 5. decide: per verifier and temperature, deploy the training split's static choice unless a runner-up beat it
    beyond the bench's noise (a paired bootstrap interval wholly above 1), or the selector where it beat that static.
    The choice goes to `<output>/policy.json` (`--policy-file` of `ddte generate` and `ddte bench`).
@@ -402,8 +403,9 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
             static = at_t[Method.static(verifier, actions[index])]
             selector = at_t.get(Method.selector(verifier, path))
             if metadata[verifier].fallback_for(temperature, 1.0).margin is None or selector is None:
-                policy, reason = "static", f"{measured}; the selector's guard is off (it never beat its fallback " \
-                    "on validation prompts by the policy phase's cost, so it would draft the fallback anyway)"
+                policy, reason = "static", (f"{measured}; the selector's guard never leaves its fallback here "
+                                            "(on validation prompts the selector never beat it by the policy phase's "
+                                            "cost), so it drafts the fallback")
             else:
                 ratio = selector["tokens_per_s"] / static["tokens_per_s"]
                 policy = "selector" if ratio > 1.0 else "static"

@@ -49,7 +49,7 @@ def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, c
         else:
             measured = (f"{selector['tokens_per_s']:.1f} | {selector['tokens_per_s'] / static['tokens_per_s']:.3f} | "
                         f"{_fmt(selector.get('policy_share'), '.1%')}")
-        deployed = choice.action if choice.policy == "static" else f"selector ({choice.selector})"
+        deployed = f"({choice.action})" if choice.policy == "static" else f"selector ({choice.selector})"
         lines.append(
             f"| {choice.temperature:g} | {choice.verifier} | {' '.join(f'({a})' for a in actions)} | "
             f"({actions[index]}) | {static['tokens_per_s']:.1f} ± "

@@ -137,3 +137,25 @@ def test_the_decision_deploys_the_fastest_measured_policy(tmp_path, margin, sele
     assert choice.selector == ("selectors/traversal.onnx" if policy == "selector" else None)
     assert "(1,5,0) ran 1.111× the training split's choice (1,3,0)" in choice.reason
     assert "beyond this bench's noise" in choice.reason and "other half" in choice.reason
+
+
+def test_results_md_says_why_a_selector_whose_guard_never_leaves_its_fallback_has_no_figures(tmp_path, monkeypatch):
+    """A selector left out of the bench (its guard never leaves the fallback) reads as exactly that in results.md and
+    policy.json's reason, not as a guard that was switched off."""
+    from ddte import pipeline_results
+    from ddte.pipeline import decide, keep_statics
+
+    monkeypatch.setattr(pipeline_results, "head_room_lines", lambda data_dir, verifiers: [])
+    actions = ["1,3,0", "2,1,3"]
+    rows = [_bench_row("ar", 0.6, 2.0)] + [_bench_row(f"traversal@{a}", 0.6, s)
+                                           for a, s in zip(actions, (1.0, 1.1), strict=True)]
+    candidates = {"traversal": {0.6: actions}}
+    kept = keep_statics(rows, candidates)
+    [choice] = decide(rows, candidates, {"traversal": _selector_metadata("1,0,3", None)},
+                      {"traversal": tmp_path / "selectors" / "traversal.onnx"}, tmp_path, kept)
+    assert choice.policy == "static" and "guard never leaves its fallback here" in choice.reason
+    bench = {"rows": rows, "settings": {"bench": {"num_prompts": 4, "repeats": 1, "max_new_tokens": 100}}}
+    text = pipeline_results.results_markdown(bench, {}, candidates, kept, [choice], {}, tmp_path)
+    [row] = [line for line in text.splitlines() if line.startswith("| 0.6 | traversal |")]
+    assert "| = fallback (its guard never leaves it here: not benched) | - | 0 % | (1,3,0) |" in row
+    assert "guard off" not in text + choice.reason and "guard is off" not in choice.reason
