@@ -124,3 +124,19 @@ def test_a_policy_file_at_another_temperature_says_so_once(pair_dirs, tmp_path, 
                      "nearest, T=0.7 top-p=1"]
     assert main([*base, "--temperature", "1"]) == 0
     assert "note:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("temperature", ["0", "0.3"])
+def test_a_selector_at_a_temperature_it_was_not_trained_for_says_so_once(temperature, capsys):
+    """The shipped traversal selector (trained at T 0.6 and 1) on the shipped pair: at T = 0 or 0.3 one note names
+    the guard it uses, however many samples; at T = 1 none."""
+    from tests.factories import REPO
+
+    base = ["generate", "--prompt-ids", "5,9", "--verifier", "traversal", "--selector",
+            str(REPO / "models" / "selectors" / "traversal.onnx"), "--max-new-tokens", "3", "--num-samples", "2"]
+    assert main([*base, "--temperature", temperature]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == [f"note: the selector was trained for T=0.6 top-p=1, T=1 top-p=1; T={temperature} top-p=1 uses "
+                     "the nearest, T=0.6 top-p=1"]
+    assert main([*base, "--temperature", "1"]) == 0
+    assert "note:" not in capsys.readouterr().err
