@@ -16,14 +16,13 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from data_gen.chat_prompts import build_chat_prompts
 from data_gen.corpus import HELDOUT_FRACTION, SPLITS, SourceFile, list_corpus, python_version, select_split
+from ddte_core.paths import staged_file
 from decode.pair import render_chat
 
 DEFAULT_COUNT = 200
@@ -112,18 +111,10 @@ def build_prompts(
 
 
 def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
-    """Write records as JSONL atomically (a temp file in the same directory, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are ordinary shared files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write records as JSONL, whole or not at all (ddte_core.paths.staged_file)."""
+    with staged_file(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -10,13 +10,13 @@ sampling configuration: each generation starts the choice measured nearest to it
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ddte_core.paths import staged_file
 from decode.actions import Action
 from decode.policies import Policy, StaticPolicy
+from decode.sampling import SamplingConfig, nearest_note
 
 FORMAT = "ddte-deployment/1"
 
@@ -86,15 +86,12 @@ class Deployment:
         return DeployedPolicy(self, verifier, policies)
 
     def write(self, path: str | Path) -> Path:
-        """Write atomically (temporary file, then rename)."""
+        """Write whole or not at all (ddte_core.paths.staged_file)."""
         path = Path(path)
         payload = {"format": FORMAT, "verifier": self.verifier, "pair_fingerprint": self.pair_fingerprint,
                    "source": self.source, "choices": [asdict(c) for c in self.choices]}
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=1)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        with staged_file(path) as tmp:
+            tmp.write_text(json.dumps(payload, indent=1), encoding="utf-8")
         return path
 
 
@@ -119,6 +116,10 @@ class DeployedPolicy(Policy):
 
     def describe(self, sampling) -> str:
         return f"{self.chosen(sampling).describe(sampling)}, from {self.deployment.path}"
+
+    def sampling_note(self, sampling: SamplingConfig) -> str | None:
+        measured = [SamplingConfig(c.temperature, c.top_p) for c in self.deployment.choices_of(self.verifier)]
+        return nearest_note("the policy file has choices for", measured, sampling)
 
 
 def load_deployment(path: str | Path) -> Deployment:

@@ -92,6 +92,11 @@ class Policy:
         """Wall time of each network call this policy made in its generation (none without a network)."""
         return []
 
+    def sampling_note(self, sampling: SamplingConfig) -> str | None:
+        """One line when this policy's choices were measured at other sampling settings than ``sampling``, so the
+        nearest stands in; None when they hold at any (the built-in policies) or were measured there."""
+        return None
+
 
 @dataclass
 class PolicyOptions:

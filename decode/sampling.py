@@ -39,6 +39,21 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+def nearest_note(what: str, measured: list[SamplingConfig], sampling: SamplingConfig) -> str | None:
+    """The line saying that a choice measured at other sampling settings (a selector's guard, a policy file's
+    choice; ``measured``) stands in for ``sampling``; None when one was measured there. ``what`` starts the line:
+    "the selector was trained for"."""
+    def at(m: SamplingConfig) -> bool:
+        return abs(m.temperature - sampling.temperature) < 1e-6 and abs(m.top_p - sampling.top_p) < 1e-6
+
+    if not measured or any(at(m) for m in measured):
+        return None
+    near = min(measured, key=lambda m: (abs(m.temperature - sampling.temperature), abs(m.top_p - sampling.top_p)))
+    listed = ", ".join(f"T={t:g} top-p={p:g}" for t, p in sorted({(m.temperature, m.top_p) for m in measured}))
+    return (f"note: {what} {listed}; T={sampling.temperature:g} top-p={sampling.top_p:g} uses the nearest, "
+            f"T={near.temperature:g} top-p={near.top_p:g}")
+
+
 def distributions(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     """Next-token distributions, shape ``(..., V)`` float32, from logits of the same shape.
 

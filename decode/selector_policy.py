@@ -28,7 +28,7 @@ import numpy as np
 from decode.actions import Action
 from decode.latency import draft_passes
 from decode.policies import Policy, RootState, StaticPolicy, StepOutcome
-from decode.sampling import SamplingConfig
+from decode.sampling import SamplingConfig, nearest_note
 from decode.selector_file import INPUT_NAMES, SelectorFileError, SelectorMetadata
 
 SelectorError = SelectorFileError  # the name callers catch
@@ -171,6 +171,10 @@ class OnnxSelectorPolicy(Policy):
 
     def network_seconds(self) -> list[float]:
         return self._call_seconds
+
+    def sampling_note(self, sampling: SamplingConfig) -> str | None:
+        measured = [SamplingConfig(f.temperature, f.top_p) for f in self.metadata.fallbacks]
+        return nearest_note("the selector was trained for", measured, sampling)
 
     def _bind_buffers(self, ort):
         """Fixed ``(1, ·)`` float32 input and output buffers bound once to the session (CPU only): a call then

@@ -41,7 +41,6 @@ from ddte.commands.common import (
     check_output_file,
     deprecated,
     load_pair_from_args,
-    nearest_note,
     user_errors,
 )
 
@@ -169,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
 def _note_unmeasured_sampling(args: argparse.Namespace, methods, deployments) -> None:
     """Say once per method and temperature where a selector or policy file has no choice measured there: the
     nearest one stands in."""
+    from decode.sampling import SamplingConfig, nearest_note
+
     for method in methods:
         if method.kind == "selector":
             try:
@@ -177,13 +178,15 @@ def _note_unmeasured_sampling(args: argparse.Namespace, methods, deployments) ->
                 fallbacks = read_selector_metadata(method.path).fallbacks
             except Exception:  # an unreadable file: the run reports it when it loads the selector
                 continue
-            what, measured = f"{method.label} was trained for", [(f.temperature, f.top_p) for f in fallbacks]
+            what = f"{method.label} was trained for"
+            measured = [SamplingConfig(f.temperature, f.top_p) for f in fallbacks]
         elif method.kind == "policy" and method.path in deployments:
             what = f"{method.label} has choices for"
-            measured = [(c.temperature, c.top_p) for c in deployments[method.path].choices_of(method.verifier)]
+            choices = deployments[method.path].choices_of(method.verifier)
+            measured = [SamplingConfig(c.temperature, c.top_p) for c in choices]
         else:
             continue
         for temperature in args.temperature:
-            note = nearest_note(what, measured, temperature, args.top_p)
+            note = nearest_note(what, measured, SamplingConfig(temperature, args.top_p))
             if note:
                 print(note, file=sys.stderr)

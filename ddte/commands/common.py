@@ -26,8 +26,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from ddte_core.paths import refuse_file_in_the_way
-
 
 class UserError(Exception):
     """A problem with the user's input: printed as one line, exit code 2, no traceback."""
@@ -96,17 +94,6 @@ def apply_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def nearest_note(what: str, measured: list[tuple[float, float]], temperature: float, top_p: float) -> str | None:
-    """The line saying that a choice measured at other sampling settings (a selector's guard, a policy file's
-    choice; ``measured``: their (temperature, top-p)) stands in for ``temperature`` and ``top_p``; None when one
-    was measured there. ``what`` starts the line: "the selector was trained for"."""
-    if not measured or any(abs(t - temperature) < 1e-6 and abs(p - top_p) < 1e-6 for t, p in measured):
-        return None
-    t, p = min(measured, key=lambda m: (abs(m[0] - temperature), abs(m[1] - top_p)))
-    listed = ", ".join(f"T={a:g} top-p={b:g}" for a, b in sorted(set(measured)))
-    return f"note: {what} {listed}; T={temperature:g} top-p={top_p:g} uses the nearest, T={t:g} top-p={p:g}"
-
-
 def add_overrides_argument(parser: argparse.ArgumentParser, example: str) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
                         help=f"config overrides, dotted for sections, anywhere on the command line (e.g. {example})")
@@ -147,10 +134,10 @@ def check_output_file(path: str | Path, what: str = "--output") -> Path:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a folder; give a file name")
-    with user_errors(ValueError):
-        refuse_file_in_the_way(path, what, folder=False)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as err:  # the OS's own check: a folder above it is a file
+        raise UserError(f"{what} {path}: a folder above it is a file, not a folder") from err
     except OSError as err:
         raise UserError(f"{what} {path}: cannot create its folder ({err.strerror})") from err
     if not os.access(path.parent, os.W_OK):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from ddte.commands.common import (
@@ -27,7 +26,6 @@ from ddte.commands.common import (
     check_output_file,
     deprecated,
     load_pair_from_args,
-    nearest_note,
     user_errors,
 )
 from decode.policies import POLICIES
@@ -87,11 +85,6 @@ def check_arguments(args: argparse.Namespace) -> list[int] | None:
         raise UserError("--selector chooses the tree: do not combine it with --policy or --action")
     if args.action is not None and args.policy != "static":
         raise UserError(f"--action is the static policy's shape; --policy {args.policy} does not use it")
-    if args.action is not None:
-        from decode.actions import Action, check_in_grid
-
-        with user_errors(ValueError, prefix="--action: "):
-            check_in_grid(Action.parse(args.action))
     if args.max_draft < 1:
         raise UserError(f"--max-draft must be >= 1, got {args.max_draft}")
     if args.entropy_threshold <= 0:
@@ -122,9 +115,11 @@ def check_arguments(args: argparse.Namespace) -> list[int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """One way down: the flags are checked, the pair loads, the policy file is read once and the policy built, then
-    every sample runs at this call's sampling settings."""
-    from decode.actions import Action
+    """One way down: the flags are checked and the output's folder made, the pair loads, the policy file is read
+    once and the policy built, then every sample runs at this call's sampling settings and the output is written
+    whole."""
+    from ddte_core.paths import staged_file
+    from decode.actions import Action, check_in_grid
     from decode.deployment import load_deployment
     from decode.engine import SpeculativeDecoder, check_action
     from decode.pair import render_chat
@@ -139,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     output = check_output_file(args.output) if args.output else None
     pair = load_pair_from_args(args)
+    sampling = SamplingConfig(args.temperature, args.top_p)
     with user_errors(prefix="--policy-file: "):
         deployment = load_deployment(args.policy_file) if args.policy_file else None
         verifier = get_verifier(args.verifier or (deployment.verifier if deployment else DEFAULT_VERIFIER))
@@ -149,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
     elif policy is None:
         with user_errors(prefix="--action: "):
             action = Action.parse(args.action or DEFAULT_ACTION)
+            check_in_grid(action)
             if args.policy == "static":
                 check_action(verifier, action)
         with user_errors():
@@ -163,8 +160,9 @@ def run(args: argparse.Namespace) -> int:
         ids = list(pair.tokenizer(text)["input_ids"])
         if not ids:
             raise UserError("the prompt encodes to no tokens")
-    sampling = SamplingConfig(args.temperature, args.top_p)
-    _note_unmeasured_sampling(args, policy, deployment, verifier.name)
+    note = policy.sampling_note(sampling)
+    if note:
+        print(note, file=sys.stderr)
     with user_errors():
         decoder = SpeculativeDecoder(pair.target, pair.draft, verifier, pair.eos_token_id)
     total = GenerationStats()
@@ -180,41 +178,11 @@ def run(args: argparse.Namespace) -> int:
     stream = sys.stderr if output is None else sys.stdout
     print(f"verifier {verifier.name}, policy {policy.describe(sampling)}, T={args.temperature}, top-p={args.top_p}: "
           f"{total.summary()}", file=stream)
-    print(vs_plain_decoding(total, args.num_samples), file=stream)
+    print(total.vs_plain_decoding(args.num_samples), file=stream)
     if output is not None:
-        tmp = output.with_name(f"{output.name}.tmp")
         try:
-            tmp.write_text("".join(lines))
-            os.replace(tmp, output)
+            with staged_file(output) as tmp:
+                tmp.write_text("".join(lines))
         except OSError as err:
             raise UserError(f"cannot write {output}: {err.strerror}") from err
     return 0
-
-
-def vs_plain_decoding(stats, samples: int) -> str:
-    """What plain (autoregressive) decoding would have needed after each sample's prefill: one target pass per token
-    after the first (the prefill gives the first). The passes avoided, and the target time they stand for at this
-    run's mean target pass (a tree pass costs a little more than AR's one-token pass, so the time reads slightly
-    high; `ddte bench` times AR itself)."""
-    plain = max(stats.new_tokens - samples, 0)
-    avoided = plain - stats.steps
-    per_pass = stats.seconds.get("target", 0.0) / stats.steps if stats.steps else 0.0
-    return (f"vs plain decoding: {stats.steps} target passes after prefill instead of {plain} (one per token after "
-            f"the first): {avoided} avoided, ≈ {avoided * per_pass:.2f} s of target time at {1000 * per_pass:.1f} ms "
-            "per pass")
-
-
-def _note_unmeasured_sampling(args: argparse.Namespace, policy, deployment, verifier: str) -> None:
-    """Say once when the selector or policy file has no choice at this temperature and top-p: it then uses the one
-    measured nearest (a selector's guard, a policy file's choice)."""
-    if args.selector:
-        what = "the selector was trained for"
-        measured = [(f.temperature, f.top_p) for f in policy.metadata.fallbacks]
-    elif deployment is not None:
-        what = "the policy file has choices for"
-        measured = [(c.temperature, c.top_p) for c in deployment.choices_of(verifier)]
-    else:
-        return
-    note = nearest_note(what, measured, args.temperature, args.top_p)
-    if note:
-        print(note, file=sys.stderr)

@@ -34,3 +34,12 @@ def test_a_verifier_without_a_choice_and_another_pair_are_refused(deployment):
         deployment.policy_for("nss", PAIR)
     with pytest.raises(ValueError, match="measured on another pair"):
         deployment.policy_for("specinfer", SimpleNamespace(fingerprint=lambda: "0" * 64))
+
+
+def test_the_policy_says_once_when_the_nearest_measured_choice_stands_in(deployment):
+    policy = deployment.policy_for("specinfer", PAIR)
+    assert policy.sampling_note(SamplingConfig(0.6)) is None  # measured there
+    note = policy.sampling_note(SamplingConfig(0.3, 0.9))
+    assert note == ("note: the policy file has choices for T=0.6 top-p=1, T=1 top-p=1; T=0.3 top-p=0.9 uses the "
+                    "nearest, T=0.6 top-p=1")
+    assert StaticPolicy(Action(1, 3, 0)).sampling_note(SamplingConfig(0.3)) is None  # holds at any settings
