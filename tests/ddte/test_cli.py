@@ -84,6 +84,10 @@ def test_collect_takes_the_flag_names_of_the_other_commands():
     args = build_parser("collect").parse_args(["collect", "--num-prompts", "5", "--max-new-tokens", "32",
                                                "stride=4"])
     assert overrides_from_args(args) == ["stride=4", "prompts.limit=5", "new_tokens=32"]
+    from data_gen.config import load_collect_config
+    from ddte.commands.collect import DEFAULT_CONFIG
+
+    assert load_collect_config(DEFAULT_CONFIG).threads == 1  # the README's --threads default, from the config
 
 
 def test_every_command_runs_its_models_on_the_same_default_device():
