@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddte_core.schedule import OptimSchedule
 from ddte_core.yamlconfig import load_yaml_config
 from distill.divergences import DIVERGENCES
 
@@ -50,17 +51,15 @@ class DistillData:
 
 
 @dataclass
-class DistillSchedule:
+class DistillSchedule(OptimSchedule):
+    """Optimisation of the draft (:class:`OptimSchedule`, with distillation's defaults), its validation and seed."""
+
     steps: int = 1500
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
     warmup_steps: int = 50
     weight_decay: float = 0.0
-    grad_clip: float = 1.0
     val_every: int = 250
     seed: int = 0
     threads: int | None = 2
-    max_minutes: float | None = None  # stop after this much training wall time, whatever `steps` says (null: none)
 
 
 @dataclass
@@ -134,10 +133,9 @@ def load_distill_config(path: str | Path | None, overrides: list[str] | None = N
          "data: onpolicy_prefix and onpolicy_tokens >= 1, onpolicy_temperature > 0"),
         (data.warm_start_steps >= 0, "data.warm_start_steps must be >= 0"),
         (0.0 < data.heldout_fraction < 1.0, "data.heldout_fraction must be in (0, 1)"),
-        (train.steps >= 1 and train.val_every >= 1, "train: steps and val_every must be >= 1"),
+        (train.val_every >= 1, "train: val_every must be >= 1"),
+        (train.problem() is None, f"train: {train.problem()}"),
         (config.trainer.devices >= 1 and config.trainer.num_nodes >= 1, "trainer: devices and num_nodes must be >= 1"),
-        (train.lr > 0 and 0 <= train.min_lr_ratio <= 1 and train.warmup_steps >= 0 and train.grad_clip > 0,
-         "train: lr > 0, 0 <= min_lr_ratio <= 1, warmup_steps >= 0, grad_clip > 0"),
     ]
     for ok, message in checks:
         if not ok:

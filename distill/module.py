@@ -12,8 +12,6 @@ Validation reports β = 1 − TV on held-out windows at each temperature.
 
 from __future__ import annotations
 
-import math
-
 import lightning.pytorch as pl
 import torch
 
@@ -147,13 +145,7 @@ class DistillModule(pl.LightningModule):
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": schedule.weight_decay},
                                        {"params": no_decay, "weight_decay": 0.0}], lr=schedule.lr, betas=(0.9, 0.95))
 
-        def factor(step: int) -> float:  # linear warmup, then cosine to min_lr_ratio
-            if step < schedule.warmup_steps:
-                return (step + 1) / schedule.warmup_steps
-            progress = min(1.0, (step - schedule.warmup_steps) / max(1, schedule.steps - schedule.warmup_steps))
-            return schedule.min_lr_ratio + (1 - schedule.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule.lr_at(step) / schedule.lr)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 

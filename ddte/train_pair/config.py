@@ -11,25 +11,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddte_core.schedule import OptimSchedule
 from ddte_core.yamlconfig import load_yaml_config
 from distill.config import ModelShape
 
 
 @dataclass
-class TrainSchedule:
-    """Optimisation of one model: AdamW, linear warmup then cosine decay to ``min_lr_ratio * lr``."""
+class TrainSchedule(OptimSchedule):
+    """Optimisation of one model (:class:`OptimSchedule`), with its batches and its held-out evaluation."""
 
-    steps: int = 400
     batch_size: int = 16
     seq_len: int = 256
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 30
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
     eval_every: int = 50
     eval_blocks: int = 48
-    max_minutes: float | None = None
 
 
 @dataclass
@@ -86,12 +80,12 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         train, shape = recipe.train, recipe.shape
         if train.seq_len > config.context_length:
             raise ValueError(f"{name}.train.seq_len ({train.seq_len}) exceeds context_length ({config.context_length})")
-        for key in ("steps", "batch_size", "seq_len", "eval_every", "eval_blocks"):
+        for key in ("batch_size", "seq_len", "eval_every", "eval_blocks"):
             positive[f"{name}.train.{key}"] = getattr(train, key)
         for key, value in dataclasses.asdict(shape).items():
             positive[f"{name}.shape.{key}"] = value
-        if not (train.lr > 0 and 0 <= train.min_lr_ratio <= 1 and train.warmup_steps >= 0 and train.grad_clip > 0):
-            raise ValueError(f"{name}.train: need lr > 0, 0 <= min_lr_ratio <= 1, warmup_steps >= 0, grad_clip > 0")
+        if train.problem():
+            raise ValueError(f"{name}.train: {train.problem()}")
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"{key} must be >= 1, got {value}")

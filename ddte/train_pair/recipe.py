@@ -63,15 +63,6 @@ def sample_batch(stream: torch.Tensor, batch_size: int, seq_len: int, gen: torch
     return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
 
 
-def lr_at(step: int, sched: TrainSchedule) -> float:
-    """Linear warmup for ``warmup_steps``, then cosine decay from ``lr`` to ``lr * min_lr_ratio`` at ``steps``."""
-    if step < sched.warmup_steps:
-        return sched.lr * (step + 1) / sched.warmup_steps
-    progress = (step - sched.warmup_steps) / max(1, sched.steps - sched.warmup_steps)
-    floor = sched.lr * sched.min_lr_ratio
-    return floor + (sched.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
 def build_model(recipe: ModelRecipe, vocab_size: int, context_length: int):
     """A randomly initialised Llama (tied embeddings, sdpa attention), seeded by ``recipe.seed``."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -130,7 +121,7 @@ def train_model(name: str, model, stream: torch.Tensor, heldout: torch.Tensor, s
     for step in bar:
         model.train()
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, sched)
+            group["lr"] = sched.lr_at(step)
         batch = sample_batch(stream, sched.batch_size, sched.seq_len, gen)
         loss = model(input_ids=batch, labels=batch).loss
         opt.zero_grad(set_to_none=True)

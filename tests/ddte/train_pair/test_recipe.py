@@ -34,7 +34,7 @@ def test_yaml_files_mirror_the_dataclass_and_overrides_apply():
         ("storage_dtype=int8", "storage_dtype"),
         ("target.train.seq_len=4096", "exceeds context_length"),
         ("no_equals_sign", "KEY=VALUE"),
-        ("target.train.steps=-5", "target.train.steps must be >= 1"),
+        ("target.train.steps=-5", "target.train: steps must be >= 1"),
         ("draft.train.lr=0", "lr > 0"),
     ],
 )
