@@ -161,11 +161,11 @@ class _Tracking:
     def __init__(self, out: Path, config: PipelineConfig) -> None:
         from mlflow.tracking import MlflowClient
 
-        from ddte_core.tracking import experiment_id, log_environment, resolve_tracking_uri, start_child_run
+        from ddte_core.tracking import experiment_id, log_environment, open_store, resolve_tracking_uri, start_child_run
 
         self.uri = (resolve_tracking_uri(config.tracking_uri) if config.tracking_uri
                     else f"sqlite:///{(out / 'mlflow.db').resolve()}")
-        self.client = MlflowClient(self.uri)
+        self.client = MlflowClient(open_store(self.uri))
         self.experiment = experiment_id(self.client, self.EXPERIMENT, self.uri)
         self.parent = start_child_run(self.client, self.experiment, None, "pipeline")
         log_environment(self.client, self.parent)

@@ -36,6 +36,28 @@ def artifact_location(uri: str) -> str | None:
     return None
 
 
+def open_store(uri: str) -> str:
+    """``uri``, its sqlite database first created if it does not exist yet, with the artifact root beside it.
+
+    Every new MLflow store holds a Default experiment (id 0) whose artifact location is fixed when the store is first
+    opened: under ./mlruns of whichever folder the process ran in, unless the opener names a root. Our runs go to
+    their own experiments (artifacts under :func:`artifact_location`), so Default stayed empty and pointed at a folder
+    that never existed. Created here, it points at ``mlartifacts/0`` beside the database, made empty. Other stores
+    (servers, an existing database) are left as they are.
+    """
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or Path(uri[len(prefix):]).exists():
+        return uri
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    database = Path(uri[len(prefix):])
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with quiet_lightning():  # alembic's migration lines
+        SqlAlchemyStore(uri, artifact_location(uri)).engine.dispose()
+    (database.parent / "mlartifacts" / "0").mkdir(parents=True, exist_ok=True)
+    return uri
+
+
 def git_commit() -> str | None:
     """HEAD of the repository this code lives in, or None (not a checkout, or no git)."""
     try:

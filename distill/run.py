@@ -169,6 +169,7 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult | Non
         artifact_location,
         flatten_params,
         git_commit,
+        open_store,
         quiet_lightning,
         resolve_tracking_uri,
     )
@@ -200,6 +201,8 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult | Non
 
     uri = resolve_tracking_uri(config.tracking.tracking_uri)
     lead = is_rank_zero()  # one MLflow run per job, and one writer of the draft
+    if lead:
+        open_store(uri)
     logger = MLFlowLogger(experiment_name=config.tracking.experiment, tracking_uri=uri,
                           run_name=config.tracking.run_name or f"distill-{config.divergence}",
                           artifact_location=artifact_location(uri),

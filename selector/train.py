@@ -43,7 +43,14 @@ from pathlib import Path
 from typing import Any
 
 from ddte_core.distributed import is_rank_zero
-from ddte_core.tracking import artifact_location, flatten_params, git_commit, quiet_lightning, resolve_tracking_uri
+from ddte_core.tracking import (
+    artifact_location,
+    flatten_params,
+    git_commit,
+    open_store,
+    quiet_lightning,
+    resolve_tracking_uri,
+)
 from ddte_core.yamlconfig import load_yaml_config
 from decode.selector_file import OBJECTIVES
 from selector.evaluation import fit_guard, log_head_room, log_plots
@@ -267,6 +274,7 @@ def _open_run(config: TrainConfig, dm, model) -> _Run:
     tracking_uri = resolve_tracking_uri(run.tracking_uri)
     if not is_rank_zero():
         return _Run(config, dm, model, None, tracking_uri, None)
+    open_store(tracking_uri)
     logger = MLFlowLogger(
         experiment_name=run.experiment,
         run_name=run.run_name or f"{verifier}-{objective}",

@@ -49,6 +49,9 @@ def test_train_too_few_prompts_fails_the_run(capsys, tmp_path):
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("ddte-selector-tiny").experiment_id])
     assert [r.info.status for r in runs] == ["FAILED"]
+    default = client.get_experiment("0")  # every store has one: ours points beside the database, at a folder
+    assert default.artifact_location == (tmp_path / "mlartifacts" / "0").as_uri()
+    assert (tmp_path / "mlartifacts" / "0").is_dir()
 
 
 def test_override_forms():

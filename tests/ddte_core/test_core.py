@@ -47,6 +47,26 @@ def test_relative_sqlite_uri_is_made_absolute(tmp_path, monkeypatch):
     assert resolve_tracking_uri(None) == "http://127.0.0.1:5000"
 
 
+def test_a_new_store_has_its_default_experiment_beside_it(tmp_path, monkeypatch):
+    """MLflow gives every new store a Default experiment: open_store makes it point at mlartifacts/0 beside the
+    database (made), not at ./mlruns/0 of the current folder (never made); an existing store is left as it is."""
+    from mlflow.tracking import MlflowClient
+
+    from ddte_core.tracking import open_store
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    assert open_store(uri) == uri
+    default = MlflowClient(uri).get_experiment("0")
+    assert default.name == "Default" and default.artifact_location == (tmp_path / "runs" / "mlartifacts" / "0").as_uri()
+    assert (tmp_path / "runs" / "mlartifacts" / "0").is_dir() and not (tmp_path / "mlruns").exists()
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    MlflowClient(other).search_experiments()  # opened by MLflow alone: Default under ./mlruns
+    open_store(other)
+    assert MlflowClient(other).get_experiment("0").artifact_location == str(tmp_path / "mlruns" / "0")
+    assert open_store("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+
+
 def test_a_staged_file_is_whole_or_absent(tmp_path):
     from ddte_core.paths import staged_file
 
