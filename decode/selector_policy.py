@@ -167,7 +167,7 @@ class OnnxSelectorPolicy(Policy):
     def describe(self, sampling: SamplingConfig) -> str:
         guard = self.guard(sampling)
         margin = "never leaves it" if guard.margin is None else f"margin {guard.margin:g}"
-        return f"selector {self.path} (fallback {guard.action}, {margin})"
+        return f"selector {self.path} (fallback {guard.action.canonical()}, {margin})"
 
     def network_seconds(self) -> list[float]:
         return self._call_seconds

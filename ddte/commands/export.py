@@ -31,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from decode.actions import Action
     from selector.export import export_selector
 
     if args.parity_rows < 1:
@@ -40,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
         result = export_selector(args.checkpoint, output, tracking_uri=args.tracking_uri, run_id=args.run_id,
                                  data_dir=args.data, log_mlflow=not args.no_mlflow, parity_rows=args.parity_rows)
     meta = result.metadata
-    guards = ", ".join(f"T={f.temperature:g}: {f.action}" + (f" unless +{f.margin:g}" if f.margin is not None
-                                                             else " always") for f in meta.fallbacks)
+    guards = ", ".join(f"T={f.temperature:g}: {Action.parse(f.action).canonical()}"
+                       + (f" unless +{f.margin:g}" if f.margin is not None else " always") for f in meta.fallbacks)
     print(f"wrote {result.path} ({result.path.stat().st_size / 1024:.0f} KiB): {len(meta.actions)} actions, "
           f"verifier {meta.verifier}, objective {meta.objective} (decision {meta.decision}); fallback {guards}")
     print(f"parity vs torch: max abs diff {result.max_abs_diff:.2e} on {result.parity_rows['random']} random + "

@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     stream = sys.stderr if output is None else sys.stdout
     print(f"verifier {verifier.name}, policy {policy.describe(sampling)}, T={args.temperature}, top-p={args.top_p}: "
           f"{total.summary()}", file=stream)
-    print(total.vs_plain_decoding(args.num_samples), file=stream)
+    print(total.vs_plain_decoding(), file=stream)
     if output is not None:
         try:
             with staged_file(output) as tmp:

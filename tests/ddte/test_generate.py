@@ -39,8 +39,9 @@ def test_generate_writes_jsonl_and_matches_greedy(pair_dirs, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "block efficiency" in printed
     passes, tokens = (sum(r["stats"][k] for r in records) for k in ("target_passes", "new_tokens"))
-    assert (f"vs plain decoding: {passes} target passes after prefill instead of {tokens - 2} (one per token after "
-            f"the first): {tokens - 2 - passes} avoided") in printed
+    assert (f"vs plain decoding: {passes} target passes instead of {tokens} (one per new token): "
+            f"{tokens - passes} avoided") in printed
+    assert tokens - passes >= 0
 
 
 def test_generate_sampling_is_reproducible(pair_dirs, tmp_path):

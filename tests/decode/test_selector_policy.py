@@ -241,10 +241,10 @@ def test_one_selector_serves_every_temperature_with_its_own_guard(selector_file,
     from decode.actions import Action
     from decode.policies import StaticPolicy
 
-    guards = [{"temperature": 0.6, "top_p": 1.0, "action": "1,2,0", "margin": None},
+    guards = [{"temperature": 0.6, "top_p": 1.0, "action": "1,0,2", "margin": None},  # spelled as (1,2,0) is
               {"temperature": 1.0, "top_p": 1.0, "action": "2,1,2", "margin": 0.1}]
     policy = _policy(_with_metadata(selector_file, tmp_path / "two.onnx", "ddte.fallbacks", json.dumps(guards)))
     cool, warm = policy.start(SamplingConfig(0.5)), policy.start(SamplingConfig(0.9))
-    assert type(cool) is StaticPolicy and cool.action == Action(1, 2, 0)
+    assert type(cool) is StaticPolicy and cool.action.canonical() == Action(1, 2, 0)
     assert isinstance(warm, OnnxSelectorPolicy) and warm.guard(SamplingConfig(0.9)).action == Action(2, 1, 2)
     assert policy.describe(SamplingConfig(0.6)).endswith(f"(fallback {Action(1, 2, 0)}, never leaves it)")
