@@ -49,7 +49,8 @@ def load_selector(checkpoint: str | Path):
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint '{path}' not found")
     try:
-        module = SelectorModule.load_from_checkpoint(path, map_location="cpu")
+        # weights_only: tensors and plain containers, never arbitrary pickled objects (a checkpoint is user input)
+        module = SelectorModule.load_from_checkpoint(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch/pickle/Lightning raise many types for a foreign or truncated file
         raise ValueError(f"'{path}' is not a selector checkpoint ({type(err).__name__})") from err
     if module.info is None:

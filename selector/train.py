@@ -425,7 +425,8 @@ def _fit_and_report(run: _Run) -> TrainResult | None:
     if not best:
         raise ValueError("no checkpoint was saved: is the monitored metric "
                          f"'{run.checkpoint.monitor}' logged (validation split empty?)")
-    trainer.test(model, datamodule=dm, ckpt_path=best, verbose=False)  # loads the best weights into `model`
+    # loads the best weights into `model`; weights_only: no arbitrary pickled object is ever unpickled
+    trainer.test(model, datamodule=dm, ckpt_path=best, verbose=False, weights_only=True)
     if logger is None:  # another rank: rank 0 fits the guard and writes the checkpoint (a collective call)
         trainer.save_checkpoint(best)
         return None

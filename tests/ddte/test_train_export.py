@@ -94,6 +94,25 @@ def test_export_not_a_checkpoint(capsys, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bogus.ckpt"]
 
 
+class _Payload:
+    """A pickled object that would run code on load: weights-only loading must refuse it."""
+
+    def __reduce__(self):
+        return (print, ("unpickled",))
+
+
+def test_export_refuses_a_checkpoint_that_unpickles_objects(capsys, tmp_path, trained):
+    import torch
+
+    checkpoint = torch.load(trained.checkpoint_path, map_location="cpu", weights_only=True)
+    checkpoint["extra"] = _Payload()
+    tainted = tmp_path / "tainted.ckpt"
+    torch.save(checkpoint, tainted)
+    assert main(["export", "--checkpoint", str(tainted), "--output", str(tmp_path / "sel.onnx")]) == 2
+    assert "not a selector checkpoint" in _one_line_error(capsys, "export")
+    assert not (tmp_path / "sel.onnx").exists()
+
+
 def test_export_unwritable_output(capsys, tmp_path, trained):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")  # a path under a regular file cannot be created (even as root)
