@@ -58,6 +58,16 @@ def open_store(uri: str) -> str:
     return uri
 
 
+def lightning_logger(uri: str, experiment: str, run_name: str, tags: dict[str, str]):
+    """Lightning's MLflow logger for one run of ``experiment`` in the store at ``uri`` (created as
+    :func:`open_store` does when new), its artifacts where :func:`artifact_location` puts them. Imports Lightning
+    only when called."""
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    return MLFlowLogger(experiment_name=experiment, run_name=run_name, tracking_uri=open_store(uri),
+                        artifact_location=artifact_location(uri), tags=tags)
+
+
 def git_commit() -> str | None:
     """HEAD of the repository this code lives in, or None (not a checkout, or no git)."""
     try:

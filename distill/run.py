@@ -161,18 +161,10 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult | Non
     """Run the job (see the module docstring); returns where the draft went and what it reached (None on every rank
     of a multi-process job but 0)."""
     import lightning.pytorch as pl
-    from lightning.pytorch.loggers import MLFlowLogger
     from torch.utils.data import DataLoader
 
     from ddte_core.distributed import is_rank_zero
-    from ddte_core.tracking import (
-        artifact_location,
-        flatten_params,
-        git_commit,
-        open_store,
-        quiet_lightning,
-        resolve_tracking_uri,
-    )
+    from ddte_core.tracking import flatten_params, git_commit, lightning_logger, quiet_lightning, resolve_tracking_uri
     from distill.data import RandomWindows, evenly_spaced_windows
     from distill.module import DistillModule
     from distill.saving import round_to_storage
@@ -201,12 +193,9 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult | Non
 
     uri = resolve_tracking_uri(config.tracking.tracking_uri)
     lead = is_rank_zero()  # one MLflow run per job, and one writer of the draft
-    if lead:
-        open_store(uri)
-    logger = MLFlowLogger(experiment_name=config.tracking.experiment, tracking_uri=uri,
-                          run_name=config.tracking.run_name or f"distill-{config.divergence}",
-                          artifact_location=artifact_location(uri),
-                          tags={"ddte.divergence": config.divergence}) if lead else False
+    run_name = config.tracking.run_name or f"distill-{config.divergence}"
+    logger = lightning_logger(uri, config.tracking.experiment, run_name,
+                              {"ddte.divergence": config.divergence}) if lead else False
     trainer = pl.Trainer(
         **dataclasses.asdict(config.trainer), use_distributed_sampler=False,  # every rank validates every block
         max_steps=config.train.steps, val_check_interval=config.train.val_every,

@@ -43,14 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ddte_core.distributed import is_rank_zero
-from ddte_core.tracking import (
-    artifact_location,
-    flatten_params,
-    git_commit,
-    open_store,
-    quiet_lightning,
-    resolve_tracking_uri,
-)
+from ddte_core.tracking import flatten_params, git_commit, lightning_logger, quiet_lightning, resolve_tracking_uri
 from ddte_core.yamlconfig import load_yaml_config
 from decode.selector_file import OBJECTIVES
 from selector.evaluation import fit_guard, log_head_room, log_plots
@@ -267,22 +260,14 @@ def _data_and_model(config: TrainConfig):
 
 def _open_run(config: TrainConfig, dm, model) -> _Run:
     """The MLflow run (its id names the checkpoint folder): rank 0's alone, one per job."""
-    from lightning.pytorch.loggers import MLFlowLogger
-
     run = config.run
     verifier, objective = dm.hparams.verifier, model.hparams.objective
     tracking_uri = resolve_tracking_uri(run.tracking_uri)
     if not is_rank_zero():
         return _Run(config, dm, model, None, tracking_uri, None)
-    open_store(tracking_uri)
-    logger = MLFlowLogger(
-        experiment_name=run.experiment,
-        run_name=run.run_name or f"{verifier}-{objective}",
-        tracking_uri=tracking_uri,
-        artifact_location=artifact_location(tracking_uri),
-        tags={"ddte.verifier": verifier, "ddte.objective": objective,
-              **({"mlflow.parentRunId": run.parent_run_id} if run.parent_run_id else {})},
-    )
+    logger = lightning_logger(tracking_uri, run.experiment, run.run_name or f"{verifier}-{objective}",
+                              {"ddte.verifier": verifier, "ddte.objective": objective,
+                               **({"mlflow.parentRunId": run.parent_run_id} if run.parent_run_id else {})})
     out_dir = Path(run.output_dir) / f"{verifier}-{objective}-{logger.run_id}"  # logger.run_id creates the run
     return _Run(config, dm, model, logger, tracking_uri, out_dir)
 
