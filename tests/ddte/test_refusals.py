@@ -251,9 +251,12 @@ def test_ctrl_c_during_a_two_worker_collect_is_one_line(tmp_path):
     from tests.factories import collect_overrides, save_collect_pair
 
     pair = save_collect_pair(tmp_path / "pair")
+    prompts = tmp_path / "many.jsonl"  # 40 one-prompt chunks: when the first shard lands, dozens are still to come
+    prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(40)))
     out = tmp_path / "data"
     argv = [sys.executable, "-m", "ddte", "collect", "--no-progress",
-            *collect_overrides(pair, out, workers=2, new_tokens=50, **{"prompts.limit": 50})]
+            *collect_overrides(pair, out, workers=2, new_tokens=50, prompts_per_shard=1,
+                               **{"prompts.limit": 40, "prompts.source": str(prompts)})]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
     deadline = time.time() + 120
@@ -264,3 +267,4 @@ def test_ctrl_c_during_a_two_worker_collect_is_one_line(tmp_path):
     assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)  # see the train-pair test above
     assert "interrupted" in err and "Traceback" not in err and "leaked" not in err, err
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
+    assert 1 <= len(list(out.glob("shard-*.parquet"))) < 40  # stopped part-way, its finished shards kept
