@@ -251,20 +251,26 @@ def test_ctrl_c_during_a_two_worker_collect_is_one_line(tmp_path):
     from tests.factories import collect_overrides, save_collect_pair
 
     pair = save_collect_pair(tmp_path / "pair")
-    prompts = tmp_path / "many.jsonl"  # 40 one-prompt chunks: when the first shard lands, dozens are still to come
-    prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(40)))
+    # 400 one-prompt chunks: when the first shard lands, hundreds are still to come (with 5 and then 40 prompts the
+    # tiny pair's whole run sometimes ended before the signal arrived, and the run exited 0)
+    prompts = tmp_path / "many.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(400)))
     out = tmp_path / "data"
     argv = [sys.executable, "-m", "ddte", "collect", "--no-progress",
             *collect_overrides(pair, out, workers=2, new_tokens=50, prompts_per_shard=1,
-                               **{"prompts.limit": 40, "prompts.source": str(prompts)})]
+                               **{"prompts.limit": 400, "prompts.source": str(prompts)})]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
     deadline = time.time() + 120
     while time.time() < deadline and not list(out.glob("shard-*.parquet")):
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # the signal was not honoured: stop the run rather than leave it behind
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)  # see the train-pair test above
     assert "interrupted" in err and "Traceback" not in err and "leaked" not in err, err
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
-    assert 1 <= len(list(out.glob("shard-*.parquet"))) < 40  # stopped part-way, its finished shards kept
+    assert 1 <= len(list(out.glob("shard-*.parquet"))) < 400  # stopped part-way, its finished shards kept
