@@ -62,6 +62,10 @@ class Deployment:
             raise ValueError(f"no choice for verifier '{verifier}' (the file has {', '.join(known)})")
         return mine
 
+    def measured_sampling(self, verifier: str) -> list[SamplingConfig]:
+        """The sampling configurations this verifier's choices were measured at (the others use the nearest)."""
+        return [SamplingConfig(c.temperature, c.top_p) for c in self.choices_of(verifier)]
+
     def choice_for(self, verifier: str, temperature: float, top_p: float) -> Choice:
         """The choice of this verifier at the nearest measured sampling configuration."""
         return min(self.choices_of(verifier), key=lambda c: (abs(c.temperature - temperature), abs(c.top_p - top_p)))
@@ -118,8 +122,8 @@ class DeployedPolicy(Policy):
         return f"{self.chosen(sampling).describe(sampling)}, from {self.deployment.path}"
 
     def sampling_note(self, sampling: SamplingConfig) -> str | None:
-        measured = [SamplingConfig(c.temperature, c.top_p) for c in self.deployment.choices_of(self.verifier)]
-        return nearest_note("the policy file has choices for", measured, sampling)
+        return nearest_note("the policy file has choices for", self.deployment.measured_sampling(self.verifier),
+                            sampling)
 
 
 def load_deployment(path: str | Path) -> Deployment:

@@ -23,6 +23,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 from decode.features import FEATURE_SCHEMA_VERSION, HIDDEN_NAMES, SCALAR_NAMES
+from decode.sampling import SamplingConfig
 
 INPUT_NAMES = (*HIDDEN_NAMES, "scalars")
 OUTPUT_NAME = "scores"
@@ -84,6 +85,10 @@ class SelectorMetadata:
         if not self.fallbacks:
             raise SelectorFileError("the selector has no fallback action")
         return min(self.fallbacks, key=lambda f: (abs(f.temperature - temperature), abs(f.top_p - top_p)))
+
+    def measured_sampling(self) -> list[SamplingConfig]:
+        """The sampling configurations the guards were fitted at (the others use the nearest)."""
+        return [SamplingConfig(f.temperature, f.top_p) for f in self.fallbacks]
 
     def to_props(self) -> dict[str, str]:
         """ONNX ``metadata_props``: every value a string, lists and dicts as JSON."""

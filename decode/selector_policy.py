@@ -173,8 +173,7 @@ class OnnxSelectorPolicy(Policy):
         return self._call_seconds
 
     def sampling_note(self, sampling: SamplingConfig) -> str | None:
-        measured = [SamplingConfig(f.temperature, f.top_p) for f in self.metadata.fallbacks]
-        return nearest_note("the selector was trained for", measured, sampling)
+        return nearest_note("the selector was trained for", self.metadata.measured_sampling(), sampling)
 
     def _bind_buffers(self, ort):
         """Fixed ``(1, ·)`` float32 input and output buffers bound once to the session (CPU only): a call then

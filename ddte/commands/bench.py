@@ -175,15 +175,13 @@ def _note_unmeasured_sampling(args: argparse.Namespace, methods, deployments) ->
             try:
                 from decode.selector_file import read_selector_metadata
 
-                fallbacks = read_selector_metadata(method.path).fallbacks
+                metadata = read_selector_metadata(method.path)
             except Exception:  # an unreadable file: the run reports it when it loads the selector
                 continue
-            what = f"{method.label} was trained for"
-            measured = [SamplingConfig(f.temperature, f.top_p) for f in fallbacks]
+            what, measured = f"{method.label} was trained for", metadata.measured_sampling()
         elif method.kind == "policy" and method.path in deployments:
             what = f"{method.label} has choices for"
-            choices = deployments[method.path].choices_of(method.verifier)
-            measured = [SamplingConfig(c.temperature, c.top_p) for c in choices]
+            measured = deployments[method.path].measured_sampling(method.verifier)
         else:
             continue
         for temperature in args.temperature:

@@ -84,8 +84,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             positive[f"{name}.train.{key}"] = getattr(train, key)
         for key, value in dataclasses.asdict(shape).items():
             positive[f"{name}.shape.{key}"] = value
-        if train.problem():
-            raise ValueError(f"{name}.train: {train.problem()}")
+        if problem := train.problem():
+            raise ValueError(f"{name}.train: {problem}")
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"{key} must be >= 1, got {value}")

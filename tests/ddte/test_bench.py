@@ -183,3 +183,17 @@ def test_bench_says_when_a_policy_file_stands_in_at_another_temperature(pair_dir
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
     assert notes == ["note: traversal@policy=policy.json has choices for T=0.7 top-p=1; T=1 top-p=1 uses the "
                      "nearest, T=0.7 top-p=1"]
+
+
+def test_bench_says_when_a_selector_stands_in_at_another_temperature(capsys):
+    """The shipped traversal selector (trained at T 0.6 and 1) on the shipped pair, benched at T 0.3 and 1: one note,
+    for T 0.3 only, read from the file's metadata before the run."""
+    from tests.factories import REPO
+
+    selector = REPO / "models" / "selectors" / "traversal.onnx"
+    assert main(["bench", "--num-prompts", "1", "--max-new-tokens", "3", "--methods", f"traversal@selector={selector}",
+                 "--temperature", "0.3", "1"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and notes[0].startswith("note: traversal@selector=")
+    assert notes[0].endswith("was trained for T=0.6 top-p=1, T=1 top-p=1; T=0.3 top-p=1 uses the nearest, "
+                             "T=0.6 top-p=1")
