@@ -64,6 +64,9 @@ class Request:
         target_root_logits, draft_root_logits: ``(V,)`` after a one-token prompt, whose root ran at prefill.
         target_prev, draft_prev: each model's state at the token before the root (root features only).
         target_root_hidden, draft_root_hidden: ``(H,)`` states at the root (root features only).
+        steer_delta: ``(L, d_ff)`` the δ of a steered draft for the next step (None: unsteered, as before the first
+            target state is known).
+        target_root_taps: ``(n_taps, H_T)`` the steering states of a one-token prompt's root, run at prefill.
     """
 
     policy: Policy
@@ -79,6 +82,8 @@ class Request:
     draft_prev: State | None = None
     target_root_hidden: torch.Tensor | None = None
     draft_root_hidden: torch.Tensor | None = None
+    steer_delta: torch.Tensor | None = None
+    target_root_taps: torch.Tensor | None = None
 
     @classmethod
     def start(cls, policy: Policy, rng: RandomSource, sampling: SamplingConfig) -> Request:
@@ -106,6 +111,10 @@ class SpeculativeDecoder:
         self.context_limit = min(target.context_limit, draft.context_limit)
         self.without_replacement = verifier.draft_regime == Regime.WITHOUT_REPLACEMENT
         self.latency = latency  # measured on first use when a policy needs root features
+        # A steered draft (decode.steering) reads the target's states at the steering layers after every pass.
+        self.steering = draft.steering
+        if self.steering is not None:
+            target.taps = tuple(self.steering.spec.target_layers)
 
     # --- the loop -------------------------------------------------------------------------------------------
     def generate(
@@ -123,16 +132,20 @@ class SpeculativeDecoder:
             # every block size up to the largest default tree (1 + 8 + 4·8); beyond it the table holds its edge
             self.latency = measure_latency(self.target, self.draft, lengths=[32, 256], repeats=3)
         start = time.perf_counter()
-        self._prefill(request, prompt_ids)
-        request.stats.seconds["prefill"] += time.perf_counter() - start
-        out: list[int] = []
-        stopped_by = "length"
-        while len(out) < max_new_tokens:
-            emitted, done = self._step(request, len(prompt_ids) + len(out), max_new_tokens - len(out))
-            out.extend(emitted)
-            if done:
-                stopped_by = "eos"
-                break
+        try:
+            self._prefill(request, prompt_ids)
+            request.stats.seconds["prefill"] += time.perf_counter() - start
+            out: list[int] = []
+            stopped_by = "length"
+            while len(out) < max_new_tokens:
+                emitted, done = self._step(request, len(prompt_ids) + len(out), max_new_tokens - len(out))
+                out.extend(emitted)
+                if done:
+                    stopped_by = "eos"
+                    break
+        finally:
+            if self.steering is not None:
+                self.draft.steer = None  # whatever runs the draft next (HF assisted, another request) starts unsteered
         request.stats.wall_seconds = time.perf_counter() - start
         request.stats.network_seconds.extend(request.policy.network_seconds())
         return Generation(out, request.stats, stopped_by)
@@ -149,6 +162,8 @@ class SpeculativeDecoder:
             t_logits, t_hidden = _split(self.target.prefill(prefix, output_hidden=hidden), hidden)
             d_logits, d_hidden = _split(self.draft.prefill(prefix, output_hidden=hidden), hidden)
             request.target_pending, request.draft_pending = [root], [root]
+            if self.steering is not None:  # the first step is steered by the token before the root
+                request.steer_delta = self.steering.step_delta(self.target.tapped[-1])
             if hidden:
                 request.target_prev = (t_hidden[-1], distributions(t_logits[-1], request.sampling))
                 request.draft_prev = (d_hidden[-1], distributions(d_logits[-1], request.sampling))
@@ -156,6 +171,8 @@ class SpeculativeDecoder:
         t_logits, t_hidden = _split(self.target.prefill([root], output_hidden=hidden), hidden)
         d_logits, d_hidden = _split(self.draft.prefill([root], output_hidden=hidden), hidden)
         request.target_root_logits, request.draft_root_logits = t_logits[-1], d_logits[-1]
+        if self.steering is not None:  # no token before the root: the first step runs unsteered
+            request.target_root_taps = self.target.tapped[-1]
         if hidden:  # no previous token: zero states and a uniform law
             request.draft_root_hidden, request.target_root_hidden = d_hidden[-1], t_hidden[-1]
             uniform = torch.full_like(t_logits[-1], 1.0 / t_logits.shape[-1])
@@ -167,6 +184,8 @@ class SpeculativeDecoder:
         stats, policy = request.stats, request.policy
         clock = _Clock(stats)
         started = clock.last
+        if self.steering is not None:  # one δ for every token the draft runs in this step: pending ones and the tree
+            self.draft.steer = request.steer_delta
         q_root = distributions(self._run_draft_pending(request), request.sampling)
         stats.draft_calls += 1
         clock.lap("draft")
@@ -175,10 +194,7 @@ class SpeculativeDecoder:
         root = RootState(context_length, q_root, room, request.sampling, features, self.latency)
         action = policy.choose(root).clipped(max(room, 0))
         clock.lap("policy")
-        drafted = draft_delayed_tree(
-            self.draft, q_root, action, request.sampling, request.rng, self.without_replacement,
-            output_hidden=request.features,
-        )
+        drafted = self._draft_tree(request, q_root, action)
         stats.draft_calls += drafted.draft_calls
         clock.lap("draft")
         logits, target_hidden = _split(self._target_pass(request, drafted), request.features)
@@ -189,6 +205,8 @@ class SpeculativeDecoder:
         except UnsupportedTreeError as err:
             raise ValueError(f"action {action} with verifier '{self.verifier.name}': {err}") from err
         clock.lap("verify")
+        if self.steering is not None:
+            request.steer_delta = self.steering.step_delta(self._node_taps(request, drafted)[_last_accepted(result)])
         self._commit(request, drafted, result)
         if request.features:
             _remember_previous(request, drafted, result, p, target_hidden, q_root)
@@ -214,6 +232,11 @@ class SpeculativeDecoder:
                 request.draft_prev = (states[-2], distributions(logits[-2], request.sampling))
         return logits[-1]
 
+    def _draft_tree(self, request: Request, q_root: torch.Tensor, action: Action) -> DraftedTree:
+        """Draft this step's tree from the draft's tip (under the step's δ when steered)."""
+        return draft_delayed_tree(self.draft, q_root, action, request.sampling, request.rng,
+                                  self.without_replacement, output_hidden=request.features)
+
     def _target_pass(self, request: Request, drafted: DraftedTree):
         """One target forward over the pending root and the tree's nodes.
 
@@ -238,6 +261,14 @@ class SpeculativeDecoder:
             return logits
         root_hidden = request.target_root_hidden.unsqueeze(0)
         return logits, root_hidden if states is None else torch.cat([root_hidden, states])
+
+    def _node_taps(self, request: Request, drafted: DraftedTree) -> torch.Tensor:
+        """``(n, n_taps, H_T)`` the target's steering states at every node of the pass just run, in node order.
+        Called right after the target pass, before commit: ``target.tapped`` still holds that pass's rows."""
+        if request.target_pending:  # the root was the block's first token
+            return self.target.tapped
+        root = request.target_root_taps.unsqueeze(0)  # a one-token prompt: the root ran at prefill
+        return root if drafted.tree.num_nodes == 1 else torch.cat([root, self.target.tapped])
 
     def _commit(self, request: Request, drafted: DraftedTree, result: VerifyResult) -> None:
         """Keep the root and the accepted path in both caches; queue what each model has not run yet."""
@@ -281,10 +312,15 @@ class SpeculativeDecoder:
             )
 
 
+def _last_accepted(result: VerifyResult) -> int:
+    """The deepest accepted node (the root if none): its target output gave the step's extra token."""
+    return result.path[-1] if result.path else ROOT
+
+
 def _remember_previous(request: Request, drafted: DraftedTree, result: VerifyResult, p: torch.Tensor,
                        target_hidden: torch.Tensor, q_root: torch.Tensor) -> None:
     """After a step, the last accepted node (the root if none) is the next root's previous token."""
-    last = result.path[-1] if result.path else ROOT
+    last = _last_accepted(result)
     request.target_prev = (target_hidden[last], p[last])
     if last == ROOT:
         request.draft_prev = (request.draft_root_hidden, q_root)

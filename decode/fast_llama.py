@@ -65,6 +65,10 @@ class FastCachedLM(CachedLM):
         super().__init__(model, device, dtype)
         self._load_weights()
 
+    def attach_steering(self, steering) -> None:
+        """As :meth:`CachedLM.attach_steering`, without hooks: this forward adds :attr:`steer` itself."""
+        self.steering = steering.to(self.device).eval()
+
     # --- weights --------------------------------------------------------------------------------------
     def _load_weights(self) -> None:
         cfg, inner = self.config, self.model.model
@@ -149,14 +153,21 @@ class FastCachedLM(CachedLM):
             cos, sin = self.cos[positions].unsqueeze(0), self.sin[positions].unsqueeze(0)  # (1, n, d)
             masks = self._masks(allowed, pos, n, start)
             x = self.embed[index]  # (n, H)
+            inputs = []  # each layer's input (HF's hidden_states[i]), kept only when taps read them
             for i, w in enumerate(self.layers):
+                if self.taps:
+                    inputs.append(x)
                 mask = None if masks is None else self._layer_mask(i, masks)
                 x = x + self._attention(i, F.rms_norm(x, x.shape[-1:], w["ln1"], self.eps), w, cos, sin, mask,
                                         start, n)
                 h = F.rms_norm(x, x.shape[-1:], w["ln2"], self.eps)
                 gate, up = F.linear(h, w["wgu"], w["bgu"]).chunk(2, dim=-1)
+                if self._steer is not None:  # SD²: the step's bias on the up projection, every token alike
+                    up = up + self._steer[i]
                 x = x + F.linear(F.silu(gate) * up, w["wd"], w["bd"])
             hidden = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
+            if self.taps:  # hidden_states[L] is the final normed state, as in HF's output
+                self.tapped = torch.stack([(inputs + [hidden])[i] for i in self.taps], dim=1).float()
             logits = self.head(hidden).float()  # (n, V)
             return (logits, hidden.float()) if output_hidden else logits
 

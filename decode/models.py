@@ -66,6 +66,14 @@ class CachedLM:
 
     forward_name = "hf"
     fast_fallback: str | None = None
+    # Steering (decode.steering). A target whose states steer a draft records, at every forward, the hidden states
+    # entering the layers ``taps`` (HF hidden_states indices) in ``tapped`` ``(n, len(taps), H)`` float32. A steered
+    # draft holds its map in ``steering`` and adds the step's δ (``steer``, ``(L, d_ff)``) in every forward.
+    taps: tuple[int, ...] = ()
+    tapped: torch.Tensor | None = None
+    steering = None
+    _steer: torch.Tensor | None = None
+    _up_bias = None
 
     def __init__(
         self, model: PreTrainedModel, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
@@ -91,6 +99,29 @@ class CachedLM:
         layer_types = _layer_types(self.config.get_text_config(decoder=True))
         self._layer_windows: list[int | None] = [self._type_windows[t] for t in layer_types]
         self.reset()
+
+    # --- steering -------------------------------------------------------------------------------------
+    def attach_steering(self, steering) -> None:
+        """Make this draft steerable by ``steering`` (a :class:`~decode.steering.SteeringMap`): from now on the δ set
+        in :attr:`steer` enters every forward's MLPs. HF's forward takes it through hooks on the up projections."""
+        from decode.steering import UpProjectionBias
+
+        self.steering = steering.to(self.device).eval()
+        if self._up_bias is None:
+            self._up_bias = UpProjectionBias(self.model)
+
+    @property
+    def steer(self) -> torch.Tensor | None:
+        """The δ ``(L, d_ff)`` (model dtype) every forward adds to the draft's up projections; None: unsteered."""
+        return self._steer
+
+    @steer.setter
+    def steer(self, delta: torch.Tensor | None) -> None:
+        if delta is not None and self.steering is None:
+            raise ValueError("steer set on a model without a steering map (attach_steering first)")
+        self._steer = None if delta is None else delta.to(self.device, self.dtype)
+        if self._up_bias is not None:
+            self._up_bias.delta = self._steer
 
     # --- state ----------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -236,9 +267,11 @@ class CachedLM:
                 input_ids=input_ids,
                 past_key_values=self._cache,
                 use_cache=True,
-                output_hidden_states=output_hidden,
+                output_hidden_states=output_hidden or bool(self.taps),
                 **kwargs,
             )
+            if self.taps:
+                self.tapped = torch.stack([out.hidden_states[i][0] for i in self.taps], dim=1).float()
             logits = out.logits[0].float()
             if output_hidden:
                 return logits, out.hidden_states[-1][0].float()

@@ -115,6 +115,7 @@ def load_pair(
     target_lm = CachedLM(load_causal_lm(target, dev, target_dtype), dev, target_dtype)
     draft_lm = cached_lm(load_draft_model(draft, dev, draft_torch_dtype), dev, draft_torch_dtype, fast=fast_draft)
     check_same_vocab(target_lm.config, draft_lm.config)
+    attach_draft_steering(draft_lm, target_lm, Path(draft), Path(target))
     tokenizer_dir = find_tokenizer_dir(Path(target), tokenizer)
     tok = _load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
     eos = getattr(tok, "eos_token_id", None) if tok is not None else None
@@ -138,6 +139,24 @@ def load_draft_model(path: str | Path, device: torch.device, dtype: torch.dtype 
     if vocab is not None:
         attach_draft_vocab(model, vocab)
     return model
+
+
+def attach_draft_steering(draft: CachedLM, target: CachedLM, draft_path: Path, target_path: Path) -> None:
+    """Attach the steering map a draft folder holds (:mod:`decode.steering`), if any, after checking that it was
+    trained with this target; the target then records the states the map reads at every pass.
+
+    Raises:
+        ValueError: the map is unreadable, does not fit the models, or was trained with another target.
+    """
+    from decode.steering import SteeringMap, check_compatible
+
+    steering = SteeringMap.load(draft_path) if draft_path.is_dir() else None
+    if steering is None:
+        return
+    check_compatible(steering, draft.model, target.config)
+    steering.spec.check_target(model_fingerprint(target_path))
+    draft.attach_steering(steering)
+    target.taps = tuple(steering.spec.target_layers)
 
 
 def load_pair_config(path: str | Path, device: str = "cpu", dtype: str | None = None,

@@ -156,18 +156,30 @@ def test_target_rows_equal_a_prefill_of_each_node(tiny_pair, chunk):
     assert float(p[leaves].abs().sum()) == 0.0
 
 
-def test_features_match_the_decoder(tiny_pair):
-    """The first root's features: the collector's (full prefill) vs the decoder's (incremental) state."""
+@pytest.mark.parametrize("steered", [False, True], ids=["plain", "steered"])
+def test_features_match_the_decoder(tiny_pair, steered):
+    """The first root's features: the collector's (full prefill) vs the decoder's (incremental) state. A steered
+    draft (decode.steering) must be steered alike in both: the root under the δ of the token before it."""
     from data_gen.collector import Collector, TrajectoryJob
     from decode.engine import SpeculativeDecoder
     from decode.models import CachedLM, load_causal_lm
     from decode.policies import StaticPolicy
     from decode.rng import TorchRandom
     from decode.sampling import SamplingConfig
+    from decode.steering import SteeringMap, SteeringSpec, draft_mlp_shape
     from decode.verifiers import get_verifier
 
     def pair():
-        return (CachedLM(load_causal_lm(tiny_pair / n)) for n in ("target", "draft"))
+        target, draft = (CachedLM(load_causal_lm(tiny_pair / n)) for n in ("target", "draft"))
+        if steered:
+            spec = SteeringSpec((0, 1), target.config.hidden_size, 4, *draft_mlp_shape(draft.model))
+            torch.manual_seed(0)  # the same map in both runs
+            steering = SteeringMap(spec)
+            with torch.no_grad():
+                steering.out.weight.normal_(0.0, 1.0)
+            draft.attach_steering(steering)
+            target.taps = spec.target_layers
+        return target, draft
 
     latency = LatencyTable([8, 32], [1, 4], [[1.0, 2.0], [1.5, 2.5]], [[5.0, 6.0], [7.0, 9.0]])
     sampling = SamplingConfig(0.8, 0.95)

@@ -70,12 +70,14 @@ def test_tree_attention_and_rollback_match_a_recompute_in_bf16(pair, prompt):
 
 
 def _greedy_by_recompute(lm: CachedLM, ids: list[int], n: int) -> list[int]:
+    """Up to n greedy tokens by plain recomputes, cut before the first near-tie: there bf16 rounding (a tree pass
+    against a recompute) makes the reference itself a coin flip, and nothing after it can be compared."""
     out: list[int] = []
     for _ in range(n):
         logits = _recompute(lm, ids + out)
         top = logits.topk(2).values
-        # a near-tie in bf16 would make the reference itself a coin flip: say so instead of passing by chance
-        assert float(top[0] - top[1]) > 1e-3 * float(top[0].abs()), f"near-tie at token {len(out)}"
+        if float(top[0] - top[1]) <= 1e-3 * float(top[0].abs()):
+            break
         out.append(int(logits.argmax()))
     return out
 
@@ -90,4 +92,5 @@ def test_greedy_generate_on_a_multipath_tree_equals_greedy_by_full_recompute(pai
     eos = pair.eos_token_id
     if eos in reference:
         reference = reference[: reference.index(eos) + 1]
-    assert tokens == reference
+    assert len(reference) >= 16, "a near-tie within the first 16 tokens: choose another prompt"
+    assert tokens[: len(reference)] == reference

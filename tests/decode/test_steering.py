@@ -1,0 +1,112 @@
+"""The steering plumbing (decode.steering): a new map leaves the draft as it was, the fast forward steers as HF's
+does, the target's taps are its hidden states, the file round-trips, and a map meets only its own target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decode.fast_llama import FastCachedLM
+from decode.models import CachedLM
+from decode.pair import load_pair, model_fingerprint
+from decode.steering import FILE, SteeringMap, SteeringSpec
+from tests.factories import save_tiny_pair, tiny_llama
+
+PROMPT = [5, 9, 3, 17, 22, 40, 2, 11]
+
+
+def _spec(**kw) -> SteeringSpec:
+    return SteeringSpec(**{"target_layers": (0, 2), "target_hidden": 32, "rank": 8, "draft_layers": 2,
+                           "draft_ffn": 64, **kw})
+
+
+def _trained_like(spec: SteeringSpec, seed: int = 0) -> SteeringMap:
+    steering = SteeringMap(spec)
+    with torch.no_grad():
+        steering.out.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(seed))
+    return steering
+
+
+def _draft(wrapper):
+    return wrapper(tiny_llama(seed=2, vocab=64, hidden=32, layers=2, logit_scale=4.0))
+
+
+def _run_blocks(lm: CachedLM) -> torch.Tensor:
+    """Prefill, a two-branch tree block, a commit and a linear block: every kind of forward, logits stacked."""
+    out = [lm.prefill(PROMPT)]
+    tip = lm.length - 1
+    out.append(lm.extend_tree([30, 31, 32, 33], [tip, -1, tip, -3]))
+    lm.commit([tip + 3, tip + 4])
+    out.append(lm.extend([44, 45], commit=True))
+    return torch.cat(out)
+
+
+def test_a_new_map_leaves_the_draft_as_its_parent():
+    steering = SteeringMap(_spec())
+    delta = steering(torch.randn(2, 32))
+    assert delta.shape == (2, 64) and not delta.any()
+    plain, steered = _draft(FastCachedLM), _draft(FastCachedLM)
+    steered.attach_steering(steering)
+    steered.steer = delta
+    assert torch.equal(_run_blocks(plain), _run_blocks(steered))
+
+
+@pytest.mark.parametrize("wrapper", [CachedLM, FastCachedLM], ids=["hf", "fast"])
+def test_steering_changes_the_draft(wrapper):
+    plain, steered = _draft(wrapper), _draft(wrapper)
+    steering = _trained_like(_spec())
+    steered.attach_steering(steering)
+    steered.steer = steering(torch.randn(2, 32))
+    assert (_run_blocks(plain) - _run_blocks(steered)).abs().max() > 1e-2
+
+
+def test_the_steered_fast_forward_equals_the_steered_hf_forward():
+    steering = _trained_like(_spec())
+    delta = steering(torch.randn(2, 32))
+    runs = []
+    for wrapper in (CachedLM, FastCachedLM):
+        lm = _draft(wrapper)
+        lm.attach_steering(steering)
+        lm.steer = delta
+        runs.append(_run_blocks(lm))
+    assert (runs[0] - runs[1]).abs().max() <= 1e-5
+
+
+def test_steer_needs_a_map():
+    with pytest.raises(ValueError, match="attach_steering"):
+        _draft(CachedLM).steer = torch.zeros(2, 64)
+
+
+@pytest.mark.parametrize("wrapper", [CachedLM, FastCachedLM], ids=["hf", "fast"])
+def test_taps_are_the_hidden_states_entering_those_layers(wrapper):
+    lm = _draft(wrapper)
+    lm.taps = (0, 1, 2)
+    lm.prefill(PROMPT)
+    with torch.inference_mode():
+        states = lm.model(torch.tensor([PROMPT]), output_hidden_states=True).hidden_states
+    want = torch.stack([states[i][0] for i in (0, 1, 2)], dim=1)
+    assert lm.tapped.shape == (len(PROMPT), 3, 32)
+    assert (lm.tapped - want).abs().max() <= 1e-5
+
+
+def test_the_file_round_trips_and_meets_only_its_target(tmp_path):
+    root = save_tiny_pair(tmp_path / "pair", vocab=64, target_hidden=32, draft_hidden=16, target_layers=2)
+    spec = _spec(draft_layers=1, draft_ffn=32, target_fingerprint=model_fingerprint(root / "target"))
+    saved = _trained_like(spec)
+    saved.save(root / "draft")
+    loaded = SteeringMap.load(root / "draft")
+    assert loaded.spec == spec
+    states = torch.randn(2, 32)
+    assert torch.equal(loaded(states), saved(states).detach())
+    pair = load_pair(root / "target", root / "draft")
+    assert pair.draft.steering is not None and pair.target.taps == (0, 2)
+    other = save_tiny_pair(tmp_path / "other", vocab=64, target_hidden=32, draft_hidden=16, target_layers=2,
+                           seeds=(7, 2))
+    with pytest.raises(ValueError, match="trained with another target"):
+        load_pair(other / "target", root / "draft")
+
+
+def test_a_corrupt_file_is_refused(tmp_path):
+    (tmp_path / FILE).write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="unreadable steering map"):
+        SteeringMap.load(tmp_path)
