@@ -74,6 +74,18 @@ class DistillTrainer:
 
 
 @dataclass
+class Steer:
+    """SD² steering (decode.steering, algorithms.md §9): train a low-rank map from the target's states at token
+    t − k to a bias on every draft MLP's up projection at token t, k drawn in 1..max_offset per batch, together with
+    the draft. Needs a target pass per batch (data.text stdlib or chat, not laws)."""
+
+    enabled: bool = False
+    target_layers: list[int] | None = None  # HF hidden_states indices (layer inputs); null: ~1/10, 1/2 and 9/10 deep
+    rank: int = 64  # the bottleneck (the paper's full-rank map would outweigh a small draft)
+    max_offset: int = 8  # offsets 1..max_offset: the root is steered at k = 1, a node d deep at k = d + 1
+
+
+@dataclass
 class Tracking:
     tracking_uri: str | None = None  # null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db (absolute)
     experiment: str = "ddte-distill"
@@ -101,6 +113,7 @@ class DistillConfig:
     data: DistillData = field(default_factory=DistillData)
     train: DistillSchedule = field(default_factory=DistillSchedule)
     trainer: DistillTrainer = field(default_factory=DistillTrainer)
+    steer: Steer = field(default_factory=Steer)
     tracking: Tracking = field(default_factory=Tracking)
 
 
@@ -136,6 +149,12 @@ def load_distill_config(path: str | Path | None, overrides: list[str] | None = N
         (train.val_every >= 1, "train: val_every must be >= 1"),
         (train.problem() is None, f"train: {train.problem()}"),
         (config.trainer.devices >= 1 and config.trainer.num_nodes >= 1, "trainer: devices and num_nodes must be >= 1"),
+        (not config.steer.enabled or data.text != "laws",
+         "steer.enabled needs the target's states in training: data.text stdlib or chat, not laws"),
+        (config.steer.rank >= 1 and config.steer.max_offset >= 1, "steer: rank and max_offset must be >= 1"),
+        (config.steer.target_layers is None or (bool(config.steer.target_layers)
+                                                and min(config.steer.target_layers) >= 0),
+         "steer.target_layers: a non-empty list of layer indices >= 0 (or null)"),
     ]
     for ok, message in checks:
         if not ok:

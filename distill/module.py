@@ -24,10 +24,17 @@ class DistillModule(pl.LightningModule):
     optimizer and checkpoints)."""
 
     def __init__(self, draft, target, divergence: str, temperatures: list[float], data, schedule,
-                 teacher_topk: int | None = None) -> None:
+                 teacher_topk: int | None = None, steering=None) -> None:
         super().__init__()
         self.teacher_topk = teacher_topk
         self.draft = draft
+        # SD² steering (decode.steering): the map trains with the draft; its δ enters the draft through hooks
+        self.steering = steering
+        self._up_bias = None
+        if steering is not None:
+            from decode.steering import UpProjectionBias
+
+            self._up_bias = UpProjectionBias(draft)
         object.__setattr__(self, "_target", target.eval().requires_grad_(False))
         self.divergence = DIVERGENCES[divergence]
         self.temperatures = list(temperatures)
@@ -48,9 +55,16 @@ class DistillModule(pl.LightningModule):
 
         clock = time.perf_counter()
         with torch.no_grad():
-            target_logits = self._target(input_ids=ids).logits[:, start:-1].float()  # (B, n, V)
+            out = self._target(input_ids=ids, output_hidden_states=self.steering is not None)
+            target_logits = out.logits[:, start:-1].float()  # (B, n, V)
         self.target_seconds += time.perf_counter() - clock
-        draft_logits = self.draft(input_ids=ids).logits[:, start:-1].float()
+        if self.steering is not None:
+            self._up_bias.delta = self._steering_bias(out.hidden_states)
+        try:
+            draft_logits = self.draft(input_ids=ids).logits[:, start:-1].float()
+        finally:
+            if self._up_bias is not None:
+                self._up_bias.delta = None
         topk = self.teacher_topk if self.training else None
         if topk:
             top = target_logits.topk(topk, dim=-1).indices  # (B, n, k)
@@ -68,6 +82,18 @@ class DistillModule(pl.LightningModule):
                 losses.append(self.divergence(p, log_q).mean())
                 betas[t] = acceptance(p, log_q.exp()).detach()
         return torch.stack(losses).mean(), betas
+
+    def _steering_bias(self, hidden_states) -> torch.Tensor:
+        """δ ``(B, S, L, d_ff)``: token t steered by the target's states at t − k, one offset k per batch drawn
+        uniformly in 1..max_offset (SD²); tokens with no state k back get none."""
+        spec = self.steering.spec
+        states = torch.stack([hidden_states[i] for i in spec.target_layers], dim=2).float()  # (B, S, taps, d_T)
+        k = int(torch.randint(1, spec.max_offset + 1, (1,), generator=self._coin))
+        delta = self.steering(states)  # (B, S, L, d_ff): the bias each token's state gives k tokens later
+        shifted = torch.zeros_like(delta)
+        if k < delta.shape[1]:
+            shifted[:, k:] = delta[:, :-k]
+        return shifted
 
     def _on_policy(self, windows: torch.Tensor, sampler=None) -> torch.Tensor:
         """``(B, prefix + tokens)``: each window's prefix continued by ``sampler``'s samples (the draft's own by
@@ -140,8 +166,9 @@ class DistillModule(pl.LightningModule):
 
     def configure_optimizers(self):
         schedule = self.schedule
-        decay = [p for p in self.draft.parameters() if p.ndim >= 2]
-        no_decay = [p for p in self.draft.parameters() if p.ndim < 2]
+        trained = list(self.draft.parameters()) + (list(self.steering.parameters()) if self.steering else [])
+        decay = [p for p in trained if p.ndim >= 2]
+        no_decay = [p for p in trained if p.ndim < 2]
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": schedule.weight_decay},
                                        {"params": no_decay, "weight_decay": 0.0}], lr=schedule.lr, betas=(0.9, 0.95))
 

@@ -188,8 +188,9 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult | Non
         windows = RandomWindows(train_stream, config.data.seq_len, config.data.batch_size, config.train.seed)
         train_tokens = int(train_stream.numel())
     val_blocks = evenly_spaced_windows(heldout_stream, config.data.seq_len, config.data.val_blocks)
+    steering = make_steering(config, draft, target) if config.steer.enabled else None
     module = DistillModule(draft, target, config.divergence, config.temperatures, config.data, config.train,
-                           config.teacher_topk)
+                           config.teacher_topk, steering)
 
     uri = resolve_tracking_uri(config.tracking.tracking_uri)
     lead = is_rank_zero()  # one MLflow run per job, and one writer of the draft
@@ -211,7 +212,7 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult | Non
         start = time.perf_counter()
         trainer.fit(module, DataLoader(windows, batch_size=None), val_loader)
         seconds = time.perf_counter() - start
-        round_to_storage(draft, config.storage_dtype)  # evaluate what is shipped
+        round_to_storage(draft, config.storage_dtype)  # evaluate what is shipped (the map stays float32)
         after = _validate(trainer, module, val_loader)
     if not lead:
         return None
@@ -219,9 +220,12 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult | Non
         "config": dataclasses.asdict(config), "before": before, "after": after, "train_seconds": round(seconds, 1),
         "target_forward_seconds": round(module.target_seconds, 1), "steps": trainer.global_step,
         "tokens": {"train": train_tokens, "heldout": int(heldout_stream.numel())}, "text": text,
-        "parameters": sum(p.numel() for p in draft.parameters()), "run_id": logger.run_id, "git_commit": git_commit(),
+        "parameters": sum(p.numel() for p in draft.parameters()),
+        "steering": None if steering is None else {**dataclasses.asdict(steering.spec),
+                                                   "parameters": sum(p.numel() for p in steering.parameters())},
+        "run_id": logger.run_id, "git_commit": git_commit(),
     }
-    _write(draft, tokenizer, config, output, summary)
+    _write(draft, tokenizer, config, output, summary, steering)
     client = logger.experiment
     for key, value in flatten_params("config", summary["config"]).items():
         client.log_param(logger.run_id, key, value)
@@ -241,14 +245,37 @@ def _validate(trainer, module, loader) -> dict[str, float]:
     return {k.removeprefix("val/"): float(v) for k, v in metrics.items()}
 
 
-def _write(draft, tokenizer, config: DistillConfig, output: Path, summary: dict) -> None:
-    """The draft (safetensors, storage dtype), its tokenizer files and distill.json, staged then renamed."""
+def make_steering(config: DistillConfig, draft, target):
+    """A new steering map for this draft and target (zero output: the draft starts as it was), bound to the target's
+    fingerprint."""
+    from decode.pair import model_fingerprint
+    from decode.steering import SteeringMap, SteeringSpec, draft_mlp_shape
+
+    layers, ffn = draft_mlp_shape(draft)
+    depth = int(target.config.num_hidden_layers)
+    chosen = config.steer.target_layers or sorted({max(1, round(depth / 10)), depth // 2, round(9 * depth / 10)})
+    if max(chosen) > depth:
+        raise ValueError(f"steer.target_layers {chosen}: the target has hidden states 0..{depth}")
+    torch.manual_seed(config.train.seed)
+    return SteeringMap(SteeringSpec(tuple(chosen), int(target.config.hidden_size), config.steer.rank, layers, ffn,
+                                    model_fingerprint(resolve_target(config.target)), config.steer.max_offset))
+
+
+def _write(draft, tokenizer, config: DistillConfig, output: Path, summary: dict, steering=None) -> None:
+    """The draft (safetensors, storage dtype), its tokenizer files, its steering map and draft vocabulary when it has
+    them, and distill.json, staged then renamed."""
+    from decode.draft_vocab import DraftVocab
     from distill.saving import save_model
 
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}-", dir=output.parent))
     try:
         save_model(draft, tokenizer, staging, config.storage_dtype)
+        if steering is not None:
+            steering.save(staging)
+        vocab = DraftVocab.load(config.draft) if config.init == "draft" else None
+        if vocab is not None:  # the parent's reduced output vocabulary still fits: it was chosen from the target
+            vocab.save(staging)
         (staging / "distill.json").write_text(json.dumps(summary, indent=1) + "\n")
         for path in staging.iterdir():  # ordinary shared files, whatever the writers' temporary modes
             path.chmod(0o644)

@@ -80,6 +80,8 @@ def test_on_policy_sequences_continue_training_windows(tiny, tmp_path):
         ({"train.steps": 0}, "train: steps"),
         ({"draft": "/nonexistent/draft"}, "does not exist"),
         ({"data.onpolicy_fraction": 1.5}, "onpolicy_fraction"),
+        ({"steer.enabled": "true", "data.text": "laws", "data.responses": 2, "teacher_topk": 4}, "steer.enabled"),
+        ({"steer.enabled": "true", "steer.target_layers": "[0,9]"}, "the target has hidden states 0..1"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tiny, tmp_path, capsys, change, message):
@@ -98,3 +100,24 @@ def test_an_existing_output_is_refused_unless_overwrite(tiny, tmp_path, capsys):
     (tmp_path / "out").mkdir()
     assert main(["distill", "--no-progress", *_overrides(tiny, tmp_path)]) == 2
     assert "exists" in capsys.readouterr().err
+
+
+def test_steered_distillation_trains_the_map_and_writes_a_steered_draft(tiny, tmp_path):
+    """steer.enabled: the map leaves zero, the draft folder carries it bound to this target, and the pair loads
+    steered; beside another target it is refused."""
+    from decode.pair import load_pair
+    from decode.steering import SteeringMap
+
+    overrides = _overrides(tiny, tmp_path, **{"steer.enabled": "true", "steer.rank": 4, "steer.max_offset": 3,
+                                              "train.steps": 12, "train.val_every": 12})
+    assert main(["distill", "--no-progress", *overrides]) == 0
+    out = tmp_path / "out"
+    steering = SteeringMap.load(out)
+    assert steering.spec.target_layers == (0, 1) and steering.spec.rank == 4 and steering.spec.max_offset == 3
+    assert float(steering.out.weight.abs().max()) > 0  # trained away from its zero start
+    assert json.loads((out / "distill.json").read_text())["steering"]["parameters"] > 0
+    pair = load_pair(tiny / "target", out, REPO / "models" / "tokenizer")
+    assert pair.draft.steering is not None and pair.target.taps == (0, 1)
+    other = save_tiny_pair(tmp_path / "other", target_hidden=32, draft_hidden=16, context=128, seeds=(9, 2))
+    with pytest.raises(ValueError, match="another target"):
+        load_pair(other / "target", out, REPO / "models" / "tokenizer")
