@@ -161,17 +161,23 @@ def make_runners(methods: list[Method], pair: LoadedPair,
                  deployments: dict[str, Deployment] | None = None) -> list[_Runner]:
     """A ready runner per method, the methods of one verifier sharing one decoder (ValueError for a selector or
     policy file that does not fit). ``deployments``: policy files already read, by path (each other is read once)."""
+    from decode.pair import load_other_draft
+
     deployments = {} if deployments is None else deployments
-    decoders: dict[str, SpeculativeDecoder] = {}
+    decoders: dict[tuple[str, str | None], SpeculativeDecoder] = {}
+    drafts = {None: pair.draft}  # by folder: a method's own draft (+draft=), loaded once
     runners = []
     for method in methods:
         if method.is_hf:
             runners.append(_Runner(method, pair))
             continue
-        if method.verifier not in decoders:
-            decoders[method.verifier] = SpeculativeDecoder(pair.target, pair.draft, get_verifier(method.verifier),
-                                                           pair.eos_token_id)
-        runners.append(_Runner(method, pair, decoders[method.verifier], method_policy(method, pair, deployments)))
+        if method.draft not in drafts:
+            drafts[method.draft] = load_other_draft(pair, method.draft)
+        key = (method.verifier, method.draft)
+        if key not in decoders:
+            decoders[key] = SpeculativeDecoder(pair.target, drafts[method.draft], get_verifier(method.verifier),
+                                               pair.eos_token_id)
+        runners.append(_Runner(method, pair, decoders[key], method_policy(method, pair, deployments)))
     return runners
 
 

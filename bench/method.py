@@ -4,13 +4,16 @@ A method is ``ar`` (the target alone, HF ``generate``), ``hf-assisted`` (HF assi
 draft) or ``VERIFIER@SPEC``, a ddte decoder with a policy: SPEC is a static shape ``K,L1,L2``, a named policy
 (``adaptive``, ``entropy``), ``selector=FILE`` or ``policy=FILE``. Static shapes that draft the same tree are one
 method: :meth:`Method.parse` keeps the canonical shape (:meth:`decode.actions.Action.canonical`), so
-``specinfer@1,0,2`` and ``specinfer@2,2,0`` are both ``specinfer@1,2,0``. The bench writes each row's method as
+``specinfer@1,0,2`` and ``specinfer@2,2,0`` are both ``specinfer@1,2,0``. A ddte method may name another draft for the
+same target, ``+draft=FOLDER`` (``traversal@2,0,1+draft=runs/distill/steered``): two drafts (a steered one and its
+parent, say) then compare inside one interleaved run. The bench writes each row's method as
 :attr:`Method.key`; the pipeline builds its methods with :meth:`Method.static` and :meth:`Method.selector`, and
 finds their rows again through :func:`by_method`, never by spelling a string.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,7 @@ from decode.verifiers import get_verifier
 HF_KINDS = ("ar", "hf-assisted")
 NAMED_POLICIES = ("adaptive", "entropy")
 FILE_KINDS = ("selector", "policy")  # SPEC = KIND=FILE
+DRAFT_SUFFIX = "+draft="  # a ddte method run with another draft folder
 KINDS = (*HF_KINDS, "static", *NAMED_POLICIES, *FILE_KINDS)
 
 
@@ -30,20 +34,22 @@ class Method:
     """One method. ``kind``: ``ar``, ``hf-assisted``, ``static``, a named policy, ``selector`` or ``policy``.
 
     ``verifier``: the ddte decoder's verifier (None for the HF kinds); ``action``: the canonical static shape
-    (``static`` only); ``path``: the selector or policy file (those two kinds only), as given.
+    (``static`` only); ``path``: the selector or policy file (those two kinds only), as given; ``draft``: a draft
+    folder to run instead of the pair's (ddte kinds only), as given.
     """
 
     kind: str
     verifier: str | None = None
     action: Action | None = None
     path: str | None = None
+    draft: str | None = None
 
     def __post_init__(self) -> None:
         wants = (self.kind not in HF_KINDS, self.kind == "static", self.kind in FILE_KINDS)
         has = (self.verifier is not None, self.action is not None, self.path is not None)
-        if self.kind not in KINDS or wants != has:
+        if self.kind not in KINDS or wants != has or (self.draft is not None and self.kind in HF_KINDS):
             raise ValueError(f"not a method: {self!r} (a verifier for every kind but {', '.join(HF_KINDS)}, an "
-                             f"action for static, a file for {' and '.join(FILE_KINDS)})")
+                             f"action for static, a file for {' and '.join(FILE_KINDS)}, a draft for ddte kinds)")
         if self.action is not None:
             object.__setattr__(self, "action", self.action.canonical())
 
@@ -53,6 +59,14 @@ class Method:
         KeyError naming the known verifiers for an unknown one. Files are not opened here."""
         if text in HF_KINDS:
             return cls(text)
+        text, plus, draft = text.partition(DRAFT_SUFFIX)
+        if plus and not draft:
+            raise ValueError(f"bad method '{text}{plus}': name the draft folder after {DRAFT_SUFFIX}")
+        method = cls._parse_ddte(text)
+        return dataclasses.replace(method, draft=draft) if draft else method
+
+    @classmethod
+    def _parse_ddte(cls, text: str) -> Method:
         name, sep, spec = text.partition("@")
         if not sep:
             raise ValueError(f"bad method '{text}': use ar, hf-assisted, VERIFIER@K,L1,L2 or VERIFIER@adaptive")
@@ -106,12 +120,16 @@ class Method:
     @property
     def key(self) -> str:
         """The canonical spelling: what a bench row's ``method`` holds."""
-        return self.kind if self.is_hf else f"{self.verifier}@{self.spec}"
+        if self.is_hf:
+            return self.kind
+        return f"{self.verifier}@{self.spec}" + (f"{DRAFT_SUFFIX}{self.draft}" if self.draft else "")
 
     @property
     def label(self) -> str:
-        """The spelling for a figure or a metric name: a file reduced to its name."""
-        return f"{self.verifier}@{self.kind}={Path(self.path).name}" if self.path is not None else self.key
+        """The spelling for a figure or a metric name: a file or a draft folder reduced to its name."""
+        base = f"{self.verifier}@{self.kind}={Path(self.path).name}" if self.path is not None else \
+            self.kind if self.is_hf else f"{self.verifier}@{self.spec}"
+        return base + (f"{DRAFT_SUFFIX}{Path(self.draft).name}" if self.draft else "")
 
     @property
     def group(self) -> str:

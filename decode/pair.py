@@ -141,6 +141,24 @@ def load_draft_model(path: str | Path, device: torch.device, dtype: torch.dtype 
     return model
 
 
+def load_other_draft(pair: LoadedPair, path: str | Path) -> CachedLM:
+    """Another draft for ``pair``'s target, loaded as the pair's own draft was (device, dtype, forward; its draft
+    vocabulary and steering map, checked against this target).
+
+    Raises:
+        ValueError: a missing folder, unsafe weights, another vocabulary, or a steering map for another target.
+    """
+    from decode.fast_llama import cached_lm
+    from decode.models import check_same_vocab
+
+    own = pair.draft
+    draft = cached_lm(load_draft_model(path, own.device, own.dtype), own.device, own.dtype,
+                      fast=own.forward_name == "fast")
+    check_same_vocab(pair.target.config, draft.config)
+    attach_draft_steering(draft, pair.target, Path(path), pair.paths["target"])
+    return draft
+
+
 def attach_draft_steering(draft: CachedLM, target: CachedLM, draft_path: Path, target_path: Path) -> None:
     """Attach the steering map a draft folder holds (:mod:`decode.steering`), if any, after checking that it was
     trained with this target; the target then records the states the map reads at every pass.

@@ -8,6 +8,8 @@ Methods:
   VERIFIER@entropy        ddte with the entropy stop rule on a single path of up to 8 tokens
   VERIFIER@selector=FILE  ddte with a trained selector (ddte export) choosing the tree at every step
   VERIFIER@policy=FILE    ddte with the policy a `ddte pipeline` policy file chooses (also: --policy-file FILE)
+  ...+draft=FOLDER        any ddte method above with another draft for the same target (a steered draft and its
+                          parent in one interleaved run: traversal@2,0,1 traversal@2,0,1+draft=runs/distill/steered)
 
 Static shapes that draft the same tree ((1,a,b), (K,a+b,0), ...) are benched once, under their canonical name.
 The methods run interleaved, prompt by prompt in a rotating order, so the CPU's drift over minutes reaches every
@@ -95,6 +97,8 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
     for method in methods:
         if method.path is not None and not os.path.isfile(method.path):
             raise UserError(f"bad method '{method}': file {method.path!r} does not exist")
+        if method.draft is not None and not os.path.isdir(method.draft):
+            raise UserError(f"bad method '{method}': draft folder {method.draft!r} does not exist")
     deployments = {}
     if args.policy_file:
         from decode.deployment import load_deployment

@@ -53,3 +53,18 @@ def test_a_method_holds_exactly_the_parts_of_its_kind():
     for parts in [("ar", "nss"), ("static", "nss"), ("selector", "nss", Action(1, 2, 0)), ("adaptive",), ("bogus",)]:
         with pytest.raises(ValueError, match="not a method"):
             Method(*parts)
+
+
+def test_a_ddte_method_may_name_another_draft():
+    method = Method.parse("specinfer@1,0,2+draft=runs/distill/steered")
+    assert (method.kind, method.action, method.draft) == ("static", Action(1, 2, 0), "runs/distill/steered")
+    assert method.key == "specinfer@1,2,0+draft=runs/distill/steered" and Method.parse(method.key) == method
+    assert method.label == "specinfer@1,2,0+draft=steered" and method != Method.static("specinfer", "1,2,0")
+    policy = Method.parse("nss@selector=a/m.onnx+draft=d")
+    assert (policy.kind, policy.path, policy.draft) == ("selector", "a/m.onnx", "d")
+    kept, dropped = unique_methods(["nss@1,3,0", "nss@1,3,0+draft=d", "nss@3,3,0+draft=d"])
+    assert [m.key for m in kept] == ["nss@1,3,0", "nss@1,3,0+draft=d"] and dropped == ["nss@3,3,0+draft=d"]
+    with pytest.raises(ValueError, match="name the draft folder"):
+        Method.parse("nss@1,3,0+draft=")
+    with pytest.raises(ValueError, match="not a method"):
+        Method("ar", draft="d")

@@ -115,6 +115,36 @@ def test_one_decoder_per_verifier_serves_every_method_and_temperature(pair_dirs)
     assert all(r["new_tokens"] == 3 for r in rows)
 
 
+def test_a_method_with_another_draft_runs_that_draft_steered_beside_the_pairs_own(pair_dirs, tmp_path, capsys):
+    """``+draft=FOLDER``: one decoder per (verifier, draft); a steered draft there is steered, the pair's own is not;
+    a missing folder is one line."""
+    import torch
+
+    from bench.decoding import make_runners
+    from bench.method import Method
+    from decode.pair import load_pair, model_fingerprint
+    from decode.sampling import SamplingConfig
+    from decode.steering import SteeringMap, SteeringSpec
+
+    root, prompts = pair_dirs
+    other = tmp_path / "steered"
+    tiny_llama(seed=3, vocab=4096, hidden=32, layers=1).save_pretrained(other)
+    SteeringMap(SteeringSpec((1,), 32, 4, 1, 64, model_fingerprint(root / "target"))).save(other)
+    pair = load_pair(root / "target", root / "draft", DEFAULT_TOKENIZER)
+    methods = [Method.parse(m) for m in ("traversal@2,1,2", f"traversal@2,1,2+draft={other}",
+                                         f"traversal@adaptive+draft={other}")]
+    own, steered, adaptive = make_runners(methods, pair)
+    assert own.decoder is not steered.decoder and steered.decoder is adaptive.decoder
+    assert own.decoder.steering is None and steered.decoder.steering is not None
+    assert steered.decoder.draft.model is not pair.draft.model
+    stats = steered.one([5, 9, 3], 0, SamplingConfig(1.0), 4)
+    assert stats.new_tokens == 4 and torch.is_tensor(pair.target.tapped)
+    assert main(["bench", "--target", str(root / "target"), "--draft", str(root / "draft"), "--tokenizer",
+                 str(DEFAULT_TOKENIZER), "--prompts", str(prompts), "--field", "text", "--num-prompts", "1",
+                 "--methods", f"traversal@2,1,2+draft={tmp_path / 'missing'}"]) == 2
+    assert "draft folder" in capsys.readouterr().err
+
+
 def test_prompts_come_from_any_source_collect_reads(tmp_path):
     """The default is the held-out split; builtin:train and files work as in `ddte collect`, with one-line errors."""
     from bench.decoding import bench_prompts
