@@ -207,6 +207,7 @@ class SpeculativeDecoder:
         clock.lap("verify")
         if self.steering is not None:
             request.steer_delta = self.steering.step_delta(self._node_taps(request, drafted)[_last_accepted(result)])
+            clock.lap("steer")
         self._commit(request, drafted, result)
         if request.features:
             _remember_previous(request, drafted, result, p, target_hidden, q_root)
