@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ddte_core.paths import staged_file
+from ddte_core.tensor_files import read_tensor_file
 
 FILE = "draft_vocab.safetensors"
 FORMAT = "ddte-draft-vocab/1"
@@ -60,20 +61,13 @@ class DraftVocab:
     @classmethod
     def load(cls, folder: str | Path) -> DraftVocab | None:
         """The draft vocabulary saved in ``folder``, or None when it has none; ValueError for a bad file."""
-        from safetensors import safe_open
-
         path = Path(folder) / FILE
         if not path.is_file():
             return None
-        try:
-            with safe_open(str(path), "pt") as handle:
-                meta = handle.metadata() or {}
-                ids = handle.get_tensor("token_ids")
-        except Exception as error:  # safetensors raises its own error types for corrupt files
-            raise ValueError(f"{path}: unreadable draft vocabulary ({error})") from error
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a {FORMAT} file")
-        return cls(ids.long(), int(meta["vocab_size"]), json.loads(meta.get("info", "{}")))
+        tensors, meta = read_tensor_file(path, FORMAT, "draft vocabulary")
+        if "token_ids" not in tensors:
+            raise ValueError(f"{path}: no token_ids in this draft vocabulary")
+        return cls(tensors["token_ids"].long(), int(meta["vocab_size"]), json.loads(meta.get("info", "{}")))
 
 
 def most_frequent(counts: torch.Tensor, size: int, always: list[int] | tuple[int, ...] = (),

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ddte_core.paths import staged_file
+from ddte_core.tensor_files import read_tensor_file
 
 FILE = "steering.safetensors"
 FORMAT = "ddte-steering/1"
@@ -108,19 +109,10 @@ class SteeringMap(nn.Module):
     @classmethod
     def load(cls, folder: str | Path) -> SteeringMap | None:
         """The map saved in ``folder`` (float32, CPU), or None when it has none; ValueError for a bad file."""
-        from safetensors import safe_open
-
         path = Path(folder) / FILE
         if not path.is_file():
             return None
-        try:
-            with safe_open(str(path), "pt") as handle:
-                meta = handle.metadata() or {}
-                tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118 (safe_open has no iter)
-        except Exception as error:  # safetensors raises its own error types for corrupt files
-            raise ValueError(f"{path}: unreadable steering map ({error})") from error
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a {FORMAT} file")
+        tensors, meta = read_tensor_file(path, FORMAT, "steering map")
         raw = json.loads(meta["spec"])
         raw["target_layers"] = tuple(raw["target_layers"])
         steering = cls(SteeringSpec(**raw))

@@ -83,16 +83,9 @@ class TeacherLaws:
     @classmethod
     def load(cls, path: Path) -> TeacherLaws:
         """Read a file :meth:`save` wrote; ValueError for anything else."""
-        from safetensors import safe_open
+        from ddte_core.tensor_files import read_tensor_file
 
-        try:
-            with safe_open(str(path), "pt") as handle:
-                meta = handle.metadata() or {}
-                tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118 (safe_open has no iter)
-        except Exception as error:  # safetensors raises its own error types for a corrupt file
-            raise ValueError(f"{path}: unreadable teacher laws ({error})") from error
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a {FORMAT} file")
+        tensors, meta = read_tensor_file(path, FORMAT, "teacher laws")
         return cls(temperatures=json.loads(meta["temperatures"]), seconds=float(meta.get("seconds", 0)), **tensors)
 
 
