@@ -87,6 +87,8 @@ class Collector:
         self.new_tokens, self.stride, self.seed = new_tokens, stride, seed
         self.target_chunk, self.eos = target_chunk, eos_token_id
         self.context_limit = min(target.context_limit, draft.context_limit)
+        if draft.steering is not None:  # the target records what the map reads, as the decoder has it do
+            target.taps = tuple(draft.steering.spec.target_layers)
 
     def root_positions(self, prompt_length: int) -> list[int]:
         return root_positions(prompt_length, self, self.context_limit)

@@ -177,8 +177,7 @@ def test_features_match_the_decoder(tiny_pair, steered):
             steering = SteeringMap(spec)
             with torch.no_grad():
                 steering.out.weight.normal_(0.0, 1.0)
-            draft.attach_steering(steering)
-            target.taps = spec.target_layers
+            draft.attach_steering(steering)  # the decoder and the collector each set the target's taps
         return target, draft
 
     latency = LatencyTable([8, 32], [1, 4], [[1.0, 2.0], [1.5, 2.5]], [[5.0, 6.0], [7.0, 9.0]])
