@@ -149,6 +149,10 @@ def method_policy(method: Method, pair: LoadedPair, deployments: dict[str, Deplo
         from decode.selector_policy import OnnxSelectorPolicy
 
         return OnnxSelectorPolicy.for_pair(method.path, method.verifier, pair)
+    if method.kind == "expander":
+        from decode.expander_policy import ExpanderPolicy
+
+        return ExpanderPolicy.for_pair(method.path, method.verifier, pair)
     if method.kind == "policy":
         if method.path not in deployments:
             deployments[method.path] = load_deployment(method.path)

@@ -2,8 +2,8 @@
 
 A method is ``ar`` (the target alone, HF ``generate``), ``hf-assisted`` (HF assisted generation with the same
 draft) or ``VERIFIER@SPEC``, a ddte decoder with a policy: SPEC is a static shape ``K,L1,L2``, a named policy
-(``adaptive``, ``entropy``), ``selector=FILE`` or ``policy=FILE``. Static shapes that draft the same tree are one
-method: :meth:`Method.parse` keeps the canonical shape (:meth:`decode.actions.Action.canonical`), so
+(``adaptive``, ``entropy``), ``selector=FILE``, ``policy=FILE`` or ``expander=FILE``. Static shapes that draft the
+same tree are one method: :meth:`Method.parse` keeps the canonical shape (:meth:`decode.actions.Action.canonical`), so
 ``specinfer@1,0,2`` and ``specinfer@2,2,0`` are both ``specinfer@1,2,0``. A ddte method may name another draft for the
 same target, ``+draft=FOLDER`` (``traversal@2,0,1+draft=runs/distill/steered``): two drafts (a steered one and its
 parent, say) then compare inside one interleaved run. The bench writes each row's method as
@@ -24,7 +24,7 @@ from decode.verifiers import get_verifier
 
 HF_KINDS = ("ar", "hf-assisted")
 NAMED_POLICIES = ("adaptive", "entropy")
-FILE_KINDS = ("selector", "policy")  # SPEC = KIND=FILE
+FILE_KINDS = ("selector", "policy", "expander")  # SPEC = KIND=FILE
 DRAFT_SUFFIX = "+draft="  # a ddte method run with another draft folder
 KINDS = (*HF_KINDS, "static", *NAMED_POLICIES, *FILE_KINDS)
 
@@ -34,7 +34,7 @@ class Method:
     """One method. ``kind``: ``ar``, ``hf-assisted``, ``static``, a named policy, ``selector`` or ``policy``.
 
     ``verifier``: the ddte decoder's verifier (None for the HF kinds); ``action``: the canonical static shape
-    (``static`` only); ``path``: the selector or policy file (those two kinds only), as given; ``draft``: a draft
+    (``static`` only); ``path``: the selector, policy or expander file (those kinds only), as given; ``draft``: a draft
     folder to run instead of the pair's (ddte kinds only), as given.
     """
 

@@ -6,10 +6,17 @@ prefix). Only nodes that will have children are run through the draft: leaves ne
 
 The q stored for a node is exactly the distribution its children were drawn from. For RSD the branching
 node draws its K children without replacement, and each branch then continues as a single path.
+
+Expansion decided while drafting: given a ``halting`` callable, the trunk asks it at every node it reaches (depth 0,
+the root, up to L1 − 1) whether to stop growing there; the K branches of L2 tokens (or nothing, for a single path)
+are then drafted at the halting depth. The callable sees a :class:`TrunkNode`, the draft's own state at that node,
+so the halting depth is a stopping time of the draft's draws and every verifier of delayed trees stays exact
+(tests/decode/exact/test_expander_loop.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +30,17 @@ from decode.tree import ROOT, DraftTree, Regime, TreeBuilder
 
 
 @dataclass
+class TrunkNode:
+    """What a per-node decision may see at a trunk node: its depth (0 = the root), the draft's law there ``(V,)``
+    (the one the next trunk token would be drawn from) and the draft's final hidden state there ``(H,)`` (None when
+    the draft was not asked for hidden states)."""
+
+    depth: int
+    q: torch.Tensor
+    hidden: torch.Tensor | None
+
+
+@dataclass
 class DraftedTree:
     """A drafted tree and what the loop needs from the draft pass.
 
@@ -32,6 +50,7 @@ class DraftedTree:
         slots: draft-cache slot of each node, or -1 for nodes the draft never ran (leaves).
         draft_calls: draft forward calls made.
         hidden: final draft hidden state ``(H,)`` of each node the draft ran (root excluded), when asked for.
+        trunk_depth: the trunk's length (below the action's L1 where drafting halted or stopped it early).
     """
 
     tree: DraftTree
@@ -39,6 +58,7 @@ class DraftedTree:
     slots: list[int]
     draft_calls: int
     hidden: dict[int, torch.Tensor] | None = None
+    trunk_depth: int | None = None
 
 
 def draft_delayed_tree(
@@ -49,6 +69,8 @@ def draft_delayed_tree(
     rng: RandomSource,
     without_replacement: bool = False,
     output_hidden: bool = False,
+    halting: Callable[[TrunkNode], bool] | None = None,
+    root_hidden: torch.Tensor | None = None,
 ) -> DraftedTree:
     """Draft one delayed tree from the draft model's committed tip.
 
@@ -60,6 +82,9 @@ def draft_delayed_tree(
         rng: source of the draws.
         without_replacement: draw the K children of the branching node without replacement (RSD's regime).
         output_hidden: keep the draft's final hidden state of every node it runs (for root features).
+        halting: asked at each trunk node before its child is drawn; True ends the trunk there and drafts the
+            action's K branches of L2 (a single path when K = 1 or L2 = 0) from that node. ``action.l1`` caps it.
+        root_hidden: ``(H,)`` the draft's hidden state at the root, for ``halting`` at depth 0.
     """
     builder = TreeBuilder()
     q_rows: dict[int, torch.Tensor] = {ROOT: q_root}
@@ -81,17 +106,19 @@ def draft_delayed_tree(
             if states is not None:
                 hidden[v] = states[i]
 
-    tip, stopped = ROOT, False
+    tip, stopped, depth = ROOT, False, 0
     for j in range(action.l1):
         if action.stop_entropy is not None and float(entropy(q_rows[tip])) > action.stop_entropy:
             stopped = True
             break
-        tip = builder.draw(tip, rng.categorical(q_rows[tip]))
+        if halting is not None and halting(TrunkNode(j, q_rows[tip], hidden.get(tip, root_hidden))):
+            break
+        tip, depth = builder.draw(tip, rng.categorical(q_rows[tip])), j + 1
         if j < action.l1 - 1 or action.l2 > 0:
             run([tip])
-    if stopped:
-        tree = builder.build(Regime.IID, (1, builder.depth(tip), 0))
-        return _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden)
+    if stopped or action.is_single_path and depth < action.l1:
+        tree = builder.build(Regime.IID, (1, depth, 0))
+        return _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden, depth)
     k = action.k if action.l2 > 0 else 0
     heads = [tip] * k
     for level in range(action.l2):
@@ -102,16 +129,16 @@ def draft_delayed_tree(
         if level < action.l2 - 1:
             run(list(dict.fromkeys(v for v in heads if v not in q_rows)))
     regime = Regime.WITHOUT_REPLACEMENT if without_replacement else Regime.IID
-    tree = builder.build(regime, None if without_replacement else (action.k, action.l1, action.l2))
-    return _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden)
+    tree = builder.build(regime, None if without_replacement else (action.k, depth, action.l2))
+    return _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden, depth)
 
 
-def _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden) -> DraftedTree:
+def _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden, depth) -> DraftedTree:
     q = torch.zeros(tree.num_nodes, q_root.numel(), dtype=q_root.dtype, device=q_root.device)
     for v, row in q_rows.items():
         q[v] = row
     slot_list = [slots.get(v, -1) for v in range(tree.num_nodes)]
-    return DraftedTree(tree, q, slot_list, calls, hidden if output_hidden else None)
+    return DraftedTree(tree, q, slot_list, calls, hidden if output_hidden else None, depth)
 
 
 def _distinct_children(builder: TreeBuilder, node: int, q: torch.Tensor, k: int, rng: RandomSource) -> list[int]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from decode.actions import Action
-from decode.drafting import DraftedTree, draft_delayed_tree
+from decode.drafting import DraftedTree, TrunkNode, draft_delayed_tree
 from decode.features import RootFeatures, root_features
 from decode.latency import LatencyTable, measure_latency
 from decode.models import CachedLM, check_same_vocab
@@ -67,6 +67,7 @@ class Request:
         steer_delta: ``(L, d_ff)`` the δ of a steered draft for the next step (None: unsteered, as before the first
             target state is known).
         target_root_taps: ``(n_taps, H_T)`` the steering states of a one-token prompt's root, run at prefill.
+        node_seconds: time the policy spent deciding at trunk nodes in the current step.
     """
 
     policy: Policy
@@ -84,6 +85,7 @@ class Request:
     draft_root_hidden: torch.Tensor | None = None
     steer_delta: torch.Tensor | None = None
     target_root_taps: torch.Tensor | None = None
+    node_seconds: float = 0.0
 
     @classmethod
     def start(cls, policy: Policy, rng: RandomSource, sampling: SamplingConfig) -> Request:
@@ -194,9 +196,12 @@ class SpeculativeDecoder:
         root = RootState(context_length, q_root, room, request.sampling, features, self.latency)
         action = policy.choose(root).clipped(max(room, 0))
         clock.lap("policy")
+        request.node_seconds = 0.0
         drafted = self._draft_tree(request, q_root, action)
         stats.draft_calls += drafted.draft_calls
         clock.lap("draft")
+        clock.move("draft", "policy", request.node_seconds)  # per-node decisions are the policy's time
+        action = _drafted_action(action, drafted) if request.policy.decides_per_node else action
         logits, target_hidden = _split(self._target_pass(request, drafted), request.features)
         p = distributions(logits, request.sampling)
         clock.lap("target")
@@ -234,9 +239,18 @@ class SpeculativeDecoder:
         return logits[-1]
 
     def _draft_tree(self, request: Request, q_root: torch.Tensor, action: Action) -> DraftedTree:
-        """Draft this step's tree from the draft's tip (under the step's δ when steered)."""
+        """Draft this step's tree from the draft's tip (under the step's δ when steered); a policy that decides per
+        node is asked at every trunk node, and its time there is counted in ``request.node_seconds``."""
+        halting = None
+        if request.policy.decides_per_node:
+            def halting(node: TrunkNode) -> bool:
+                start = time.perf_counter()
+                halt = request.policy.halts(node)
+                request.node_seconds += time.perf_counter() - start
+                return halt
         return draft_delayed_tree(self.draft, q_root, action, request.sampling, request.rng,
-                                  self.without_replacement, output_hidden=request.features)
+                                  self.without_replacement, output_hidden=request.features, halting=halting,
+                                  root_hidden=request.draft_root_hidden)
 
     def _target_pass(self, request: Request, drafted: DraftedTree):
         """One target forward over the pending root and the tree's nodes.
@@ -313,6 +327,15 @@ class SpeculativeDecoder:
             )
 
 
+def _drafted_action(widest: Action, drafted: DraftedTree) -> Action:
+    """The action a per-node policy drafted: its widest tree with the trunk cut where it halted (a single path there
+    when the widest tree has no branches)."""
+    depth = drafted.trunk_depth
+    if depth is None or depth == widest.l1:
+        return widest
+    return Action(1, depth, 0) if widest.is_single_path else Action(widest.k, depth, widest.l2)
+
+
 def _last_accepted(result: VerifyResult) -> int:
     """The deepest accepted node (the root if none): its target output gave the step's extra token."""
     return result.path[-1] if result.path else ROOT
@@ -345,6 +368,11 @@ class _Clock:
         now = time.perf_counter()
         self.stats.seconds[phase] += now - self.last
         self.last = now
+
+    def move(self, source: str, to: str, seconds: float) -> None:
+        """Count ``seconds`` already lapped in ``source`` as ``to``'s."""
+        self.stats.seconds[source] -= seconds
+        self.stats.seconds[to] += seconds
 
 
 def check_action(verifier: Verifier, action: Action) -> None:

@@ -5,10 +5,12 @@ step went. Choosing from root information only keeps every verifier lossless: th
 the draft samples of this step.
 
 A policy declares what it needs from the decoder on its class, so no caller guesses or tests a name:
-``needs_root_features`` (the root features of decode.features, and with them the latency table) and ``stateful``
-(it keeps state across the steps of a generation). Each generation begins with ``start(sampling)``, which returns the
-policy that serves it: the policy itself, a fresh copy of a stateful one, or the simpler policy it amounts to at
-that sampling configuration; the decoder reads the capabilities of what ``start`` returns. So one policy object
+``needs_root_features`` (the root features of decode.features, and with them the latency table), ``stateful``
+(it keeps state across the steps of a generation) and ``decides_per_node`` (it also decides while the trunk is
+drafted: the action ``choose`` returns is the widest tree of the step, and ``halts`` may end its trunk early at any
+node, from the draft's own state there; decode/drafting.py). Each generation begins with ``start(sampling)``, which
+returns the policy that serves it: the policy itself, a fresh copy of a stateful one, or the simpler policy it amounts
+to at that sampling configuration; the decoder reads the capabilities of what ``start`` returns. So one policy object
 serves every generation, at any temperature. :data:`POLICIES` names every policy; :func:`make_policy` builds one
 from its name and options.
 """
@@ -24,6 +26,7 @@ from decode.actions import Action
 if TYPE_CHECKING:  # the interface itself is light: listing policy names must not import torch
     import torch
 
+    from decode.drafting import TrunkNode
     from decode.sampling import SamplingConfig
 
 
@@ -64,13 +67,14 @@ class Policy:
     """The interface: ``start`` a generation, ``choose`` the action at a root, ``observe`` the step's outcome.
 
     Capabilities, declared on the class: ``needs_root_features`` (``choose`` reads ``root.features`` and
-    ``root.latency``) and ``stateful`` (it keeps state across steps, so ``start`` must give each generation a fresh
-    copy).
+    ``root.latency``), ``stateful`` (it keeps state across steps, so ``start`` must give each generation a fresh
+    copy) and ``decides_per_node`` (``halts`` is asked at every trunk node).
     """
 
     name: str = ""
     needs_root_features: bool = False
     stateful: bool = False
+    decides_per_node: bool = False
 
     def start(self, sampling: SamplingConfig) -> Policy:
         """The policy that serves one generation at ``sampling``: this one, as it keeps no state across steps."""
@@ -80,6 +84,10 @@ class Policy:
 
     def choose(self, root: RootState) -> Action:
         raise NotImplementedError
+
+    def halts(self, node: TrunkNode) -> bool:
+        """Whether the trunk of this step stops growing at ``node`` (``decides_per_node`` policies only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not decide per node")
 
     def observe(self, outcome: StepOutcome) -> None:
         """Nothing to learn by default."""

@@ -7,6 +7,7 @@ Methods:
   VERIFIER@adaptive       ddte with HF's +2/-1 draft-length schedule on a single path
   VERIFIER@entropy        ddte with the entropy stop rule on a single path of up to 8 tokens
   VERIFIER@selector=FILE  ddte with a trained selector (ddte export) choosing the tree at every step
+  VERIFIER@expander=FILE  ddte with a fitted expander (ddte expander) halting the trunk node by node while drafting
   VERIFIER@policy=FILE    ddte with the policy a `ddte pipeline` policy file chooses (also: --policy-file FILE)
   ...+draft=FOLDER        any ddte method above with another draft for the same target (a steered draft and its
                           parent in one interleaved run: traversal@2,0,1 traversal@2,0,1+draft=runs/distill/steered)
@@ -18,8 +19,9 @@ included; ± is the standard deviation over prompts; TPOT is the decode time per
 also leave out the first token, as vLLM's TPOT does). Prompts default to the pair's held-out prompts (never seen in
 training): stdlib modules for the shipped pair, chat prompts rendered with the chat template for smollm2. Several
 --temperature values give one block of rows per temperature. Selector rows also report the median network call
-(µs) and the share of wall time spent in the policy (features + call + decision). Every policy row (selector,
-policy file, adaptive, entropy) is then compared with its verifier's best static row in this run, with a paired
+(µs) and the share of wall time spent in the policy (features + call + decision); expander rows the median per-node
+decision (µs: signal, head call, rule) and the same share. Every policy row (selector, expander, policy file,
+adaptive, entropy) is then compared with its verifier's best static row in this run, with a paired
 bootstrap interval that chooses that row again in every resample (bench/compare.py).
 
 Example:
@@ -183,6 +185,14 @@ def _note_unmeasured_sampling(args: argparse.Namespace, methods, deployments) ->
             except Exception:  # an unreadable file: the run reports it when it loads the selector
                 continue
             what, measured = f"{method.label} was trained for", metadata.measured_sampling()
+        elif method.kind == "expander":
+            try:
+                from decode.expander_file import read_expander_metadata
+
+                metadata = read_expander_metadata(method.path)
+            except Exception:  # an unreadable file: the run reports it when it loads the expander
+                continue
+            what, measured = f"{method.label} was fitted for", metadata.measured_sampling()
         elif method.kind == "policy" and method.path in deployments:
             what = f"{method.label} has choices for"
             measured = deployments[method.path].measured_sampling(method.verifier)

@@ -3,7 +3,8 @@
 The prompt is text (encoded with the pair's tokenizer) or --prompt-ids (works without a tokenizer). Every
 sample is exactly distributed as the target model's own sampling at this temperature and top-p. The draft
 only makes it faster. The tree shape comes from --policy (static --action, adaptive, entropy), a trained
---selector, or the --policy-file that `ddte pipeline` writes (its choice per verifier and temperature).
+--selector, a fitted --expander (it halts the trunk node by node while drafting), or the --policy-file that
+`ddte pipeline` writes (its choice per verifier and temperature).
 
 Examples:
   ddte generate "def fibonacci(n):" --verifier traversal --action 2,2,4 --max-new-tokens 64
@@ -49,6 +50,9 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-draft", type=int, default=8, help="adaptive/entropy policies: longest draft")
     parser.add_argument("--selector", default=None, metavar="FILE.onnx",
                         help="a trained selector (ddte export) picks the tree at every step (instead of --policy)")
+    parser.add_argument("--expander", default=None, metavar="FILE.onnx",
+                        help="a fitted expander (ddte expander) halts the trunk node by node while drafting (instead "
+                        "of --policy)")
     parser.add_argument("--policy-file", default=None, metavar="policy.json",
                         help="the deployment choice `ddte pipeline` wrote (sets --verifier unless given, and the "
                         "policy for this temperature)")
@@ -83,6 +87,9 @@ def check_arguments(args: argparse.Namespace) -> list[int] | None:
         raise UserError("--policy-file chooses the policy: do not combine it with --policy, --action or --selector")
     if args.selector and (args.policy != "static" or args.action):
         raise UserError("--selector chooses the tree: do not combine it with --policy or --action")
+    if args.expander and (args.selector or args.policy_file or args.policy != "static" or args.action):
+        raise UserError("--expander chooses the tree: do not combine it with --policy, --action, --selector or "
+                        "--policy-file")
     if args.action is not None and args.policy != "static":
         raise UserError(f"--action is the static policy's shape; --policy {args.policy} does not use it")
     if args.max_draft < 1:
@@ -122,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from decode.actions import Action, check_in_grid
     from decode.deployment import load_deployment
     from decode.engine import SpeculativeDecoder, check_action
+    from decode.expander_policy import ExpanderPolicy
     from decode.pair import render_chat
     from decode.policies import PolicyOptions, make_policy
     from decode.rng import TorchRandom
@@ -142,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
     if args.selector:
         with user_errors():
             policy = OnnxSelectorPolicy.for_pair(args.selector, verifier.name, pair)
+    elif args.expander:
+        with user_errors():
+            policy = ExpanderPolicy.for_pair(args.expander, verifier.name, pair)
     elif policy is None:
         with user_errors(prefix="--action: "):
             action = Action.parse(args.action or DEFAULT_ACTION)

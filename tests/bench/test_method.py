@@ -23,6 +23,7 @@ def test_every_form_parses_into_its_parts_and_back():
         ("traversal@2,1,3", "static", Action(2, 1, 3), None), ("nss@adaptive", "adaptive", None, None),
         ("nss@entropy", "entropy", None, None), ("specinfer@selector=a/m.onnx", "selector", None, "a/m.onnx"),
         ("specinfer@policy=runs/policy.json", "policy", None, "runs/policy.json"),
+        ("traversal@expander=m/e.onnx", "expander", None, "m/e.onnx"),
     ]:
         method = Method.parse(text)
         assert (method.kind, method.action, method.path) == (kind, action, path)

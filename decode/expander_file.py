@@ -1,0 +1,194 @@
+"""The expander's file contract: the per-node halting rules and the acceptance head, in one ONNX file.
+
+An expander decides the tree while the trunk is drafted (decode/expander_policy.py). At every trunk node d it
+computes one *signal* from the draft's own state there and halts the trunk at the first node where
+``d >= cap`` or (``d >= floor`` and ``signal < θ``); at the halting depth it drafts its terminal: stop (the single
+path (1, d, 0)) or K i.i.d. branches of L2 tokens (the tree (K, d, L2)). The signals:
+
+* ``top``: the draft's top probability at the node; ``entropy``: minus its entropy (nats), so that higher means
+  surer for every signal;
+* ``learned``: β̂, the acceptance head's prediction of 1 − TV(p, q) at the node from the draft's state alone;
+* ``static``: no rule; the decoder drafts the configuration's ``fallback`` action every step.
+
+The graph is the acceptance head: input ``node`` ``[batch, F]`` float32, output ``beta`` ``[batch, C]``, one column
+per sampling configuration (each rule names its ``column``), with the standardisation folded into its weights. A
+node's feature vector, in this order (:func:`node_feature_width`): the draft's final hidden state at the node
+(``H_d``), its entropy and top probability, the depth, then the root scalars of decode.features (``SCALAR_NAMES``).
+The metadata holds one :class:`NodeRule` per sampling configuration it was fitted at, each with its fallback static
+action and the cross-fitted offline figures that chose it: the never-lose guard is ``signal: static`` wherever no
+rule beat the fallback offline.
+
+:class:`ExpanderMetadata` is the one owner of the ``ddte.expander.*`` keys: the exporter (selector/expander.py)
+fills it and the decoder reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+from decode.actions import Action
+from decode.features import FEATURE_SCHEMA_VERSION, SCALAR_NAMES
+from decode.sampling import SamplingConfig
+
+INPUT_NAME = "node"
+OUTPUT_NAME = "beta"
+METADATA_VERSION = 1
+PREFIX = "ddte.expander."
+SIGNALS = ("learned", "top", "entropy", "static")
+
+
+class ExpanderFileError(ValueError):
+    """An expander file that cannot be used: unreadable, not a ddte expander, or for another pair or verifier."""
+
+
+def node_feature_width(draft_hidden: int) -> int:
+    """F: the draft's hidden state, entropy, top probability, depth and the root scalars."""
+    return int(draft_hidden) + 3 + len(SCALAR_NAMES)
+
+
+@dataclass(frozen=True)
+class HaltingRule:
+    """Halt the trunk at the first depth d with ``d >= cap`` or (``d >= floor`` and ``signal_d < theta``), then draft
+    ``k`` branches of ``l2`` tokens there (``k == 1``: stop, the single path)."""
+
+    theta: float
+    floor: int
+    cap: int
+    k: int
+    l2: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.floor <= self.cap or self.k < 1 or self.l2 < 0 or (self.k > 1 and self.l2 < 1):
+            raise ValueError(f"not a halting rule: {self!r} (need 0 <= floor <= cap, K >= 1, and L2 >= 1 to branch)")
+
+    def halts(self, depth: int, signal: float) -> bool:
+        """Whether the trunk stops growing at ``depth`` (the terminal is drafted there)."""
+        return depth >= self.cap or (depth >= self.floor and signal < self.theta)
+
+    @property
+    def widest(self) -> Action:
+        """The tree drafted when the trunk reaches the cap: the decoder's upper bound on the step's shape."""
+        return Action(self.k, self.cap, self.l2) if self.k > 1 else Action(1, self.cap, 0)
+
+    def tree_at(self, depth: int) -> Action:
+        """The tree drafted when the trunk halts at ``depth``."""
+        return Action(self.k, depth, self.l2) if self.k > 1 else Action(1, depth, 0)
+
+    def describe(self) -> str:
+        terminal = "stop" if self.k == 1 else f"branch K={self.k}, L2={self.l2}"
+        return f"θ={self.theta:.3g}, floor {self.floor}, cap {self.cap}, then {terminal}"
+
+
+@dataclass
+class NodeRule:
+    """What the expander does at one sampling configuration.
+
+    Attributes:
+        temperature, top_p: the configuration it was fitted at (others use the nearest).
+        signal: one of :data:`SIGNALS`; ``static`` drafts ``fallback`` every step.
+        rule: the halting rule (None for ``static``).
+        fallback: the best static action of the fitting data (``K,L1,L2``).
+        offline: the cross-fitted offline throughput ratios to ``fallback`` that chose the signal, by signal name.
+        column: the head's output column fitted at this configuration (``learned`` reads it).
+    """
+
+    temperature: float
+    top_p: float
+    signal: str
+    fallback: str
+    rule: HaltingRule | None = None
+    offline: dict[str, float] = field(default_factory=dict)
+    column: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rule, dict):
+            self.rule = HaltingRule(**self.rule)
+        if self.signal not in SIGNALS:
+            raise ValueError(f"unknown signal {self.signal!r} (one of {', '.join(SIGNALS)})")
+        if (self.rule is None) != (self.signal == "static"):
+            raise ValueError(f"signal {self.signal!r} {'needs' if self.rule is None else 'takes no'} halting rule")
+        Action.parse(self.fallback)
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_p)
+
+
+@dataclass
+class ExpanderMetadata:
+    """Everything a decoder needs besides the head's weights; serialised to ONNX ``metadata_props``."""
+
+    verifier: str
+    draft_hidden: int
+    rules: list[NodeRule]
+    scalar_names: list[str] = field(default_factory=lambda: list(SCALAR_NAMES))
+    feature_schema: int = FEATURE_SCHEMA_VERSION
+    metadata_version: int = METADATA_VERSION
+    pair_fingerprint: str = ""
+    data_fingerprint: str = ""
+    # prompt ids whose roots fitted the head and chose the rules: a bench or an offline score must leave them out
+    fit_prompts: list[str] = field(default_factory=list)
+
+    def rule_for(self, sampling: SamplingConfig) -> NodeRule:
+        """The rule of the configuration nearest ``sampling``."""
+        return min(self.rules, key=lambda r: (abs(r.temperature - sampling.temperature),
+                                              abs(r.top_p - sampling.top_p)))
+
+    def measured_sampling(self) -> list[SamplingConfig]:
+        return [r.sampling for r in self.rules]
+
+    def to_props(self) -> dict[str, str]:
+        """ONNX ``metadata_props``: every value a string; lists and dicts as JSON."""
+        return {PREFIX + name: value if isinstance(value, str) else json.dumps(value)
+                for name, value in asdict(self).items()}
+
+    @classmethod
+    def from_props(cls, props: dict[str, str], where: str = "expander") -> ExpanderMetadata:
+        """Rebuild from ``metadata_props``; ExpanderFileError names what is missing or malformed."""
+        if PREFIX + "rules" not in props:
+            raise ExpanderFileError(f"{where}: not a ddte expander (no {PREFIX}rules in its metadata)")
+        values = {}
+        for f in fields(cls):
+            key = PREFIX + f.name
+            if key not in props:
+                raise ExpanderFileError(f"{where}: metadata lacks {key}")
+            try:
+                values[f.name] = props[key] if f.type == "str" else json.loads(props[key])
+            except json.JSONDecodeError as err:
+                raise ExpanderFileError(f"{where}: metadata {key} is not JSON") from err
+        if values["metadata_version"] != METADATA_VERSION:
+            raise ExpanderFileError(f"{where}: expander metadata version {values['metadata_version']}, this decoder "
+                                    f"reads {METADATA_VERSION}")
+        try:
+            values["rules"] = [NodeRule(**r) for r in values["rules"]]
+            meta = cls(**values)
+        except (TypeError, ValueError) as err:
+            raise ExpanderFileError(f"{where}: malformed metadata ({err})") from err
+        if not meta.rules:
+            raise ExpanderFileError(f"{where}: no rules")
+        return meta
+
+    def check_compatible(self, where: str, verifier: str, draft_hidden: int, pair_fingerprint: str | None) -> None:
+        """Refuse an expander fitted for another feature schema, verifier, draft or pair."""
+        if self.feature_schema != FEATURE_SCHEMA_VERSION or list(self.scalar_names) != list(SCALAR_NAMES):
+            raise ExpanderFileError(f"{where}: fitted on feature schema {self.feature_schema} ({self.scalar_names}), "
+                                    f"this decoder computes {FEATURE_SCHEMA_VERSION} ({list(SCALAR_NAMES)})")
+        if self.verifier != verifier:
+            raise ExpanderFileError(f"{where}: fitted for verifier '{self.verifier}', not '{verifier}' (one expander "
+                                    "per verifier)")
+        if self.draft_hidden != int(draft_hidden):
+            raise ExpanderFileError(f"{where}: fitted on a draft of hidden size {self.draft_hidden}, this draft has "
+                                    f"{draft_hidden}")
+        if pair_fingerprint is not None and self.pair_fingerprint != pair_fingerprint:
+            stored = self.pair_fingerprint or "none"
+            raise ExpanderFileError(f"{where}: fitted on another pair (fingerprint {stored[:12]}…, this pair "
+                                    f"{pair_fingerprint[:12]}…)")
+
+
+def read_expander_metadata(path) -> ExpanderMetadata:
+    """The :class:`ExpanderMetadata` of an expander file, read with ``onnx`` (no inference session)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return ExpanderMetadata.from_props({p.key: p.value for p in model.metadata_props}, str(path))

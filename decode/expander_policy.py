@@ -1,0 +1,192 @@
+"""Expansion decided while drafting, at decode time: an exported expander halts the trunk node by node.
+
+The file (decode/expander_file.py) holds, per sampling configuration, a halting rule on one signal of the draft's
+state at each trunk node (its top probability, minus its entropy, or β̂ from the acceptance head in the graph) and
+the static action to fall back on. :class:`ExpanderPolicy` is the loaded file; :meth:`ExpanderPolicy.start` gives each
+generation the policy of its configuration: the static fallback (no features, no network) where the file's guard
+says so, else a :class:`HaltingPolicy`, which returns the rule's widest tree at the root and answers the drafting
+loop's question at every trunk node.
+
+The decision at a node reads only the draft's law and hidden state there, its depth and the root scalars (computed
+before drafting from earlier steps): a stopping time of the draft's own draws, never the target's current outputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from decode.actions import Action
+from decode.drafting import TrunkNode
+from decode.expander_file import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    ExpanderFileError,
+    ExpanderMetadata,
+    NodeRule,
+    node_feature_width,
+)
+from decode.features import entropy as entropy_of
+from decode.policies import Policy, RootState, StaticPolicy
+from decode.sampling import SamplingConfig, nearest_note
+
+ExpanderError = ExpanderFileError  # the name callers catch
+
+
+def _session(path: Path):
+    import onnxruntime as ort
+
+    if not path.is_file():
+        raise ExpanderError(f"expander file {str(path)!r} does not exist")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # one dot product per node: threads only add wake-up latency
+    options.inter_op_num_threads = 1
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...) for a bad file
+        raise ExpanderError(f"{path}: not a readable ONNX expander ({type(err).__name__}: {err})") from err
+
+
+class AcceptanceHead:
+    """The graph of an expander file: β̂ of one node's feature vector, through fixed bound buffers (no per-call
+    allocation). ``seconds`` collects the wall time of every call."""
+
+    def __init__(self, session, width: int, columns: int, column: int = 0) -> None:
+        import onnxruntime as ort
+
+        self.session, self.column = session, column
+        self.input = np.zeros((1, width), dtype=np.float32)
+        self.output = np.zeros((1, columns), dtype=np.float32)
+        self.binding = session.io_binding()
+        self.binding.bind_ortvalue_input(INPUT_NAME, ort.OrtValue.ortvalue_from_numpy(self.input))
+        self.binding.bind_ortvalue_output(session.get_outputs()[0].name, ort.OrtValue.ortvalue_from_numpy(self.output))
+
+    def __call__(self, hidden: torch.Tensor, scalars: np.ndarray) -> float:
+        """β̂ for a node: ``hidden`` ``(H,)`` and its ``scalars`` ``(3 + S,)`` (entropy, top, depth, root scalars)."""
+        width = hidden.numel()
+        np.copyto(self.input[0, :width], hidden.float().numpy(), casting="same_kind")
+        self.input[0, width:] = scalars
+        self.session.run_with_iobinding(self.binding)
+        return float(self.output[0, self.column])
+
+    def at(self, column: int) -> AcceptanceHead:
+        """The same session and buffers, reading ``column``."""
+        head = copy.copy(self)
+        head.column = column
+        return head
+
+
+class ExpanderPolicy(Policy):
+    """A loaded expander file, checked against its verifier and pair; it serves every generation through
+    :meth:`start`.
+
+    Args:
+        path: the ``.onnx`` file.
+        verifier: the decoder's verifier (the rules were chosen on its labels).
+        draft_hidden: the draft's hidden size.
+        pair_fingerprint: the pair's fingerprint; None skips that check.
+    """
+
+    name = "expander"
+
+    def __init__(self, path: str | Path, *, verifier: str, draft_hidden: int,
+                 pair_fingerprint: str | None = None) -> None:
+        self.path = Path(path)
+        self.session = _session(self.path)
+        props = dict(self.session.get_modelmeta().custom_metadata_map)
+        self.metadata = ExpanderMetadata.from_props(props, str(self.path))
+        self.metadata.check_compatible(str(self.path), verifier, draft_hidden, pair_fingerprint)
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        width, columns = node_feature_width(draft_hidden), len(self.metadata.rules)
+        if [i.name for i in inputs] != [INPUT_NAME] or inputs[0].shape[-1] != width:
+            raise ExpanderError(f"{self.path}: input {[(i.name, i.shape) for i in inputs]}, expected "
+                                f"{INPUT_NAME} [batch, {width}]")
+        if [o.name for o in outputs] != [OUTPUT_NAME] or outputs[0].shape[-1] != columns:
+            raise ExpanderError(f"{self.path}: output {[(o.name, o.shape) for o in outputs]}, expected "
+                                f"{OUTPUT_NAME} [batch, {columns}]")
+        self.head = AcceptanceHead(self.session, width, columns)
+
+    @classmethod
+    def for_pair(cls, path: str | Path, verifier: str, pair) -> ExpanderPolicy:
+        """The expander checked against a loaded pair (draft hidden size, fingerprint)."""
+        return cls(path, verifier=verifier, draft_hidden=int(pair.draft.config.hidden_size),
+                   pair_fingerprint=pair.fingerprint())
+
+    def start(self, sampling: SamplingConfig) -> Policy:
+        """The policy of the configuration nearest ``sampling``: its static fallback, or its halting rule."""
+        node_rule = self.metadata.rule_for(sampling)
+        if node_rule.rule is None:
+            return StaticPolicy(Action.parse(node_rule.fallback))
+        return HaltingPolicy(node_rule, self.head.at(node_rule.column) if node_rule.signal == "learned" else None)
+
+    def choose(self, root: RootState) -> Action:
+        raise RuntimeError("an expander serves a generation through the policy start() returns")
+
+    def describe(self, sampling: SamplingConfig) -> str:
+        node_rule = self.metadata.rule_for(sampling)
+        if node_rule.rule is None:
+            return f"expander {self.path} (static {node_rule.fallback}: no rule beat it offline)"
+        return f"expander {self.path} ({node_rule.signal}: {node_rule.rule.describe()})"
+
+    def sampling_note(self, sampling: SamplingConfig) -> str | None:
+        return nearest_note("the expander was fitted for", self.metadata.measured_sampling(), sampling)
+
+
+class HaltingPolicy(Policy):
+    """One generation's per-node policy: a halting rule on one signal (``head`` given: the learned β̂).
+
+    ``choose`` keeps the root scalars and returns the widest tree; ``halts`` computes the node's signal and applies
+    the rule. With the learned signal it reads root features (the decoder then computes them and hidden states)."""
+
+    decides_per_node = True
+    stateful = True  # it keeps the step's root scalars between choose and halts
+
+    def __init__(self, node_rule: NodeRule, head: AcceptanceHead | None = None) -> None:
+        self.node_rule, self.rule, self.head = node_rule, node_rule.rule, head
+        self.name = f"expander:{node_rule.signal}"
+        self.needs_root_features = head is not None
+        self._root_scalars = np.zeros(0, dtype=np.float32)
+        self._node_seconds: list[float] = []
+
+    def start(self, sampling: SamplingConfig) -> HaltingPolicy:
+        return HaltingPolicy(self.node_rule, self.head)
+
+    def choose(self, root: RootState) -> Action:
+        if self.head is not None:
+            if root.features is None:
+                raise ValueError("the learned expander needs root features (the decoder computes them when asked)")
+            self._root_scalars = root.features.scalars.numpy()
+        return self.rule.widest
+
+    def halts(self, node: TrunkNode) -> bool:
+        start = time.perf_counter()
+        halt = self.rule.halts(node.depth, self.signal(node))
+        self._node_seconds.append(time.perf_counter() - start)
+        return halt
+
+    def signal(self, node: TrunkNode) -> float:
+        """The rule's signal at ``node``: higher means the draft is surer there."""
+        q = node.q
+        if self.node_rule.signal == "top":
+            return float(q.max())
+        entropy = float(entropy_of(q))
+        if self.node_rule.signal == "entropy":
+            return -entropy
+        if node.hidden is None:
+            raise ValueError("the learned expander needs the draft's hidden states (the decoder keeps them when asked)")
+        scalars = np.concatenate([[entropy, float(q.max()), node.depth], self._root_scalars]).astype(np.float32)
+        return self.head(node.hidden, scalars)
+
+    def describe(self, sampling: SamplingConfig) -> str:
+        return f"expander ({self.node_rule.signal}: {self.rule.describe()})"
+
+    def network_seconds(self) -> list[float]:
+        """Wall time of every per-node decision (signal, head call, rule) in this generation."""
+        return self._node_seconds

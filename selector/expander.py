@@ -1,0 +1,171 @@
+"""Fit and export an expander: per sampling configuration, the per-node halting rule that wins offline, cross-fitted.
+
+For each sampling configuration of a schema-2 data set with trunk states, :func:`selector.expansion.evaluate_expansion`
+scores every signal's best rule on prompts it was not fitted on (cross-fitted by prompt) against the best static
+action. The signal with the highest such ratio is kept if it beats the static action by ``min_gain``; otherwise the
+configuration falls back to the static action (the never-lose guard). The kept rule and the acceptance head are then
+refitted on every prompt, since the cross-fitted figure is the estimate of what that procedure delivers on new ones.
+
+The acceptance head is the ridge regression of selector/expansion.py (standardised features, closed form: a gradient
+loop would only approximate it). Its graph is one affine map ``[batch, F] → [batch, C]``, with the standardisation
+folded into the weights, written with ``onnx.helper``; decode/expander_file.py owns the file's names and metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from decode.expander_file import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    ExpanderMetadata,
+    HaltingRule,
+    NodeRule,
+    node_feature_width,
+)
+from selector.expansion import (
+    EpisodeData,
+    _Index,
+    best_rule,
+    candidate_rules,
+    evaluate_expansion,
+    fit_beta_head,
+    load_episodes,
+    out_of_fold_beta,
+    static_best,
+)
+
+RULE_SIGNALS = ("learned", "top", "entropy")
+
+
+@dataclass
+class FittedExpander:
+    """What :func:`fit_expander` returns: the metadata, the head's affine map and the offline report.
+
+    Attributes:
+        weight: ``(F, C)`` and bias ``(C,)``: β̂ = node @ weight + bias, one column per sampling configuration.
+        report: per configuration, the cross-fitted figures of :func:`evaluate_expansion` (ratios to static).
+    """
+
+    metadata: ExpanderMetadata
+    weight: np.ndarray
+    bias: np.ndarray
+    report: dict[str, dict]
+
+
+def choose_signal(offline: dict[str, float], min_gain: float, signals=RULE_SIGNALS) -> str:
+    """The signal of ``signals`` whose cross-fitted ratio to the static action is highest, if it clears
+    ``1 + min_gain``; else ``static``."""
+    best = max(signals, key=lambda name: offline[name])
+    return best if offline[best] >= 1.0 + min_gain else "static"
+
+
+def folded_head(data: EpisodeData) -> tuple[np.ndarray, float]:
+    """The ridge head fitted on every node of ``data``, as one affine map on raw features: ``(F,)`` weights, bias."""
+    pipeline = fit_beta_head(data)
+    scaler, ridge = pipeline[0], pipeline[-1]
+    weight = ridge.coef_ / scaler.scale_
+    return weight, float(ridge.intercept_ - scaler.mean_ @ weight)
+
+
+def fit_rule(data: EpisodeData, signal: str, l_max: int, k_max: int) -> HaltingRule:
+    """The best rule of the grid on every episode of ``data`` for ``signal`` (the learned one on out-of-fold β̂,
+    as noisy as at decode time)."""
+    values = {"top": data.top, "entropy": -data.entropy}.get(signal)
+    if values is None:
+        values = out_of_fold_beta(data)
+    rule = best_rule(data, values, candidate_rules(values, l_max, k_max), _Index(data.actions))
+    return HaltingRule(rule.theta, rule.floor, rule.cap, rule.k, rule.l2)
+
+
+def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: float = 0.01,
+                 signals=RULE_SIGNALS, progress=None) -> FittedExpander:
+    """Fit an expander for ``verifier`` on a data set (ValueError for one without trunk states or this verifier).
+
+    ``signals``: the signals it may choose among; ``progress``: called with a line per sampling configuration."""
+    if not signals or not set(signals) <= set(RULE_SIGNALS):
+        raise ValueError(f"signals must be among {', '.join(RULE_SIGNALS)}, got {list(signals)}")
+    from selector.data import data_fingerprint, inspect_dataset
+
+    folder = Path(folder)
+    metadata, episodes, _ = load_episodes(folder, verifier)
+    l_max, k_max = int(metadata["l_max"]), int(metadata["k_max"])
+    draft_hidden = int(metadata["hidden_sizes"]["draft_hidden_root"])
+    width = node_feature_width(draft_hidden)
+    weight = np.zeros((width, len(episodes)), dtype=np.float64)
+    bias = np.zeros(len(episodes), dtype=np.float64)
+    rules, report, prompts = [], {}, set()
+    for column, (c, data) in enumerate(sorted(episodes.items())):
+        sampling = metadata["sampling"][c]
+        if data.features.shape[-1] != width:
+            raise ValueError(f"{folder}: node features are {data.features.shape[-1]} wide, expected {width}")
+        figures = evaluate_expansion(data, l_max, k_max, folds)
+        offline = {name: float(figures[name]) for name in (*RULE_SIGNALS, "beta", "oracle")}
+        signal = choose_signal(offline, min_gain, signals)
+        weight[:, column], bias[column] = folded_head(data)
+        rule = None if signal == "static" else fit_rule(data, signal, l_max, k_max)
+        fallback = data.actions[static_best(data)].key
+        rules.append(NodeRule(float(sampling["temperature"]), float(sampling["top_p"]), signal, fallback, rule,
+                              offline, column))
+        report[f"T{sampling['temperature']:g}"] = figures
+        prompts.update(str(p) for p in data.prompts)
+        if progress is not None:
+            chosen = "static" if rule is None else f"{signal}: {rule.describe()}"
+            progress(f"T={sampling['temperature']:g}: " + ", ".join(f"{k} {v:.3f}" for k, v in offline.items())
+                     + f" -> {chosen} (fallback {fallback})")
+    info = inspect_dataset(folder, verifier)
+    meta = ExpanderMetadata(verifier, draft_hidden, rules, pair_fingerprint=metadata["pair"]["fingerprint"],
+                            data_fingerprint=data_fingerprint(info), fit_prompts=sorted(prompts))
+    return FittedExpander(meta, weight.astype(np.float32), bias.astype(np.float32), report)
+
+
+def write_expander(fitted: FittedExpander, path: str | Path) -> None:
+    """The ONNX file: ``beta = node @ weight + bias`` with the metadata in its ``metadata_props``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    width, columns = fitted.weight.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", [INPUT_NAME, "weight"], ["projected"]),
+         helper.make_node("Add", ["projected", "bias"], [OUTPUT_NAME])],
+        "ddte_expander_head",
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", columns])],
+        [numpy_helper.from_array(fitted.weight, "weight"), numpy_helper.from_array(fitted.bias, "bias")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="ddte")
+    model.ir_version = 8  # read by every onnxruntime this project supports
+    for key, value in fitted.metadata.to_props().items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def log_expander(fitted: FittedExpander, path: Path, tracking_uri: str, data: str) -> str:
+    """One MLflow run in the ``expander`` experiment: the chosen rules as params, the cross-fitted ratios as
+    metrics, the file as an artifact; returns the run id."""
+    import mlflow
+
+    from ddte_core.tracking import artifact_location, open_store
+
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(open_store(tracking_uri))
+    try:
+        name = "expander"
+        if mlflow.get_experiment_by_name(name) is None:
+            mlflow.create_experiment(name, artifact_location=artifact_location(tracking_uri))
+        mlflow.set_experiment(name)
+        with mlflow.start_run(run_name=f"{fitted.metadata.verifier}-{Path(data).name}") as run:
+            mlflow.log_params({"data": data, "verifier": fitted.metadata.verifier})
+            for rule in fitted.metadata.rules:
+                tag = f"T{rule.temperature:g}"
+                mlflow.log_param(f"{tag}/signal", rule.signal)
+                mlflow.log_param(f"{tag}/rule", rule.rule.describe() if rule.rule else f"static {rule.fallback}")
+                mlflow.log_metrics({f"{tag}/offline_{k}": v for k, v in rule.offline.items()})
+            mlflow.log_artifact(str(path))
+            return run.info.run_id
+    finally:
+        mlflow.set_tracking_uri(previous)

@@ -1,0 +1,172 @@
+"""Expansion decided while drafting, in the real loop: an expander's halting rule (decode/expander_policy.py) ends the
+trunk node by node inside :meth:`SpeculativeDecoder.generate`, and every verifier that accepts the trees it drafts
+stays exactly lossless through several steps.
+
+Exact enumeration (algorithms.md §1.3): :class:`ReplayRandom` walks every random choice of the loop (the tree draws
+and the verifiers' coins) on tiny HF models over a 3-token vocabulary; the law of the first three tokens must equal
+the target's. The rule's threshold is placed between signal values the loop meets, so the trunk halts on some paths
+and grows on others. Signals: the draft's top probability, and a learned head on the draft's hidden state, depth
+and root scalars (a fixed random linear map standing in for an exported one; it sees the same inputs). Negative
+control, through the same hooks: a loop that looks at the trunk's first draw and drafts nothing when that draw was
+not the draft's favourite must be caught.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from decode.actions import Action
+from decode.drafting import DraftedTree
+from decode.engine import SpeculativeDecoder
+from decode.expander_file import HaltingRule, NodeRule
+from decode.expander_policy import HaltingPolicy
+from decode.fast_llama import cached_lm
+from decode.latency import LatencyTable
+from decode.models import CachedLM
+from decode.sampling import SamplingConfig, distributions
+from decode.tree import Regime, TreeBuilder
+from decode.verifiers import get_verifier, verifier_names
+from tests.decode.exact.harness import enumerate_runs, outcome_law
+from tests.factories import tiny_llama
+
+VOCAB, PROMPT, TOKENS = 3, [2, 0, 1], 3
+TOL = 1e-5  # float32 models: a tree pass and a plain recompute differ by ~1e-7 in p
+SAMPLING = SamplingConfig(1.0)
+LATENCY = LatencyTable(lengths=[1], sizes=[1], draft_ms=[[1.0]], target_ms=[[1.0]])  # root features need one
+
+
+def pair(seed: int = 3) -> tuple[CachedLM, CachedLM]:
+    target = CachedLM(tiny_llama(seed=seed, vocab=VOCAB, hidden=32, layers=2, logit_scale=3.0))
+    draft = cached_lm(tiny_llama(seed=seed + 100, vocab=VOCAB, hidden=16, layers=1, logit_scale=3.0))
+    return target, draft
+
+
+class LinearHead:
+    """A learned head's interface (decode.expander_policy.AcceptanceHead) over a fixed random linear map."""
+
+    def __init__(self, width: int, seed: int = 0) -> None:
+        self.weight = np.random.default_rng(seed).normal(size=width).astype(np.float32)
+
+    def __call__(self, hidden: torch.Tensor, scalars: np.ndarray) -> float:
+        return float(np.concatenate([hidden.float().numpy(), scalars]) @ self.weight)
+
+
+class Recorder(HaltingPolicy):
+    """The policy, also recording every signal it computes and every tree the loop drafts."""
+
+    signals: list[float] = []
+
+    def halts(self, node):
+        Recorder.signals.append(self.signal(node))
+        return super().halts(node)
+
+    def start(self, sampling):
+        return Recorder(self.node_rule, self.head)
+
+
+def policy(signal: str, rule: HaltingRule) -> HaltingPolicy:
+    head = LinearHead(16 + 3 + 11) if signal == "learned" else None
+    return Recorder(NodeRule(1.0, 1.0, signal, "1,0,0", rule), head)
+
+
+def target_law(target: CachedLM) -> dict[tuple[int, ...], float]:
+    """P(first TOKENS tokens = s) under the target, by plain recomputes."""
+    law = {}
+    with torch.inference_mode():
+        for s in itertools.product(range(VOCAB), repeat=TOKENS):
+            prob = 1.0
+            for j in range(TOKENS):
+                logits = target.model(torch.tensor([PROMPT + list(s[:j])])).logits[0, -1]
+                prob *= float(distributions(logits.double(), SAMPLING)[s[j]])
+            law[s] = prob
+    return law
+
+
+def loop_law(decoder: SpeculativeDecoder, node_policy: HaltingPolicy) -> tuple[dict, set[str]]:
+    """(law of the first TOKENS tokens, the trees the loop drafted) over every run."""
+    shapes: set[str] = set()
+
+    def run(rng):
+        generation = decoder.generate(PROMPT, TOKENS, node_policy, rng, SAMPLING)
+        shapes.update(generation.stats.action_counts)
+        return tuple(generation.tokens[:TOKENS])
+
+    return outcome_law(enumerate_runs(run)), shapes
+
+
+def law_error(got: dict, want: dict) -> float:
+    return max(abs(got.get(s, 0.0) - p) for s, p in want.items())
+
+
+def splitting_threshold(decoder: SpeculativeDecoder, signal: str, rule: HaltingRule) -> float:
+    """A θ between signal values the loop meets at depths where the rule may halt: some paths halt, some grow."""
+    Recorder.signals = []
+    loop_law(decoder, policy(signal, HaltingRule(-np.inf, rule.floor, rule.cap, rule.k, rule.l2)))
+    values = np.unique(np.round(Recorder.signals, 6))
+    assert len(values) >= 2, "the loop met one signal value only: the test cannot split it"
+    return float(np.median(values))
+
+
+def _cases():
+    """Per verifier: a branching terminal where it takes delayed trees, else stop (single paths)."""
+    for name in verifier_names():
+        verifier = get_verifier(name)
+        branch = all(verifier.supports_action(2, d, 1) for d in range(2))
+        k, l2 = (2, 1) if branch else (1, 0)
+        for signal in ("top", "learned"):
+            yield pytest.param(name, signal, k, l2, id=f"{name}-{signal}-{'branch' if branch else 'stop'}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "signal", "k", "l2"), list(_cases()))
+def test_halting_while_drafting_is_lossless_through_several_steps(name, signal, k, l2):
+    target, draft = pair()
+    decoder = SpeculativeDecoder(target, draft, get_verifier(name), latency=LATENCY)
+    cap = 1 if k > 1 else 2
+    shape = HaltingRule(0.0, 0, cap, k, l2)
+    rule = HaltingRule(splitting_threshold(decoder, signal, shape), 0, cap, k, l2)
+    got, shapes = loop_law(decoder, policy(signal, rule))
+    assert len({Action.parse(s.strip("()")).l1 for s in shapes}) >= 2, f"the trunk never halted early: {shapes}"
+    assert abs(sum(got.values()) - 1.0) < 1e-9
+    assert law_error(got, target_law(target)) < TOL
+
+
+class PeekingDecoder(SpeculativeDecoder):
+    """Wrong: drafts with the policy, then drops the whole tree when the trunk's first draw was not the draft's
+    favourite token: whether a drawn token is verified depends on the draw itself."""
+
+    def _draft_tree(self, request, q_root, action) -> DraftedTree:
+        drafted = super()._draft_tree(request, q_root, action)
+        tree = drafted.tree
+        first = next((v for v in range(1, tree.num_nodes) if tree.parents[v] == 0), None)
+        if first is None or tree.tokens[first] == int(q_root.argmax()):
+            return drafted
+        return DraftedTree(TreeBuilder().build(Regime.IID, (1, 0, 0)), drafted.q[:1], drafted.slots[:1],
+                           drafted.draft_calls)
+
+
+@pytest.mark.parametrize("name", ["specinfer", "traversal"])
+def test_a_loop_that_peeks_at_the_trunk_draw_is_caught(name):
+    target, draft = pair()
+    rule = HaltingRule(-np.inf, 0, 1, 1, 0)  # a one-token chain: the peek alone must be caught
+    got, _ = loop_law(PeekingDecoder(target, draft, get_verifier(name), latency=LATENCY), policy("top", rule))
+    assert law_error(got, target_law(target)) > 100 * TOL
+
+
+def test_the_drafted_trees_are_what_the_rule_says():
+    """With θ below every top probability the trunk grows to the cap; above all, it halts at the root, or at the floor.
+    (Near the token budget the decoder clips a tree to (K, d, 0) shapes, which these checks leave aside.)"""
+    target, draft = pair()
+    decoder = SpeculativeDecoder(target, draft, get_verifier("traversal"), latency=LATENCY)
+    from decode.rng import TorchRandom
+
+    runs = {name: decoder.generate(PROMPT, 12, policy("top", rule), TorchRandom(0), SAMPLING).stats.action_counts
+            for name, rule in (("never", HaltingRule(-1.0, 0, 2, 2, 1)), ("always", HaltingRule(2.0, 0, 2, 2, 1)),
+                               ("floor", HaltingRule(2.0, 1, 2, 2, 1)))}
+    assert "(2,2,1)" in runs["never"] and not {"(2,1,1)", "(2,0,1)"} & set(runs["never"])
+    assert "(2,0,1)" in runs["always"] and all(Action.parse(a.strip("()")).l1 == 0 for a in runs["always"])
+    assert "(2,1,1)" in runs["floor"] and "(2,0,1)" not in runs["floor"]

@@ -1,0 +1,99 @@
+"""Fitting and exporting an expander (selector/expander.py, `ddte expander`): the graph computes the ridge head it
+was fitted as, the never-lose guard falls back where no rule wins, and the file decodes on its pair (generate) and
+is refused on another verifier with one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from selector.expander import choose_signal, fit_expander, write_expander
+
+
+def test_a_signal_is_kept_only_where_it_beats_the_static_tree_by_the_gain():
+    offline = {"learned": 1.02, "top": 1.05, "entropy": 0.98}
+    assert choose_signal(offline, 0.01) == "top"
+    assert choose_signal(offline, 0.01, ["learned", "entropy"]) == "learned"
+    assert choose_signal(offline, 0.03, ["learned", "entropy"]) == "static"
+    assert choose_signal({"learned": 0.99, "top": 0.97, "entropy": 1.0}, 0.0) == "entropy"
+
+
+@pytest.fixture(scope="module")
+def learned_file(tiny_collected, tmp_path_factory):
+    """An expander on the tiny collection that uses the learned head wherever it can (no gain asked)."""
+    fitted = fit_expander(tiny_collected, "traversal", folds=2, min_gain=-1.0, signals=["learned"])
+    path = tmp_path_factory.mktemp("expander") / "traversal.onnx"
+    write_expander(fitted, path)
+    return fitted, path
+
+
+def test_the_graph_is_the_fitted_head_and_the_metadata_says_what_chose_it(learned_file, tiny_collected):
+    import onnxruntime as ort
+
+    from decode.expander_file import read_expander_metadata
+    from selector.expansion import fit_beta_head, load_episodes, predict_beta
+
+    fitted, path = learned_file
+    _, episodes, _ = load_episodes(tiny_collected, "traversal")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for column, (_, data) in enumerate(sorted(episodes.items())):
+        nodes = data.features.reshape(-1, data.features.shape[-1]).astype(np.float32)
+        graph = session.run(None, {"node": nodes})[0][:, column]
+        want = predict_beta(fit_beta_head(data), data).reshape(-1)
+        assert np.abs(graph - want).max() < 1e-3 * max(1.0, np.abs(want).max())
+    meta = read_expander_metadata(path)
+    assert meta == fitted.metadata
+    assert [r.signal for r in meta.rules] == ["learned", "learned"] and meta.fit_prompts
+    assert all(set(r.offline) >= {"learned", "top", "entropy", "beta", "oracle"} for r in meta.rules)
+
+
+def test_the_file_decodes_on_its_pair_and_halts_while_drafting(learned_file, tiny_pair, tmp_path):
+    from decode.engine import SpeculativeDecoder
+    from decode.expander_policy import ExpanderPolicy
+    from decode.pair import load_pair_config
+    from decode.rng import TorchRandom
+    from decode.sampling import SamplingConfig
+    from decode.verifiers import get_verifier
+
+    fitted, path = learned_file
+    pair = load_pair_config(tiny_pair / "pair.yaml")
+    policy = ExpanderPolicy.for_pair(path, "traversal", pair)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier("traversal"), pair.eos_token_id)
+    rule = fitted.metadata.rule_for(SamplingConfig(0.7)).rule
+    generation = decoder.generate([5, 6, 7, 8], 24, policy, TorchRandom(0), SamplingConfig(0.7))
+    allowed = {str(rule.tree_at(d)) for d in range(rule.cap + 1)}
+    clipped = {a for a in generation.stats.action_counts if a not in allowed}
+    assert generation.stats.new_tokens == 24 and sum(generation.stats.action_counts.values()) - len(clipped) > 0
+    assert generation.stats.network_seconds  # the head ran at trunk nodes
+    assert generation.stats.seconds["policy"] > 0
+
+
+def test_generate_takes_an_expander_and_refuses_one_for_another_verifier(learned_file, tiny_pair, tmp_path, capsys):
+    from ddte.cli import main
+
+    _, path = learned_file
+    base = ["generate", "--pair", str(tiny_pair / "pair.yaml"), "--prompt-ids", "5,6,7", "--max-new-tokens", "6",
+            "--temperature", "0.7", "--expander", str(path)]
+    assert main(base + ["--verifier", "traversal"]) == 0
+    assert "policy expander" in capsys.readouterr().err
+    assert main(base + ["--verifier", "specinfer"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fitted for verifier 'traversal'" in err[0]
+    assert main(base + ["--verifier", "traversal", "--action", "1,2,0"]) == 2
+    assert main(["generate", "--pair", str(tiny_pair / "pair.yaml"), "--prompt-ids", "5", "--expander",
+                 str(tmp_path / "missing.onnx")]) == 2
+
+
+def test_the_command_writes_a_static_guard_where_no_rule_wins_and_logs_to_mlflow(tiny_collected, tmp_path, capsys):
+    from ddte.cli import main
+    from decode.expander_file import read_expander_metadata
+
+    out = tmp_path / "e.onnx"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["expander", "--data", str(tiny_collected), "--verifier", "specinfer", "--output", str(out),
+                 "--folds", "2", "--min-gain", "0.9", "--tracking-uri", uri]) == 0
+    assert all(rule.signal == "static" for rule in read_expander_metadata(out).rules)
+    assert "MLflow run" in capsys.readouterr().out
+    assert main(["expander", "--data", str(tmp_path / "none"), "--verifier", "specinfer", "--output",
+                 str(tmp_path / "f.onnx"), "--no-mlflow"]) == 2
+    assert not (tmp_path / "f.onnx").exists()
