@@ -95,6 +95,11 @@ class Method:
         return cls("selector", verifier, path=str(path))
 
     @classmethod
+    def expander(cls, verifier: str, path: str | Path) -> Method:
+        """``VERIFIER@expander=FILE``."""
+        return cls("expander", verifier, path=str(path))
+
+    @classmethod
     def policy_file(cls, verifier: str, path: str | Path) -> Method:
         """``VERIFIER@policy=FILE``."""
         return cls("policy", verifier, path=str(path))

@@ -3,13 +3,16 @@
 1. collect: `ddte collect` with the pipeline's collect config (training prompts of the prompt builder);
 2. train: one selector per verifier in `train.verifiers` (Lightning, tracked in MLflow under the run folder), with
    the never-lose guard fitted on validation prompts;
-3. export: each selector to `<output>/selectors/<verifier>.onnx` (parity-checked, logged to MLflow);
+3. export: each selector to `<output>/selectors/<verifier>.onnx` (parity-checked, logged to MLflow), and, where the
+   collection has trunk states and `expander.enabled`, an expander per verifier to `<output>/expanders/<verifier>.onnx`
+   (`ddte expander`: per-node halting rules chosen cross-fitted, with a static fallback);
 4. bench: on held-out prompts, for each temperature, in one interleaved run: AR, each verifier's static
    candidates (the `bench.candidates` best distinct trees of the training split at that temperature, its selector's
-   fallback first) and its selector (left out where its guard never leaves the fallback at any temperature, because
-   it then drafts exactly the fallback);
+   fallback first), its selector (left out where its guard never leaves the fallback at any temperature, because
+   it then drafts exactly the fallback) and its expander (left out where it is static at every temperature);
 5. decide: per verifier and temperature, deploy the training split's static choice unless a runner-up beat it
-   beyond the bench's noise (a paired bootstrap interval wholly above 1), or the selector where it beat that static.
+   beyond the bench's noise (a paired bootstrap interval wholly above 1), or the faster of the selector and the
+   expander where it beat that static.
    The choice goes to `<output>/policy.json` (`--policy-file` of `ddte generate` and `ddte bench`).
 
 Why bench several statics, and why a test before leaving the offline choice: the offline ranking can be wrong by more
@@ -17,7 +20,8 @@ than the candidates differ, and the bench catches a gross error; but near-tied r
 so chasing its fastest row costs more than it gains (docs/selector.md, "What the pipeline deploys", has the runs).
 
 Every stage's config is read once and checked before the first stage starts (:func:`load_pipeline`). Everything
-goes to the `output` folder: data/, mlflow.db, selectors/, bench.json, bench.png, policy.json and results.md.
+goes to the `output` folder: data/, mlflow.db, selectors/, expanders/, bench.json, bench.png, policy.json and
+results.md.
 """
 
 from __future__ import annotations
@@ -68,12 +72,20 @@ class BenchStage:
 
 
 @dataclass
+class ExpanderStage:
+    enabled: bool = True  # fit and bench an expander per verifier (needs a collection with trunk states)
+    folds: int = 5  # prompt folds of the cross-fitting that chooses each configuration's rule
+    min_gain: float = 0.01  # offline gain over the best static tree a rule needs (else the expander stays static)
+
+
+@dataclass
 class PipelineConfig:
     output: str = "runs/pipeline"
     tracking_uri: str | None = None  # MLflow (any URI, e.g. http://host:5000); null: <output>/mlflow.db
     collect: CollectStage = field(default_factory=CollectStage)
     train: TrainStage = field(default_factory=TrainStage)
     bench: BenchStage = field(default_factory=BenchStage)
+    expander: ExpanderStage = field(default_factory=ExpanderStage)
 
 
 @dataclass
@@ -129,6 +141,9 @@ def plan_pipeline(config: PipelineConfig, resume: bool = False) -> PipelinePlan:
                          "non-empty")
     if any(not t >= 0 for t in bench.temperatures):
         raise ValueError(f"bench.temperatures must be >= 0, got {bench.temperatures}")
+    if config.expander.folds < 2 or not 0.0 <= config.expander.min_gain < 1.0:
+        raise ValueError(f"expander: folds must be >= 2 and min_gain in [0, 1), got {config.expander.folds} and "
+                         f"{config.expander.min_gain}")
     return PipelinePlan(config, collect, train_config)
 
 
@@ -218,8 +233,9 @@ def _run_stages(plan: PipelinePlan, out: Path, tracking: _Tracking) -> PipelineR
     started = _stage(2, f"train ({', '.join(config.train.verifiers)})")
     trained = {v: _train(plan.train, out, data_dir, v, tracking) for v in config.train.verifiers}
     timings["train"] = time.perf_counter() - started
-    started = _stage(3, "export")
+    started = _stage(3, "export" + (" and fit expanders" if config.expander.enabled else ""))
     selectors = {v: _export(out, v, result, data_dir) for v, result in trained.items()}
+    expanders = _fit_expanders(config.expander, out, data_dir, list(trained), tracking)
     timings["export"] = time.perf_counter() - started
     started = _stage(4, "bench on held-out prompts")
     metadata = {v: read_selector_metadata(path) for v, path in selectors.items()}
@@ -227,11 +243,12 @@ def _run_stages(plan: PipelinePlan, out: Path, tracking: _Tracking) -> PipelineR
                                        config.bench.temperatures, config.bench.candidates) for v in selectors}
     active = {v: path for v, path in selectors.items()
               if any(m.margin is not None for m in metadata[v].fallbacks)}
-    bench = _bench(config.bench, plan.collect, out, candidates, active, tracking)
+    benched_expanders = {v: path for v, (path, meta) in expanders.items() if any(r.rule for r in meta.rules)}
+    bench = _bench(config.bench, plan.collect, out, candidates, active, benched_expanders, tracking)
     timings["bench"] = time.perf_counter() - started
     _stage(5, "decide")
     kept = keep_statics(bench["rows"], candidates)
-    choices = decide(bench["rows"], candidates, metadata, selectors, out, kept)
+    choices = decide(bench["rows"], candidates, metadata, selectors, out, kept, benched_expanders)
     best_verifier = max(choices, key=lambda c: c.tokens_per_s or 0.0).verifier
     deployment = Deployment(choices, best_verifier, bench["pair_fingerprint"],
                             {"bench": "bench.json", "data": _beside(data_dir, out)})
@@ -247,7 +264,7 @@ def _run_stages(plan: PipelinePlan, out: Path, tracking: _Tracking) -> PipelineR
     })
     for c in choices:
         tracking.client.set_tag(tracking.parent, f"deploy/{c.verifier}/T{c.temperature:g}",
-                                "selector" if c.policy == "selector" else f"static {c.action}")
+                                f"static {c.action}" if c.policy == "static" else c.policy)
     return PipelineResult(text, path, bench)
 
 
@@ -331,13 +348,14 @@ def static_candidates(metadata, sampling: list[SamplingConfig], ranking: dict[in
 
 
 def _bench(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dict[str, dict[float, list[str]]],
-           selectors: dict[str, Path], tracking: _Tracking) -> dict:
-    """One interleaved bench per temperature of AR, the static candidates and the selectors; bench.json/png."""
+           selectors: dict[str, Path], expanders: dict[str, Path], tracking: _Tracking) -> dict:
+    """One interleaved bench per temperature of AR, the static candidates, the selectors and the expanders;
+    bench.json/png."""
     run = tracking.child("bench")  # started now, so that its duration is the bench's
     for key, value in stage.__dict__.items():
         tracking.client.log_param(run, key, str(value))
     try:
-        payload = _bench_rows(stage, collect, out, candidates, selectors)
+        payload = _bench_rows(stage, collect, out, candidates, selectors, expanders)
     except BaseException:
         tracking.finish(run, "FAILED")
         raise
@@ -350,7 +368,7 @@ def _bench(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dic
 
 
 def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dict[str, dict[float, list[str]]],
-                selectors: dict[str, Path]) -> dict:
+                selectors: dict[str, Path], expanders: dict[str, Path]) -> dict:
     """The bench itself: its rows, printed and written to bench.json and bench.png; the payload of bench.json."""
     from decode.pair import load_pair_config
 
@@ -369,6 +387,8 @@ def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates
             methods += [Method.static(verifier, action) for action in actions[temperature]]
             if verifier in selectors:
                 methods.append(Method.selector(verifier, selectors[verifier]))
+            if verifier in expanders:
+                methods.append(Method.expander(verifier, expanders[verifier]))
         rows += run_bench(list(dict.fromkeys(methods)), pair, prompts, settings, [temperature])
     title = (f"{len(prompts)} held-out prompts × {stage.repeats}, {stage.max_new_tokens} new tokens, "
              f"T = {', '.join(f'{t:g}' for t in stage.temperatures)}")
@@ -389,32 +409,68 @@ def keep_statics(rows: list[dict], candidates: dict[str, dict[float, list[str]]]
 
 
 def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], metadata: dict,
-           selectors: dict[str, Path], out: Path, kept: dict[tuple[str, float], tuple] | None = None):
+           selectors: dict[str, Path], out: Path, kept: dict[tuple[str, float], tuple] | None = None,
+           expanders: dict[str, Path] | None = None):
     """Per verifier and temperature: the static candidate :func:`keep_statics` keeps (computed here when ``kept`` is
-    not given), or the selector where its guard is on and it beat that static in this bench."""
+    not given), or the faster of the selector (where its guard is on) and the expander (where it was benched) if it
+    beat that static in this bench."""
     from decode.deployment import Choice
 
     kept = keep_statics(rows, candidates) if kept is None else kept
+    expanders = expanders or {}
     choices = []
     for verifier, path in selectors.items():
         for temperature, actions in candidates[verifier].items():
             index, measured = kept[verifier, temperature]
             at_t = by_method(rows, temperature)
             static = at_t[Method.static(verifier, actions[index])]
+            rivals = {}
             selector = at_t.get(Method.selector(verifier, path))
-            if metadata[verifier].fallback_for(temperature, 1.0).margin is None or selector is None:
-                policy, reason = "static", (f"{measured}; the selector's guard never leaves its fallback here "
-                                            "(on validation prompts the selector never beat it by the policy phase's "
-                                            "cost), so it drafts the fallback")
-            else:
-                ratio = selector["tokens_per_s"] / static["tokens_per_s"]
-                policy = "selector" if ratio > 1.0 else "static"
-                reason = f"{measured}; the selector ran at {ratio:.3f}× ({actions[index]})"
-            chosen = selector if policy == "selector" else static
+            if metadata[verifier].fallback_for(temperature, 1.0).margin is not None and selector is not None:
+                rivals["selector"] = selector
+            if verifier in expanders and Method.expander(verifier, expanders[verifier]) in at_t:
+                rivals["expander"] = at_t[Method.expander(verifier, expanders[verifier])]
+            ratios = {name: row["tokens_per_s"] / static["tokens_per_s"] for name, row in rivals.items()}
+            best = max(ratios, key=ratios.get, default=None)
+            policy = best if best is not None and ratios[best] > 1.0 else "static"
+            reason = measured + "".join(f"; the {name} ran at {ratio:.3f}× ({actions[index]})"
+                                        for name, ratio in ratios.items())
+            if "selector" not in rivals:
+                reason += ("; the selector's guard never leaves its fallback here (on validation prompts the selector "
+                           "never beat it by the policy phase's cost), so it drafts the fallback")
+            chosen = rivals[policy] if policy != "static" else static
             choices.append(Choice(
-                verifier, float(temperature), 1.0, policy,
-                actions[0] if policy == "selector" else actions[index],
+                verifier, float(temperature), 1.0, policy, actions[0] if policy == "selector" else actions[index],
                 str(path.relative_to(out)) if policy == "selector" else None,
                 chosen["tokens_per_s"], static["tokens_per_s"], reason,
+                str(expanders[verifier].relative_to(out)) if policy == "expander" else None,
             ))
     return choices
+
+
+def _fit_expanders(stage: ExpanderStage, out: Path, data_dir: Path, verifiers: list[str],
+                   tracking: _Tracking) -> dict[str, tuple[Path, object]]:
+    """Per verifier, the expander fitted on the collection and its metadata, each tracked as a child run; none when
+    the stage is off or the collection has no trunk states (said in one line)."""
+    from selector.expander import expander_metrics, expander_params, fit_expander, write_expander
+
+    if not stage.enabled:
+        return {}
+    fitted = {}
+    for verifier in verifiers:
+        try:
+            expander = fit_expander(data_dir, verifier, stage.folds, stage.min_gain, progress=print)
+        except ValueError as err:
+            print(f"expander {verifier}: not fitted ({err})")
+            continue
+        path = out / "expanders" / f"{verifier}.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_expander(expander, path)
+        run = tracking.child(f"expander-{verifier}")
+        for key, value in expander_params(expander).items():
+            tracking.client.log_param(run, key, value)
+        tracking.log_metrics(run, expander_metrics(expander))
+        tracking.client.log_artifact(run, str(path))
+        tracking.finish(run)
+        fitted[verifier] = (path, expander.metadata)
+    return fitted

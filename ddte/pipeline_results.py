@@ -12,7 +12,8 @@ from decode.actions import Action
 
 def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, choices: list,
                      timings: dict[str, float], data_dir: Path, parent_run: str = "") -> str:
-    """The decision table (static candidates and selector, measured), the head-room, and the offline figures.
+    """The decision table (static candidates, selector and expander, measured), the head-room, and the offline
+    figures.
 
     ``kept``: per (verifier, temperature), the kept static candidate's index and the reason (``keep_statics``).
     """
@@ -33,8 +34,9 @@ def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, c
         "in-sample fastest row is the maximum of noisy rates and reads high).",
         "",
         "| T | verifier | static candidates | kept static | tokens/s | vs AR | BE | fastest / training choice | "
-        "cross-fitted | selector tokens/s | selector / kept static | selector policy share | deploy |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "cross-fitted | selector tokens/s | selector / kept static | selector policy share | expander tokens/s | "
+        "expander / kept static | deploy |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for choice in choices:
         actions = candidates[choice.verifier][choice.temperature]
@@ -42,14 +44,18 @@ def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, c
         index = kept[choice.verifier, choice.temperature][0]
         static = statics[index]
         fastest = max(row["tokens_per_s"] for row in statics)
-        selector = next((r for m, r in by_method(rows, choice.temperature).items()
-                         if m.kind == "selector" and m.verifier == choice.verifier), None)
+        at_t = by_method(rows, choice.temperature).items()
+        selector = next((r for m, r in at_t if m.kind == "selector" and m.verifier == choice.verifier), None)
+        expander = next((r for m, r in at_t if m.kind == "expander" and m.verifier == choice.verifier), None)
         if selector is None:
             measured = "= fallback (its guard never leaves it here: not benched) | - | 0 %"
         else:
             measured = (f"{selector['tokens_per_s']:.1f} | {selector['tokens_per_s'] / static['tokens_per_s']:.3f} | "
                         f"{_fmt(selector.get('policy_share'), '.1%')}")
-        deployed = f"({choice.action})" if choice.policy == "static" else f"selector ({choice.selector})"
+        measured += (" | - | -" if expander is None else
+                     f" | {expander['tokens_per_s']:.1f} | {expander['tokens_per_s'] / static['tokens_per_s']:.3f}")
+        deployed = {"static": f"({choice.action})", "selector": f"selector ({choice.selector})",
+                    "expander": f"expander ({choice.expander})"}[choice.policy]
         lines.append(
             f"| {choice.temperature:g} | {choice.verifier} | {' '.join(f'({a})' for a in actions)} | "
             f"({actions[index]}) | {static['tokens_per_s']:.1f} ± "

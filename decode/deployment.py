@@ -1,10 +1,10 @@
 """The deployment file (``policy.json``): which policy to run, per verifier and sampling configuration.
 
-``ddte pipeline`` benches each selector against the static candidates and writes this file; ``ddte generate`` and
-``ddte bench`` load it with one flag (``--policy-file``). Each choice is either a static action or a selector file
-(a path relative to the policy file), with the measured ratio that justified it. This module is the file's one
-reader and writer. :meth:`Deployment.policy_for` turns a verifier's choices into one policy that serves any
-sampling configuration: each generation starts the choice measured nearest to its own.
+``ddte pipeline`` benches each selector and expander against the static candidates and writes this file; ``ddte
+generate`` and ``ddte bench`` load it with one flag (``--policy-file``). Each choice is a static action, a selector
+file or an expander file (paths relative to the policy file), with the measured ratio that justified it. This module
+is the file's one reader and writer. :meth:`Deployment.policy_for` turns a verifier's choices into one policy that
+serves any sampling configuration: each generation starts the choice measured nearest to its own.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ class Choice:
     """What to run for one verifier at one sampling configuration.
 
     Attributes:
-        policy: ``static`` or ``selector``.
-        action: the static action ``"K,L1,L2"`` (the selector's fallback when ``policy`` is ``selector``).
+        policy: ``static``, ``selector`` or ``expander``.
+        action: the static action ``"K,L1,L2"`` (the selector's fallback for ``selector``, the kept static tree for
+            ``expander``).
         selector: the selector file, relative to the policy file (``selector`` only).
+        expander: the expander file, relative to the policy file (``expander`` only).
         tokens_per_s, static_tokens_per_s: measured in the deciding bench (same run, interleaved).
         reason: one sentence on why this policy was chosen.
     """
@@ -42,6 +44,7 @@ class Choice:
     tokens_per_s: float | None = None
     static_tokens_per_s: float | None = None
     reason: str = ""
+    expander: str | None = None
 
 
 @dataclass
@@ -73,18 +76,23 @@ class Deployment:
     def policy_for(self, verifier: str, pair) -> DeployedPolicy:
         """The policy this file chooses for ``verifier`` on ``pair``, at any sampling configuration; every choice's
         selector is loaded (once per file) and checked against the pair here."""
-        from decode.selector_policy import OnnxSelectorPolicy  # onnxruntime and numpy: only where a file names one
+        from decode.expander_policy import ExpanderPolicy  # onnxruntime and numpy: only where a file names one
+        from decode.selector_policy import OnnxSelectorPolicy
 
         if self.pair_fingerprint and self.pair_fingerprint != pair.fingerprint():
             raise ValueError(f"{self.path}: measured on another pair (fingerprint {self.pair_fingerprint[:12]}…)")
         base = self.path.parent if self.path is not None else Path.cwd()
-        selectors: dict[str, Policy] = {}
+        loaded: dict[tuple[str, str], Policy] = {}  # each file once
         policies: dict[tuple[float, float], Policy] = {}
         for choice in self.choices_of(verifier):
-            if choice.policy == "selector":
-                if choice.selector not in selectors:
-                    selectors[choice.selector] = OnnxSelectorPolicy.for_pair(base / choice.selector, verifier, pair)
-                policies[choice.temperature, choice.top_p] = selectors[choice.selector]
+            if choice.policy in ("selector", "expander"):
+                name = choice.selector if choice.policy == "selector" else choice.expander
+                if not name:
+                    raise ValueError(f"{self.path}: a {choice.policy} choice without its file")
+                if (choice.policy, name) not in loaded:
+                    kind = OnnxSelectorPolicy if choice.policy == "selector" else ExpanderPolicy
+                    loaded[choice.policy, name] = kind.for_pair(base / name, verifier, pair)
+                policies[choice.temperature, choice.top_p] = loaded[choice.policy, name]
             else:
                 policies[choice.temperature, choice.top_p] = StaticPolicy(Action.parse(choice.action))
         return DeployedPolicy(self, verifier, policies)

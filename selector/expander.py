@@ -144,6 +144,22 @@ def write_expander(fitted: FittedExpander, path: str | Path) -> None:
     onnx.save(model, str(path))
 
 
+def expander_params(fitted: FittedExpander) -> dict[str, str]:
+    """What was chosen, per sampling configuration (MLflow params)."""
+    out = {"verifier": fitted.metadata.verifier}
+    for rule in fitted.metadata.rules:
+        tag = f"T{rule.temperature:g}"
+        out[f"{tag}/signal"] = rule.signal
+        out[f"{tag}/rule"] = rule.rule.describe() if rule.rule else f"static {rule.fallback}"
+    return out
+
+
+def expander_metrics(fitted: FittedExpander) -> dict[str, float]:
+    """The cross-fitted offline ratios to the best static tree that chose each rule (MLflow metrics)."""
+    return {f"T{rule.temperature:g}/offline_{name}": value
+            for rule in fitted.metadata.rules for name, value in rule.offline.items()}
+
+
 def log_expander(fitted: FittedExpander, path: Path, tracking_uri: str, data: str) -> str:
     """One MLflow run in the ``expander`` experiment: the chosen rules as params, the cross-fitted ratios as
     metrics, the file as an artifact; returns the run id."""
@@ -159,12 +175,8 @@ def log_expander(fitted: FittedExpander, path: Path, tracking_uri: str, data: st
             mlflow.create_experiment(name, artifact_location=artifact_location(tracking_uri))
         mlflow.set_experiment(name)
         with mlflow.start_run(run_name=f"{fitted.metadata.verifier}-{Path(data).name}") as run:
-            mlflow.log_params({"data": data, "verifier": fitted.metadata.verifier})
-            for rule in fitted.metadata.rules:
-                tag = f"T{rule.temperature:g}"
-                mlflow.log_param(f"{tag}/signal", rule.signal)
-                mlflow.log_param(f"{tag}/rule", rule.rule.describe() if rule.rule else f"static {rule.fallback}")
-                mlflow.log_metrics({f"{tag}/offline_{k}": v for k, v in rule.offline.items()})
+            mlflow.log_params({"data": data, **expander_params(fitted)})
+            mlflow.log_metrics(expander_metrics(fitted))
             mlflow.log_artifact(str(path))
             return run.info.run_id
     finally:

@@ -55,7 +55,8 @@ def test_the_pipeline_runs_end_to_end_and_its_choice_deploys(tiny, tmp_path, cap
     printed = capsys.readouterr().out
     assert "| deploy |" in printed and "policy.json" in printed
     for name in ("data/dataset.json", "mlflow.db", "selectors/specinfer.onnx", "selectors/traversal.onnx",
-                 "bench.json", "bench.png", "policy.json", "results.md"):
+                 "expanders/specinfer.onnx", "expanders/traversal.onnx", "bench.json", "bench.png", "policy.json",
+                 "results.md"):
         assert (out / name).exists(), name
     policy = json.loads((out / "policy.json").read_text())
     assert policy["source"] == {"bench": "bench.json", "data": "data"}  # both beside policy.json
@@ -139,6 +140,34 @@ def test_the_decision_deploys_the_fastest_measured_policy(tmp_path, margin, sele
     assert "beyond this bench's noise" in choice.reason and "other half" in choice.reason
 
 
+def test_the_decision_deploys_an_expander_that_beat_the_kept_static_and_the_selector(tmp_path, monkeypatch):
+    from ddte import pipeline_results
+    from ddte.pipeline import decide, keep_statics
+
+    selector, expander = tmp_path / "selectors" / "traversal.onnx", tmp_path / "expanders" / "traversal.onnx"
+    actions = ["1,3,0", "1,5,0"]
+    rows = [_bench_row(f"traversal@{a}", 0.6, s) for a, s in zip(actions, (1.0, 1.05), strict=True)]
+    rows += [_bench_row(f"traversal@selector={selector}", 0.6, 0.95),
+             _bench_row(f"traversal@expander={expander}", 0.6, 0.9)]
+    candidates = {"traversal": {0.6: actions}}
+    kept = keep_statics(rows, candidates)
+    [choice] = decide(rows, candidates, {"traversal": _selector_metadata("1,0,3", 0.01)}, {"traversal": selector},
+                      tmp_path, kept, {"traversal": expander})
+    assert (choice.policy, choice.action, choice.expander, choice.selector) == (
+        "expander", "1,3,0", "expanders/traversal.onnx", None)
+    assert "the selector ran at 1.053×" in choice.reason and "the expander ran at 1.111×" in choice.reason
+    slow = [r if "expander" not in r["method"] else _bench_row(f"traversal@expander={expander}", 0.6, 1.2)
+            for r in rows]
+    [static] = decide(slow, candidates, {"traversal": _selector_metadata("1,0,3", None)}, {"traversal": selector},
+                      tmp_path, kept, {"traversal": expander})
+    assert static.policy == "static" and static.expander is None and "the expander ran at 0.833×" in static.reason
+    monkeypatch.setattr(pipeline_results, "head_room_lines", lambda data_dir, verifiers: [])
+    bench = {"rows": rows, "settings": {"bench": {"num_prompts": 4, "repeats": 1, "max_new_tokens": 100}}}
+    text = pipeline_results.results_markdown(bench, {}, candidates, kept, [choice], {}, tmp_path)
+    [row] = [line for line in text.splitlines() if line.startswith("| 0.6 | traversal |")]
+    assert row.endswith("| 91.5 | 1.053 | - | 96.6 | 1.111 | expander (expanders/traversal.onnx) |")
+
+
 def test_results_md_says_why_a_selector_whose_guard_never_leaves_its_fallback_has_no_figures(tmp_path, monkeypatch):
     """A selector left out of the bench (its guard never leaves the fallback) reads as exactly that in results.md and
     policy.json's reason, not as a guard that was switched off."""
@@ -157,5 +186,5 @@ def test_results_md_says_why_a_selector_whose_guard_never_leaves_its_fallback_ha
     bench = {"rows": rows, "settings": {"bench": {"num_prompts": 4, "repeats": 1, "max_new_tokens": 100}}}
     text = pipeline_results.results_markdown(bench, {}, candidates, kept, [choice], {}, tmp_path)
     [row] = [line for line in text.splitlines() if line.startswith("| 0.6 | traversal |")]
-    assert "| = fallback (its guard never leaves it here: not benched) | - | 0 % | (1,3,0) |" in row
+    assert "| = fallback (its guard never leaves it here: not benched) | - | 0 % | - | - | (1,3,0) |" in row
     assert "guard off" not in text + choice.reason and "guard is off" not in choice.reason

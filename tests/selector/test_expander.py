@@ -97,3 +97,27 @@ def test_the_command_writes_a_static_guard_where_no_rule_wins_and_logs_to_mlflow
     assert main(["expander", "--data", str(tmp_path / "none"), "--verifier", "specinfer", "--output",
                  str(tmp_path / "f.onnx"), "--no-mlflow"]) == 2
     assert not (tmp_path / "f.onnx").exists()
+
+
+def test_a_policy_file_can_deploy_an_expander(learned_file, tiny_pair, tmp_path):
+    import shutil
+
+    from decode.deployment import Choice, Deployment, load_deployment
+    from decode.expander_policy import HaltingPolicy
+    from decode.pair import load_pair_config
+    from decode.sampling import SamplingConfig
+
+    _, path = learned_file
+    (tmp_path / "expanders").mkdir()
+    shutil.copy(path, tmp_path / "expanders" / "traversal.onnx")
+    choices = [Choice("traversal", 0.7, 1.0, "expander", "1,0,0", expander="expanders/traversal.onnx"),
+               Choice("traversal", 1.0, 1.0, "static", "1,2,0")]
+    Deployment(choices, "traversal").write(tmp_path / "policy.json")
+    pair = load_pair_config(tiny_pair / "pair.yaml")
+    policy = load_deployment(tmp_path / "policy.json").policy_for("traversal", pair)
+    assert isinstance(policy.start(SamplingConfig(0.7)), HaltingPolicy)
+    assert policy.start(SamplingConfig(1.0)).describe(SamplingConfig(1.0)) == "static (1,2,0)"
+    broken = [Choice("traversal", 0.7, 1.0, "expander", "1,0,0")]
+    Deployment(broken, "traversal").write(tmp_path / "broken.json")
+    with pytest.raises(ValueError, match="without its file"):
+        load_deployment(tmp_path / "broken.json").policy_for("traversal", pair)
