@@ -172,27 +172,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _note_unmeasured_sampling(args: argparse.Namespace, methods, deployments) -> None:
-    """Say once per method and temperature where a selector or policy file has no choice measured there: the
-    nearest one stands in."""
+    """Say once per method and temperature where a selector, expander or policy file has no choice measured there:
+    the nearest one stands in."""
+    from decode.expander_file import read_expander_metadata
     from decode.sampling import SamplingConfig, nearest_note
+    from decode.selector_file import read_selector_metadata
 
+    readers = {"selector": (read_selector_metadata, "was trained for"),
+               "expander": (read_expander_metadata, "was fitted for")}
     for method in methods:
-        if method.kind == "selector":
+        if method.kind in readers:
+            read, verb = readers[method.kind]
             try:
-                from decode.selector_file import read_selector_metadata
-
-                metadata = read_selector_metadata(method.path)
-            except Exception:  # an unreadable file: the run reports it when it loads the selector
+                measured = read(method.path).measured_sampling()
+            except Exception:  # an unreadable file: the run reports it when it loads the file
                 continue
-            what, measured = f"{method.label} was trained for", metadata.measured_sampling()
-        elif method.kind == "expander":
-            try:
-                from decode.expander_file import read_expander_metadata
-
-                metadata = read_expander_metadata(method.path)
-            except Exception:  # an unreadable file: the run reports it when it loads the expander
-                continue
-            what, measured = f"{method.label} was fitted for", metadata.measured_sampling()
+            what = f"{method.label} {verb}"
         elif method.kind == "policy" and method.path in deployments:
             what = f"{method.label} has choices for"
             measured = deployments[method.path].measured_sampling(method.verifier)

@@ -178,3 +178,19 @@ def is_close(a: float, b: float, tol: float = 1e-9) -> bool:
 
 
 RealisticPair = SyntheticPair  # peaked, long-tailed logits for realistic vocabularies
+
+
+def recomputed_law(target, prompt: list[int], length: int, vocab: int, sampling) -> dict[tuple[int, ...], float]:
+    """P(first ``length`` tokens = s) under a CachedLM ``target`` after ``prompt``, by plain full recomputes (the
+    reference a loop's enumerated law must equal)."""
+    from decode.sampling import distributions
+
+    law = {}
+    with torch.inference_mode():
+        for s in itertools.product(range(vocab), repeat=length):
+            prob = 1.0
+            for j in range(length):
+                logits = target.model(torch.tensor([prompt + list(s[:j])])).logits[0, -1]
+                prob *= float(distributions(logits.double(), sampling)[s[j]])
+            law[s] = prob
+    return law

@@ -13,8 +13,6 @@ not the draft's favourite must be caught.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 import torch
@@ -27,10 +25,10 @@ from decode.expander_policy import HaltingPolicy
 from decode.fast_llama import cached_lm
 from decode.latency import LatencyTable
 from decode.models import CachedLM
-from decode.sampling import SamplingConfig, distributions
+from decode.sampling import SamplingConfig
 from decode.tree import Regime, TreeBuilder
 from decode.verifiers import get_verifier, verifier_names
-from tests.decode.exact.harness import enumerate_runs, outcome_law
+from tests.decode.exact.harness import enumerate_runs, outcome_law, recomputed_law
 from tests.factories import tiny_llama
 
 VOCAB, PROMPT, TOKENS = 3, [2, 0, 1], 3
@@ -75,15 +73,7 @@ def policy(signal: str, rule: HaltingRule) -> HaltingPolicy:
 
 def target_law(target: CachedLM) -> dict[tuple[int, ...], float]:
     """P(first TOKENS tokens = s) under the target, by plain recomputes."""
-    law = {}
-    with torch.inference_mode():
-        for s in itertools.product(range(VOCAB), repeat=TOKENS):
-            prob = 1.0
-            for j in range(TOKENS):
-                logits = target.model(torch.tensor([PROMPT + list(s[:j])])).logits[0, -1]
-                prob *= float(distributions(logits.double(), SAMPLING)[s[j]])
-            law[s] = prob
-    return law
+    return recomputed_law(target, PROMPT, TOKENS, VOCAB, SAMPLING)
 
 
 def loop_law(decoder: SpeculativeDecoder, node_policy: HaltingPolicy) -> tuple[dict, set[str]]:

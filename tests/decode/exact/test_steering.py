@@ -10,8 +10,6 @@ each tree under the previous step's δ but hands the verifier q computed under t
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
@@ -25,7 +23,7 @@ from decode.sampling import SamplingConfig, distributions
 from decode.steering import SteeringMap, SteeringSpec
 from decode.tree import ROOT
 from decode.verifiers import get_verifier, verifier_names
-from tests.decode.exact.harness import enumerate_runs, outcome_law
+from tests.decode.exact.harness import enumerate_runs, outcome_law, recomputed_law
 from tests.factories import tiny_llama
 
 VOCAB, PROMPT, TOKENS = 3, [2, 0, 1], 3
@@ -51,15 +49,7 @@ def steered_pair(seed: int) -> tuple[CachedLM, CachedLM]:
 
 def target_law(target: CachedLM, sampling: SamplingConfig) -> dict[tuple[int, ...], float]:
     """P(first TOKENS tokens = s) under the target, by plain recomputes."""
-    law = {}
-    with torch.inference_mode():
-        for s in itertools.product(range(VOCAB), repeat=TOKENS):
-            prob = 1.0
-            for j in range(TOKENS):
-                logits = target.model(torch.tensor([PROMPT + list(s[:j])])).logits[0, -1]
-                prob *= float(distributions(logits.double(), sampling)[s[j]])
-            law[s] = prob
-    return law
+    return recomputed_law(target, PROMPT, TOKENS, VOCAB, sampling)
 
 
 def loop_law(decoder: SpeculativeDecoder, action: Action, sampling: SamplingConfig) -> dict[tuple[int, ...], float]:
