@@ -56,7 +56,7 @@ def _session(path: Path):
 
 class AcceptanceHead:
     """The graph of an expander file: β̂ of one node's feature vector, through fixed bound buffers (no per-call
-    allocation). ``seconds`` collects the wall time of every call."""
+    allocation). The root scalars are written once per step (:meth:`set_root`), the node's own features per call."""
 
     def __init__(self, session, width: int, columns: int, column: int = 0) -> None:
         import onnxruntime as ort
@@ -68,11 +68,15 @@ class AcceptanceHead:
         self.binding.bind_ortvalue_input(INPUT_NAME, ort.OrtValue.ortvalue_from_numpy(self.input))
         self.binding.bind_ortvalue_output(session.get_outputs()[0].name, ort.OrtValue.ortvalue_from_numpy(self.output))
 
-    def __call__(self, hidden: torch.Tensor, scalars: np.ndarray) -> float:
-        """β̂ for a node: ``hidden`` ``(H,)`` and its ``scalars`` ``(3 + S,)`` (entropy, top, depth, root scalars)."""
+    def set_root(self, hidden_size: int, scalars: np.ndarray) -> None:
+        """The step's root scalars ``(S,)``, after the node's hidden state ``(H,)`` and its three scalars."""
+        self.input[0, hidden_size + 3:] = scalars
+
+    def __call__(self, hidden: torch.Tensor, entropy: float, top: float, depth: int) -> float:
+        """β̂ for a node: its hidden state ``(H,)``, entropy, top probability and depth (root scalars as set)."""
         width = hidden.numel()
         np.copyto(self.input[0, :width], hidden.float().numpy(), casting="same_kind")
-        self.input[0, width:] = scalars
+        self.input[0, width:width + 3] = (entropy, top, depth)
         self.session.run_with_iobinding(self.binding)
         return float(self.output[0, self.column])
 
@@ -152,7 +156,6 @@ class HaltingPolicy(Policy):
         self.node_rule, self.rule, self.head = node_rule, node_rule.rule, head
         self.name = f"expander:{node_rule.signal}"
         self.needs_root_features = head is not None
-        self._root_scalars = np.zeros(0, dtype=np.float32)
         self._node_seconds: list[float] = []
 
     def start(self, sampling: SamplingConfig) -> HaltingPolicy:
@@ -162,7 +165,7 @@ class HaltingPolicy(Policy):
         if self.head is not None:
             if root.features is None:
                 raise ValueError("the learned expander needs root features (the decoder computes them when asked)")
-            self._root_scalars = root.features.scalars.numpy()
+            self.head.set_root(root.features.draft_hidden_root.numel(), root.features.scalars.numpy())
         return self.rule.widest
 
     def halts(self, node: TrunkNode) -> bool:
@@ -181,8 +184,7 @@ class HaltingPolicy(Policy):
             return -entropy
         if node.hidden is None:
             raise ValueError("the learned expander needs the draft's hidden states (the decoder keeps them when asked)")
-        scalars = np.concatenate([[entropy, float(q.max()), node.depth], self._root_scalars]).astype(np.float32)
-        return self.head(node.hidden, scalars)
+        return self.head(node.hidden, entropy, float(q.max()), node.depth)
 
     def describe(self, sampling: SamplingConfig) -> str:
         return f"expander ({self.node_rule.signal}: {self.rule.describe()})"

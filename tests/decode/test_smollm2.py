@@ -94,3 +94,22 @@ def test_greedy_generate_on_a_multipath_tree_equals_greedy_by_full_recompute(pai
         reference = reference[: reference.index(eos) + 1]
     assert len(reference) >= 16, "a near-tie within the first 16 tokens: choose another prompt"
     assert tokens[: len(reference)] == reference
+
+
+@pytest.mark.parametrize("verifier", ["specinfer", "traversal"])
+def test_the_shipped_expanders_fit_this_pair_and_halt_the_trunk_while_drafting(pair, prompt, verifier):
+    """models/expanders/ load against this pair (fingerprint, draft size, verifier) and decide per node in the loop."""
+    from decode.engine import SpeculativeDecoder
+    from decode.expander_policy import ExpanderPolicy
+    from decode.rng import TorchRandom
+    from decode.sampling import SamplingConfig
+    from decode.verifiers import get_verifier
+    from tests.factories import REPO
+
+    policy = ExpanderPolicy.for_pair(REPO / "models" / "expanders" / f"smollm2-{verifier}.onnx", verifier, pair)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(verifier), pair.eos_token_id)
+    generation = decoder.generate(prompt, 12, policy, TorchRandom(0), SamplingConfig(0.6))
+    started = policy.start(SamplingConfig(0.6))
+    assert generation.stats.new_tokens == 12
+    if started.decides_per_node:  # a rule at T = 0.6: it was asked at every trunk node the loop reached
+        assert generation.stats.network_seconds and generation.stats.seconds["policy"] > 0

@@ -48,9 +48,14 @@ class LinearHead:
 
     def __init__(self, width: int, seed: int = 0) -> None:
         self.weight = np.random.default_rng(seed).normal(size=width).astype(np.float32)
+        self.root = np.zeros(0, dtype=np.float32)
 
-    def __call__(self, hidden: torch.Tensor, scalars: np.ndarray) -> float:
-        return float(np.concatenate([hidden.float().numpy(), scalars]) @ self.weight)
+    def set_root(self, hidden_size: int, scalars: np.ndarray) -> None:
+        self.root = scalars
+
+    def __call__(self, hidden: torch.Tensor, entropy: float, top: float, depth: int) -> float:
+        features = np.concatenate([hidden.float().numpy(), [entropy, top, depth], self.root])
+        return float(features @ self.weight)
 
 
 class Recorder(HaltingPolicy):
