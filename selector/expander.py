@@ -77,8 +77,7 @@ def fit_rule(data: EpisodeData, signal: str, l_max: int, k_max: int) -> HaltingR
     values = {"top": data.top, "entropy": -data.entropy}.get(signal)
     if values is None:
         values = out_of_fold_beta(data)
-    rule = best_rule(data, values, candidate_rules(values, l_max, k_max), _Index(data.actions))
-    return HaltingRule(rule.theta, rule.floor, rule.cap, rule.k, rule.l2)
+    return best_rule(data, values, candidate_rules(values, l_max, k_max), _Index(data.actions))
 
 
 def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: float = 0.01,

@@ -30,6 +30,7 @@ import numpy as np
 
 from data_gen.throughput import best_static, time_per_token
 from decode.actions import Action
+from decode.expander_file import HaltingRule as Rule  # the rule the decoder runs
 
 
 @dataclass
@@ -56,21 +57,6 @@ class EpisodeData:
     def take(self, rows: np.ndarray) -> EpisodeData:
         return EpisodeData(self.be[rows], self.step[rows], self.prompts[rows], self.top[rows], self.entropy[rows],
                            self.beta[rows], self.features[rows], self.actions)
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A halting rule and its terminal: (K, L2) branches at the halting depth, or K = 1 (stop there)."""
-
-    theta: float
-    floor: int
-    cap: int
-    k: int
-    l2: int
-
-    def describe(self) -> str:
-        terminal = "stop" if self.k == 1 else f"branch K={self.k}, L2={self.l2}"
-        return f"θ={self.theta:.3g}, floor {self.floor}, cap {self.cap}, then {terminal}"
 
 
 def halting_depth(signal: np.ndarray, theta: float, floor: int, cap: int) -> np.ndarray:
