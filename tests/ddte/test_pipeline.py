@@ -51,7 +51,7 @@ def test_bad_settings_are_refused_before_any_stage(tiny, tmp_path, capsys, extra
 
 def test_the_pipeline_runs_end_to_end_and_its_choice_deploys(tiny, tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(_argv(tiny, out)) == 0
+    assert main(_argv(tiny, out, "expander.enabled=true", "expander.folds=2")) == 0
     printed = capsys.readouterr().out
     assert "| deploy |" in printed and "policy.json" in printed
     for name in ("data/dataset.json", "mlflow.db", "selectors/specinfer.onnx", "selectors/traversal.onnx",
