@@ -19,6 +19,7 @@ from decode.policies import Policy, StaticPolicy
 from decode.sampling import SamplingConfig, nearest_note
 
 FORMAT = "ddte-deployment/1"
+POLICY_KINDS = ("static", "selector", "expander")
 
 
 @dataclass
@@ -147,6 +148,9 @@ def load_deployment(path: str | Path) -> Deployment:
         raise ValueError(f"{path}: not a ddte policy file (format {FORMAT!r} expected)")
     try:
         choices = [Choice(**c) for c in data["choices"]]
+        unknown = sorted({c.policy for c in choices} - set(POLICY_KINDS))
+        if unknown:
+            raise ValueError(f"{path}: unknown policy {unknown[0]!r} (one of {', '.join(POLICY_KINDS)})")
         return Deployment(choices, str(data["verifier"]), str(data.get("pair_fingerprint", "")),
                           dict(data.get("source", {})), path)
     except (KeyError, TypeError) as err:

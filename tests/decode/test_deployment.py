@@ -43,3 +43,9 @@ def test_the_policy_says_once_when_the_nearest_measured_choice_stands_in(deploym
     assert note == ("note: the policy file has choices for T=0.6 top-p=1, T=1 top-p=1; T=0.3 top-p=0.9 uses the "
                     "nearest, T=0.6 top-p=1")
     assert StaticPolicy(Action(1, 3, 0)).sampling_note(SamplingConfig(0.3)) is None  # holds at any settings
+
+
+def test_a_choice_of_an_unknown_policy_is_refused_on_reading(tmp_path):
+    path = Deployment([Choice("traversal", 1.0, 1.0, "expandr", "1,0,0")], "traversal").write(tmp_path / "p.json")
+    with pytest.raises(ValueError, match="unknown policy 'expandr'"):
+        load_deployment(path)
