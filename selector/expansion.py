@@ -274,7 +274,7 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
     hidden = _list_column(table, TRUNK_STATE_COLUMNS[0]).reshape(n, s_trees, depth, hidden_size)
     entropy = _list_column(table, TRUNK_STATE_COLUMNS[1]).reshape(n, s_trees, depth).astype(np.float64)
     top = _list_column(table, TRUNK_STATE_COLUMNS[2]).reshape(n, s_trees, depth).astype(np.float64)
-    scalars = _list_column(table, "scalars")
+    scalars = acceptance_scalars(_list_column(table, "scalars"))
     depth_feature = np.broadcast_to(np.arange(depth, dtype=np.float32)[None, None, :, None], (n, s_trees, depth, 1))
     root = np.broadcast_to(scalars[:, None, None, :], (n, s_trees, depth, scalars.shape[1]))
     features = np.concatenate([hidden, entropy[..., None].astype(np.float32), top[..., None].astype(np.float32),
@@ -288,6 +288,20 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
         episodes[int(c)] = EpisodeData(be[rows], step[rows], prompts[rows], top[rows], entropy[rows], beta[rows],
                                        features[rows], actions)
     return metadata, episodes, rows_by_config
+
+
+PASS_TIME_SCALARS = ("draft_ms", "target_ms")  # the machine's speed, not the text's: no acceptance head reads them
+
+
+def acceptance_scalars(scalars: np.ndarray) -> np.ndarray:
+    """``(N, S)`` root scalars as the acceptance head sees them: the pass times zeroed. β depends on the two models
+    and the text, not on how fast this machine ran; a head fitted on them shifts when decoding runs on a slower or
+    faster machine than the collection did (a zero column gets a zero weight, so the decoder's values never count)."""
+    from decode.features import SCALAR_NAMES
+
+    out = np.array(scalars, dtype=np.float32, copy=True)
+    out[:, [SCALAR_NAMES.index(name) for name in PASS_TIME_SCALARS]] = 0.0
+    return out
 
 
 def _read_table(folder, columns: list[str]):

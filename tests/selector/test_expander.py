@@ -41,6 +41,12 @@ def test_the_graph_is_the_fitted_head_and_the_metadata_says_what_chose_it(learne
         graph = session.run(None, {"node": nodes})[0][:, column]
         want = predict_beta(fit_beta_head(data), data).reshape(-1)
         assert np.abs(graph - want).max() < 1e-3 * max(1.0, np.abs(want).max())
+    from decode.features import SCALAR_NAMES
+    from selector.expansion import PASS_TIME_SCALARS
+
+    root = fitted.weight.shape[0] - len(SCALAR_NAMES)
+    for name in PASS_TIME_SCALARS:  # the machine's pass times never move β̂
+        assert np.all(fitted.weight[root + SCALAR_NAMES.index(name)] == 0.0)
     meta = read_expander_metadata(path)
     assert meta == fitted.metadata
     assert [r.signal for r in meta.rules] == ["learned", "learned"] and meta.fit_prompts
