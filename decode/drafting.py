@@ -106,17 +106,16 @@ def draft_delayed_tree(
             if states is not None:
                 hidden[v] = states[i]
 
-    tip, stopped, depth = ROOT, False, 0
+    if halting is None and action.stop_entropy is not None:  # the entropy stop rule: one halting rule among others
+        halting = _entropy_above(action.stop_entropy)
+    tip, depth = ROOT, 0
     for j in range(action.l1):
-        if action.stop_entropy is not None and float(entropy(q_rows[tip])) > action.stop_entropy:
-            stopped = True
-            break
         if halting is not None and halting(TrunkNode(j, q_rows[tip], hidden.get(tip, root_hidden))):
             break
         tip, depth = builder.draw(tip, rng.categorical(q_rows[tip])), j + 1
         if j < action.l1 - 1 or action.l2 > 0:
             run([tip])
-    if stopped or action.is_single_path and depth < action.l1:
+    if action.is_single_path and depth < action.l1:
         tree = builder.build(Regime.IID, (1, depth, 0))
         return _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden, depth)
     k = action.k if action.l2 > 0 else 0
@@ -139,6 +138,11 @@ def _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden, depth) ->
         q[v] = row
     slot_list = [slots.get(v, -1) for v in range(tree.num_nodes)]
     return DraftedTree(tree, q, slot_list, calls, hidden if output_hidden else None, depth)
+
+
+def _entropy_above(threshold: float) -> Callable[[TrunkNode], bool]:
+    """Halt where the draft's entropy (nats) at the node exceeds ``threshold`` (an AdaEDL-style stop rule)."""
+    return lambda node: float(entropy(node.q)) > threshold
 
 
 def _distinct_children(builder: TreeBuilder, node: int, q: torch.Tensor, k: int, rng: RandomSource) -> list[int]:

@@ -67,7 +67,6 @@ class Request:
         steer_delta: ``(L, d_ff)`` the δ of a steered draft for the next step (None: unsteered, as before the first
             target state is known).
         target_root_taps: ``(n_taps, H_T)`` the steering states of a one-token prompt's root, run at prefill.
-        node_seconds: time the policy spent deciding at trunk nodes in the current step.
     """
 
     policy: Policy
@@ -85,7 +84,6 @@ class Request:
     draft_root_hidden: torch.Tensor | None = None
     steer_delta: torch.Tensor | None = None
     target_root_taps: torch.Tensor | None = None
-    node_seconds: float = 0.0
 
     @classmethod
     def start(cls, policy: Policy, rng: RandomSource, sampling: SamplingConfig) -> Request:
@@ -196,11 +194,11 @@ class SpeculativeDecoder:
         root = RootState(context_length, q_root, room, request.sampling, features, self.latency)
         action = policy.choose(root).clipped(max(room, 0))
         clock.lap("policy")
-        request.node_seconds = 0.0
+        decided = len(stats.network_seconds)
         drafted = self._draft_tree(request, q_root, action)
         stats.draft_calls += drafted.draft_calls
         clock.lap("draft")
-        clock.move("draft", "policy", request.node_seconds)  # per-node decisions are the policy's time
+        clock.move("draft", "policy", sum(stats.network_seconds[decided:]))  # per-node decisions: the policy's time
         action = _drafted_action(action, drafted) if request.policy.decides_per_node else action
         logits, target_hidden = _split(self._target_pass(request, drafted), request.features)
         p = distributions(logits, request.sampling)
@@ -240,13 +238,13 @@ class SpeculativeDecoder:
 
     def _draft_tree(self, request: Request, q_root: torch.Tensor, action: Action) -> DraftedTree:
         """Draft this step's tree from the draft's tip (under the step's δ when steered); a policy that decides per
-        node is asked at every trunk node, and its time there is counted in ``request.node_seconds``."""
+        node is asked at every trunk node, each decision's wall time going to the statistics' ``network_seconds``."""
         halting = None
         if request.policy.decides_per_node:
             def halting(node: TrunkNode) -> bool:
                 start = time.perf_counter()
                 halt = request.policy.halts(node)
-                request.node_seconds += time.perf_counter() - start
+                request.stats.network_seconds.append(time.perf_counter() - start)
                 return halt
         return draft_delayed_tree(self.draft, q_root, action, request.sampling, request.rng,
                                   self.without_replacement, output_hidden=request.features, halting=halting,

@@ -13,7 +13,8 @@ path (1, d, 0)) or K i.i.d. branches of L2 tokens (the tree (K, d, L2)). The sig
 The graph is the acceptance head: input ``node`` ``[batch, F]`` float32, output ``beta`` ``[batch, C]``, one column
 per sampling configuration (each rule names its ``column``), with the standardisation folded into its weights. A
 node's feature vector, in this order (:func:`node_feature_width`): the draft's final hidden state at the node
-(``H_d``), its entropy and top probability, the depth, then the root scalars of decode.features (``SCALAR_NAMES``).
+(``H_d``), its entropy and top probability, the depth, then the root scalars of decode.features (``SCALAR_NAMES``;
+the head's weights on the pass times are zero: selector/expansion.py ``acceptance_scalars``).
 The metadata holds one :class:`NodeRule` per sampling configuration it was fitted at, each with its fallback static
 action and the cross-fitted offline figures that chose it: the never-lose guard is ``signal: static`` wherever no
 rule beat the fallback offline.

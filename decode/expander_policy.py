@@ -14,7 +14,6 @@ before drafting from earlier steps): a stopping time of the draft's own draws, n
 from __future__ import annotations
 
 import copy
-import time
 from pathlib import Path
 
 import numpy as np
@@ -156,7 +155,6 @@ class HaltingPolicy(Policy):
         self.node_rule, self.rule, self.head = node_rule, node_rule.rule, head
         self.name = f"expander:{node_rule.signal}"
         self.needs_root_features = head is not None
-        self._node_seconds: list[float] = []
 
     def start(self, sampling: SamplingConfig) -> HaltingPolicy:
         return HaltingPolicy(self.node_rule, self.head)
@@ -169,10 +167,7 @@ class HaltingPolicy(Policy):
         return self.rule.widest
 
     def halts(self, node: TrunkNode) -> bool:
-        start = time.perf_counter()
-        halt = self.rule.halts(node.depth, self.signal(node))
-        self._node_seconds.append(time.perf_counter() - start)
-        return halt
+        return self.rule.halts(node.depth, self.signal(node))
 
     def signal(self, node: TrunkNode) -> float:
         """The rule's signal at ``node``: higher means the draft is surer there."""
@@ -188,7 +183,3 @@ class HaltingPolicy(Policy):
 
     def describe(self, sampling: SamplingConfig) -> str:
         return f"expander ({self.node_rule.signal}: {self.rule.describe()})"
-
-    def network_seconds(self) -> list[float]:
-        """Wall time of every per-node decision (signal, head call, rule) in this generation."""
-        return self._node_seconds

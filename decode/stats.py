@@ -25,7 +25,7 @@ class GenerationStats:
     accepted_counts: Counter = field(default_factory=Counter)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     wall_seconds: float = 0.0
-    network_seconds: list[float] = field(default_factory=list)  # each call of a learned policy's network
+    network_seconds: list[float] = field(default_factory=list)  # each network call or per-node decision
 
     def record_step(self, action: str, depth: int, accepted: int, emitted: int) -> None:
         self.steps += 1
