@@ -25,7 +25,7 @@ from data_gen.labels import label_forest
 from data_gen.schema import TRUNK_COLUMNS, TRUNK_STATE_COLUMNS, acceptance_column, label_column, trees_column
 from data_gen.union import UnionForest, grow_union_forest
 from decode.actions import Action
-from decode.features import HIDDEN_NAMES, root_features
+from decode.features import HIDDEN_NAMES, entropy, root_features
 from decode.latency import LatencyTable, draft_passes
 from decode.models import CachedLM
 from decode.pair import LoadedPair, load_pair_config
@@ -266,10 +266,9 @@ def trunk_states(forest: UnionForest, q: torch.Tensor, hidden: dict[int, torch.T
     depths = forest.l_max + 1
     nodes = torch.tensor([sample.trunk[:depths] for sample in forest.samples]).reshape(-1)  # (s · depths,)
     rows = q[nodes]
-    entropy = -(rows * rows.clamp_min(1e-12).log()).sum(-1)
     return {
         TRUNK_STATE_COLUMNS[0]: torch.stack([hidden[int(v)] for v in nodes]).reshape(-1).tolist(),
-        TRUNK_STATE_COLUMNS[1]: entropy.tolist(),
+        TRUNK_STATE_COLUMNS[1]: entropy(rows).tolist(),
         TRUNK_STATE_COLUMNS[2]: rows.max(-1).values.tolist(),
     }
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from decode.actions import Action
-from decode.features import entropy
+from decode.features import law_entropy
 from decode.models import CachedLM
 from decode.rng import RandomSource
 from decode.sampling import SamplingConfig, distributions
@@ -32,12 +32,14 @@ from decode.tree import ROOT, DraftTree, Regime, TreeBuilder
 @dataclass
 class TrunkNode:
     """What a per-node decision may see at a trunk node: its depth (0 = the root), the draft's law there ``(V,)``
-    (the one the next trunk token would be drawn from) and the draft's final hidden state there ``(H,)`` (None when
-    the draft was not asked for hidden states)."""
+    (the one the next trunk token would be drawn from), the draft's final hidden state there ``(H,)`` (None when
+    the draft was not asked for hidden states) and the token ids ``(Vs,)`` the law can be positive at (the draft's
+    vocabulary; None: any)."""
 
     depth: int
     q: torch.Tensor
     hidden: torch.Tensor | None
+    support: torch.Tensor | None = None
 
 
 @dataclass
@@ -108,9 +110,10 @@ def draft_delayed_tree(
 
     if halting is None and action.stop_entropy is not None:  # the entropy stop rule: one halting rule among others
         halting = _entropy_above(action.stop_entropy)
+    support = draft.support if halting is not None else None
     tip, depth = ROOT, 0
     for j in range(action.l1):
-        if halting is not None and halting(TrunkNode(j, q_rows[tip], hidden.get(tip, root_hidden))):
+        if halting is not None and halting(TrunkNode(j, q_rows[tip], hidden.get(tip, root_hidden), support)):
             break
         tip, depth = builder.draw(tip, rng.categorical(q_rows[tip])), j + 1
         if j < action.l1 - 1 or action.l2 > 0:
@@ -142,7 +145,7 @@ def _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden, depth) ->
 
 def _entropy_above(threshold: float) -> Callable[[TrunkNode], bool]:
     """Halt where the draft's entropy (nats) at the node exceeds ``threshold`` (an AdaEDL-style stop rule)."""
-    return lambda node: float(entropy(node.q)) > threshold
+    return lambda node: law_entropy(node.q, node.support) > threshold
 
 
 def _distinct_children(builder: TreeBuilder, node: int, q: torch.Tensor, k: int, rng: RandomSource) -> list[int]:

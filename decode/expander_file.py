@@ -26,6 +26,7 @@ fills it and the decoder reads it back.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
 from decode.actions import Action
@@ -63,9 +64,12 @@ class HaltingRule:
         if not 0 <= self.floor <= self.cap or self.k < 1 or self.l2 < 0 or (self.k > 1 and self.l2 < 1):
             raise ValueError(f"not a halting rule: {self!r} (need 0 <= floor <= cap, K >= 1, and L2 >= 1 to branch)")
 
-    def halts(self, depth: int, signal: float) -> bool:
-        """Whether the trunk stops growing at ``depth`` (the terminal is drafted there)."""
-        return depth >= self.cap or (depth >= self.floor and signal < self.theta)
+    def halts(self, depth: int, signal: float | Callable[[], float]) -> bool:
+        """Whether the trunk stops growing at ``depth`` (the terminal is drafted there). ``signal`` may be a callable,
+        then called only where the depth alone does not decide (``floor <= depth < cap``)."""
+        if depth >= self.cap or depth < self.floor:
+            return depth >= self.cap
+        return (signal() if callable(signal) else signal) < self.theta
 
     @property
     def widest(self) -> Action:

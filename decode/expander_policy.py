@@ -29,7 +29,7 @@ from decode.expander_file import (
     NodeRule,
     node_feature_width,
 )
-from decode.features import entropy as entropy_of
+from decode.features import law_entropy, top_probability
 from decode.policies import Policy, RootState, StaticPolicy
 from decode.sampling import SamplingConfig, nearest_note
 
@@ -167,19 +167,18 @@ class HaltingPolicy(Policy):
         return self.rule.widest
 
     def halts(self, node: TrunkNode) -> bool:
-        return self.rule.halts(node.depth, self.signal(node))
+        return self.rule.halts(node.depth, lambda: self.signal(node))  # no signal where the depth decides
 
     def signal(self, node: TrunkNode) -> float:
         """The rule's signal at ``node``: higher means the draft is surer there."""
-        q = node.q
         if self.node_rule.signal == "top":
-            return float(q.max())
-        entropy = float(entropy_of(q))
+            return top_probability(node.q)
+        entropy = law_entropy(node.q, node.support)
         if self.node_rule.signal == "entropy":
             return -entropy
         if node.hidden is None:
             raise ValueError("the learned expander needs the draft's hidden states (the decoder keeps them when asked)")
-        return self.head(node.hidden, entropy, float(q.max()), node.depth)
+        return self.head(node.hidden, entropy, top_probability(node.q), node.depth)
 
     def describe(self, sampling: SamplingConfig) -> str:
         return f"expander ({self.node_rule.signal}: {self.rule.describe()})"

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from decode.sampling import SamplingConfig
@@ -60,6 +61,24 @@ def hidden_sizes(target_hidden: int, draft_hidden: int) -> dict[str, int]:
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     """Shannon entropy in nats over the last axis; zero-probability tokens contribute nothing."""
     return -(probs * probs.clamp_min(EPS).log()).sum(-1)
+
+
+def top_probability(q: torch.Tensor) -> float:
+    """The largest probability of one law ``q`` ``(V,)``. On the CPU it is read through numpy, which shares the
+    tensor's memory: at a per-node decision torch's dispatch of a reduction costs more than the pass itself."""
+    if q.device.type == "cpu":
+        return float(q.numpy().max())
+    return float(q.max())
+
+
+def law_entropy(q: torch.Tensor, support: torch.Tensor | None = None) -> float:
+    """:func:`entropy` (nats) of one law ``q`` ``(V,)`` whose mass lies on the token ids ``support`` ``(Vs,)`` (None:
+    anywhere), equal up to rounding: the pass runs over the support only (a draft vocabulary is 1/6 of SmolLM2's),
+    through numpy on the CPU for the reason :func:`top_probability` gives."""
+    if q.device.type != "cpu":
+        return float(entropy(q if support is None else q[support]))
+    probs = q.numpy() if support is None else q.numpy()[support.numpy()]  # (Vs,)
+    return float(-np.dot(probs, np.log(np.maximum(probs, EPS))))
 
 
 def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -123,6 +123,12 @@ class CachedLM:
         if self._up_bias is not None:
             self._up_bias.delta = self._steer
 
+    @property
+    def support(self) -> torch.Tensor | None:
+        """The token ids ``(Vs,)`` where this model's logits can be finite (a draft vocabulary's,
+        :class:`~decode.draft_vocab.SubsetHead`), or None: every id."""
+        return getattr(self.model.get_output_embeddings(), "token_ids", None)
+
     # --- state ----------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Empty the cache (no committed or speculative slots)."""

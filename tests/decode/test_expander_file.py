@@ -27,6 +27,17 @@ def test_the_runtime_rule_halts_where_the_offline_rule_does(floor, cap):
     assert (runtime == offline).all()
 
 
+def test_a_lazy_signal_is_read_only_where_the_depth_does_not_decide():
+    rule, asked = HaltingRule(0.4, 1, 3, 1, 0), []
+
+    def signal_at(depth: int, value: float):
+        return lambda: asked.append(depth) or value
+
+    decisions = [rule.halts(d, signal_at(d, 0.9)) for d in range(5)]
+    assert decisions == [False, False, False, True, True] and asked == [1, 2]
+    assert rule.halts(1, signal_at(1, 0.1)) and rule.halts(2, 0.1) and not rule.halts(2, 0.9)
+
+
 def test_a_rule_drafts_its_terminal_at_the_halting_depth():
     branch, stop = HaltingRule(0.5, 0, 3, 2, 2), HaltingRule(0.5, 0, 3, 1, 0)
     assert branch.widest.key == "2,3,2" and branch.tree_at(1).key == "2,1,2"
