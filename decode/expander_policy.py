@@ -29,7 +29,7 @@ from decode.expander_file import (
     NodeRule,
     node_feature_width,
 )
-from decode.features import law_entropy, top_probability
+from decode.features import law_entropy
 from decode.policies import Policy, RootState, StaticPolicy
 from decode.sampling import SamplingConfig, nearest_note
 
@@ -172,13 +172,13 @@ class HaltingPolicy(Policy):
     def signal(self, node: TrunkNode) -> float:
         """The rule's signal at ``node``: higher means the draft is surer there."""
         if self.node_rule.signal == "top":
-            return top_probability(node.q)
+            return float(node.q.max())
         entropy = law_entropy(node.q, node.support)
         if self.node_rule.signal == "entropy":
             return -entropy
         if node.hidden is None:
             raise ValueError("the learned expander needs the draft's hidden states (the decoder keeps them when asked)")
-        return self.head(node.hidden, entropy, top_probability(node.q), node.depth)
+        return self.head(node.hidden, entropy, float(node.q.max()), node.depth)
 
     def describe(self, sampling: SamplingConfig) -> str:
         return f"expander ({self.node_rule.signal}: {self.rule.describe()})"

@@ -63,18 +63,11 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(probs * probs.clamp_min(EPS).log()).sum(-1)
 
 
-def top_probability(q: torch.Tensor) -> float:
-    """The largest probability of one law ``q`` ``(V,)``. On the CPU it is read through numpy, which shares the
-    tensor's memory: at a per-node decision torch's dispatch of a reduction costs more than the pass itself."""
-    if q.device.type == "cpu":
-        return float(q.numpy().max())
-    return float(q.max())
-
-
 def law_entropy(q: torch.Tensor, support: torch.Tensor | None = None) -> float:
     """:func:`entropy` (nats) of one law ``q`` ``(V,)`` whose mass lies on the token ids ``support`` ``(Vs,)`` (None:
-    anywhere), equal up to rounding: the pass runs over the support only (a draft vocabulary is 1/6 of SmolLM2's),
-    through numpy on the CPU for the reason :func:`top_probability` gives."""
+    anywhere), equal up to rounding, as a float. It is the per-node signal: the pass runs over the support only (a
+    draft vocabulary is 1/6 of SmolLM2's), and on the CPU through numpy, whose gather, log and dot touch the law
+    once with no per-op dispatch (docs/selector.md has the timings)."""
     if q.device.type != "cpu":
         return float(entropy(q if support is None else q[support]))
     probs = q.numpy() if support is None else q.numpy()[support.numpy()]  # (Vs,)
