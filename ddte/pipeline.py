@@ -12,7 +12,7 @@
    it then drafts exactly the fallback) and its expander (left out where it is static at every temperature);
 5. decide: per verifier and temperature, deploy the training split's static choice unless a runner-up beat it
    beyond the bench's noise (a paired bootstrap interval wholly above 1), or the faster of the selector and the
-   expander where it beat that static.
+   expander where it beat that static beyond the same noise.
    The choice goes to `<output>/policy.json` (`--policy-file` of `ddte generate` and `ddte bench`).
 
 Why bench several statics, and why a test before leaving the offline choice: the offline ranking can be wrong by more
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.compare import choose_static
+from bench.compare import SWITCH_LEVEL, choose_static, paired_ratio_interval
 from bench.decoding import BenchSettings, bench_prompts, encode_prompts, environment, run_bench
 from bench.display import bench_metrics, format_table, plot
 from bench.method import AR, Method, by_method, static_rows
@@ -412,8 +412,10 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
            selectors: dict[str, Path], out: Path, kept: dict[tuple[str, float], tuple] | None = None,
            expanders: dict[str, Path] | None = None):
     """Per verifier and temperature: the static candidate :func:`keep_statics` keeps (computed here when ``kept`` is
-    not given), or the faster of the selector (where its guard is on) and the expander (where it was benched) if it
-    beat that static in this bench."""
+    not given), or the faster of the selector (where its guard is on) and the expander (where it was benched) among
+    those that beat that static beyond this bench's noise: a paired bootstrap interval over prompts wholly above 1, at
+    :data:`~bench.compare.SWITCH_LEVEL` split over the rivals. A policy a few per cent ahead inside the noise is not
+    deployed: the static tree it would replace cannot lose to itself."""
     from decode.deployment import Choice
 
     kept = keep_statics(rows, candidates) if kept is None else kept
@@ -431,10 +433,12 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
             if verifier in expanders and Method.expander(verifier, expanders[verifier]) in at_t:
                 rivals["expander"] = at_t[Method.expander(verifier, expanders[verifier])]
             ratios = {name: row["tokens_per_s"] / static["tokens_per_s"] for name, row in rivals.items()}
-            best = max(ratios, key=ratios.get, default=None)
-            policy = best if best is not None and ratios[best] > 1.0 else "static"
-            reason = measured + "".join(f"; the {name} ran at {ratio:.3f}× ({actions[index]})"
-                                        for name, ratio in ratios.items())
+            level = 1 - (1 - SWITCH_LEVEL) / max(len(rivals), 1)  # Bonferroni over the rivals, as for runners-up
+            intervals = {name: paired_ratio_interval(row, static, level=level) for name, row in rivals.items()}
+            clear = [name for name, interval in intervals.items() if interval is not None and interval[0] > 1.0]
+            policy = max(clear, key=ratios.get, default="static")
+            reason = measured + "".join(f"; the {name} ran at {ratios[name]:.3f}× ({actions[index]}), "
+                                        + _interval_clause(intervals[name], level) for name in rivals)
             if "selector" not in rivals:
                 reason += ("; the selector's guard never leaves its fallback here (on validation prompts the selector "
                            "never beat it by the policy phase's cost), so it drafts the fallback")
@@ -446,6 +450,14 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
                 str(expanders[verifier].relative_to(out)) if policy == "expander" else None,
             ))
     return choices
+
+
+def _interval_clause(interval: tuple[float, float] | None, level: float) -> str:
+    """How a policy's paired interval against the kept static reads: beyond this bench's noise or within it."""
+    if interval is None:
+        return "no interval (under two prompts): kept the static"
+    verdict = "beyond this bench's noise" if interval[0] > 1.0 else "within this bench's noise"
+    return f"{level:.0%} interval [{interval[0]:.3f}, {interval[1]:.3f}]: {verdict}"
 
 
 def _fit_expanders(stage: ExpanderStage, out: Path, data_dir: Path, verifiers: list[str],

@@ -4,9 +4,9 @@ Collects roots on training prompts, trains one selector per verifier with its ne
 ONNX, benches each against its static candidates (the best distinct trees of the training data, bench.candidates of
 them) on held-out prompts in one interleaved run, and writes what to deploy per verifier and temperature to
 policy.json: the training split's static choice unless a runner-up beat it beyond the bench's noise, or the
-selector where it beat that static. Every stage's settings are checked before the first one starts; nothing is
-created on a refusal. The bench uses the first bench.num_prompts held-out prompts: an independent check of the
-choice skips them (ddte bench --skip-prompts N).
+selector (or expander) where it beat that static beyond the same noise. Every stage's settings are checked before
+the first one starts; nothing is created on a refusal. The bench uses the first bench.num_prompts held-out
+prompts: an independent check of the choice skips them (ddte bench --skip-prompts N).
 
 Examples:
   ddte pipeline --config configs/pipeline/default.yaml

@@ -168,6 +168,26 @@ def test_the_decision_deploys_an_expander_that_beat_the_kept_static_and_the_sele
     assert row.endswith("| 91.5 | 1.053 | - | 96.6 | 1.111 | expander (expanders/traversal.onnx) |")
 
 
+def test_a_policy_ahead_of_the_kept_static_only_within_the_bench_noise_is_not_deployed(tmp_path):
+    """An expander faster on average but slower on some prompts (its paired interval holds 1) leaves the static."""
+    from ddte.pipeline import decide, keep_statics
+
+    selector, expander = tmp_path / "selectors" / "traversal.onnx", tmp_path / "expanders" / "traversal.onnx"
+    candidates = {"traversal": {0.6: ["1,0,0"]}}
+    static = _bench_row("traversal@1,0,0", 0.6, 1.0, prompts=6)
+    noisy = _bench_row(f"traversal@expander={expander}", 0.6, 1.0, prompts=6)
+    for p, factor in zip(noisy["per_prompt"], (0.8, 1.1, 0.85, 1.12, 0.9, 1.05), strict=True):
+        p["wall_seconds"] *= factor  # ahead on three prompts, behind on three
+    noisy["tokens_per_s"] = 600.0 / sum(p["wall_seconds"] for p in noisy["per_prompt"])
+    assert noisy["tokens_per_s"] > static["tokens_per_s"]
+    rows = [static, noisy]
+    kept = keep_statics(rows, candidates)
+    [choice] = decide(rows, candidates, {"traversal": _selector_metadata("1,0,0", None)}, {"traversal": selector},
+                      tmp_path, kept, {"traversal": expander})
+    assert choice.policy == "static" and choice.expander is None
+    assert "within this bench's noise" in choice.reason and "90% interval" in choice.reason
+
+
 def test_results_md_says_why_a_selector_whose_guard_never_leaves_its_fallback_has_no_figures(tmp_path, monkeypatch):
     """A selector left out of the bench (its guard never leaves the fallback) reads as exactly that in results.md and
     policy.json's reason, not as a guard that was switched off."""
