@@ -455,7 +455,7 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
 def _interval_clause(interval: tuple[float, float] | None, level: float) -> str:
     """How a policy's paired interval against the kept static reads: beyond this bench's noise or within it."""
     if interval is None:
-        return "no interval (under two prompts): kept the static"
+        return "no interval (under two prompts): not deployable"
     verdict = "beyond this bench's noise" if interval[0] > 1.0 else "within this bench's noise"
     return f"{level:.0%} interval [{interval[0]:.3f}, {interval[1]:.3f}]: {verdict}"
 
