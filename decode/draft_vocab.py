@@ -9,11 +9,15 @@ The set lives beside the draft's weights as ``draft_vocab.safetensors`` (the tok
 metadata that says how it was chosen). :func:`attach_draft_vocab` swaps the model's ``lm_head`` for a
 :class:`SubsetHead` over the rows of those tokens; its logits are still full width ``(…, V)``, with ``-inf``
 outside the set, so everything downstream (sampling, features, verifiers, HF assisted generation) is unchanged.
+Inside :func:`support_logits` the head returns the set's logits alone ``(…, Vs)``: the drafting loop samples from
+laws of that width (a sixth of SmolLM2's vocabulary) and widens only the rows the verifier reads.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,16 +85,35 @@ def most_frequent(counts: torch.Tensor, size: int, always: list[int] | tuple[int
 
 
 class SubsetHead(nn.Module):
-    """An output head over the rows of a draft vocabulary: ``(..., H)`` -> full-width logits ``(..., V)``."""
+    """An output head over the rows of a draft vocabulary: ``(..., H)`` -> full-width logits ``(..., V)``, or the
+    vocabulary's own logits ``(..., Vs)`` (column i is token ``token_ids[i]``) while ``expand`` is False
+    (:func:`support_logits`)."""
 
     def __init__(self, weight: torch.Tensor, vocab: DraftVocab) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight[vocab.token_ids].detach().clone(), requires_grad=False)  # (Vs, H)
         self.register_buffer("token_ids", vocab.token_ids.to(weight.device), persistent=False)  # moves with .to()
         self.vocab_size = vocab.vocab_size
+        self.expand = True
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return expand_logits(nn.functional.linear(hidden, self.weight), self.token_ids, self.vocab_size)
+        logits = nn.functional.linear(hidden, self.weight)  # (..., Vs)
+        return expand_logits(logits, self.token_ids, self.vocab_size) if self.expand else logits
+
+
+@contextmanager
+def support_logits(model: nn.Module) -> Iterator[None]:
+    """Within it, ``model``'s forward returns its draft vocabulary's logits ``(..., Vs)`` (a model without one keeps
+    its full-width head). HF's forward calls the head itself, so the switch lives on the head."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, SubsetHead):
+        yield
+        return
+    head.expand = False
+    try:
+        yield
+    finally:
+        head.expand = True
 
 
 def expand_logits(logits: torch.Tensor, token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

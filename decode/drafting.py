@@ -5,7 +5,9 @@ level's distinct new nodes (branches that drew the same token share a node, so t
 prefix). Only nodes that will have children are run through the draft: leaves need no q.
 
 The q stored for a node is exactly the distribution its children were drawn from. For RSD the branching
-node draws its K children without replacement, and each branch then continues as a single path.
+node draws its K children without replacement, and each branch then continues as a single path. A draft with a
+draft vocabulary hands over its ``(n, Vs)`` logits only: the laws are sampled at that width, and the rows the
+verifier reads are widened to ``(n, V)`` with zeros at the ids the draft never proposes.
 
 Expansion decided while drafting: given a ``halting`` callable, the trunk asks it at every node it reaches (depth 0,
 the root, up to L1 − 1) whether to stop growing there; the K branches of L2 tokens (or nothing, for a single path)
@@ -31,15 +33,15 @@ from decode.tree import ROOT, DraftTree, Regime, TreeBuilder
 
 @dataclass
 class TrunkNode:
-    """What a per-node decision may see at a trunk node: its depth (0 = the root), the draft's law there ``(V,)``
-    (the one the next trunk token would be drawn from), the draft's final hidden state there ``(H,)`` (None when
-    the draft was not asked for hidden states) and the token ids ``(Vs,)`` the law can be positive at (the draft's
-    vocabulary; None: any)."""
+    """What a per-node decision may see at a trunk node: its depth (0 = the root), the draft's law there (the one
+    the next trunk token is drawn from) over the draft's support ``(Vs,)``, or ``(V,)`` for a draft without a
+    draft vocabulary, and the draft's final hidden state there ``(H,)`` (None when the draft was not asked for
+    hidden states). The law is the one drawn from, so a signal of it (top probability, entropy) is the full law's:
+    the rest of the vocabulary holds no mass."""
 
     depth: int
     q: torch.Tensor
     hidden: torch.Tensor | None
-    support: torch.Tensor | None = None
 
 
 @dataclass
@@ -89,71 +91,94 @@ def draft_delayed_tree(
         root_hidden: ``(H,)`` the draft's hidden state at the root, for ``halting`` at depth 0.
     """
     builder = TreeBuilder()
-    q_rows: dict[int, torch.Tensor] = {ROOT: q_root}
+    # Laws are kept over the draft's support (its draft vocabulary's ids, None: all V): the draft's softmax and
+    # every draw then run over Vs entries, not V. q_root is zero off the support, so its cut is the same law.
+    support = draft.support
+    laws: dict[int, torch.Tensor] = {ROOT: q_root if support is None else q_root.index_select(0, support)}
     slots = {ROOT: draft.length - 1}
     hidden: dict[int, torch.Tensor] = {}
     calls = 0
 
     def run(nodes: list[int]) -> None:
-        """One draft call over ``nodes`` (children of already-run nodes); stores their q and slots."""
+        """One draft call over ``nodes`` (children of already-run nodes); stores their laws and slots."""
         nonlocal calls
         tokens = [builder.tokens[v] for v in nodes]
         parents = [slots[builder.parents[v]] for v in nodes]
         base = draft.length
-        out = draft.extend_tree(tokens, parents, output_hidden=output_hidden)
-        logits, states = out if output_hidden else (out, None)
+        out = draft.extend_tree(tokens, parents, output_hidden=output_hidden, on_support=support is not None)
+        logits, states = out if output_hidden else (out, None)  # logits (n, Vs), or (n, V) without a support
         calls += 1
         for i, (v, row) in enumerate(zip(nodes, distributions(logits, sampling), strict=True)):
-            q_rows[v], slots[v] = row, base + i
+            laws[v], slots[v] = row, base + i
             if states is not None:
                 hidden[v] = states[i]
 
+    def draw(node: int) -> int:
+        """A child of ``node`` drawn from its law: the token id."""
+        return builder.draw(node, token_id(support, rng.categorical(laws[node])))
+
     if halting is None and action.stop_entropy is not None:  # the entropy stop rule: one halting rule among others
         halting = _entropy_above(action.stop_entropy)
-    support = draft.support if halting is not None else None
     tip, depth = ROOT, 0
     for j in range(action.l1):
-        if halting is not None and halting(TrunkNode(j, q_rows[tip], hidden.get(tip, root_hidden), support)):
+        if halting is not None and halting(TrunkNode(j, laws[tip], hidden.get(tip, root_hidden))):
             break
-        tip, depth = builder.draw(tip, rng.categorical(q_rows[tip])), j + 1
+        tip, depth = draw(tip), j + 1
         if j < action.l1 - 1 or action.l2 > 0:
             run([tip])
     if action.is_single_path and depth < action.l1:
         tree = builder.build(Regime.IID, (1, depth, 0))
-        return _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden, depth)
+        return _finish(tree, q_root, laws, support, slots, hidden if output_hidden else None, calls, depth)
     k = action.k if action.l2 > 0 else 0
     heads = [tip] * k
     for level in range(action.l2):
         if level == 0 and without_replacement:
-            heads = _distinct_children(builder, tip, q_rows[tip], k, rng)
+            heads = _distinct_children(builder, tip, laws[tip], support, k, rng)
         else:
-            heads = [builder.draw(node, rng.categorical(q_rows[node])) for node in heads]
+            heads = [draw(node) for node in heads]
         if level < action.l2 - 1:
-            run(list(dict.fromkeys(v for v in heads if v not in q_rows)))
+            run(list(dict.fromkeys(v for v in heads if v not in laws)))
     regime = Regime.WITHOUT_REPLACEMENT if without_replacement else Regime.IID
     tree = builder.build(regime, None if without_replacement else (action.k, depth, action.l2))
-    return _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden, depth)
+    return _finish(tree, q_root, laws, support, slots, hidden if output_hidden else None, calls, depth)
 
 
-def _finish(tree, q_rows, slots, hidden, calls, q_root, output_hidden, depth) -> DraftedTree:
+def token_id(support: torch.Tensor | None, index: int) -> int:
+    """The token id of entry ``index`` of a law over ``support`` ``(Vs,)`` (None: the full vocabulary, ids as is)."""
+    return index if support is None else int(support[index])
+
+
+def _finish(tree: DraftTree, q_root: torch.Tensor, laws: dict[int, torch.Tensor], support: torch.Tensor | None,
+            slots: dict[int, int], hidden: dict[int, torch.Tensor] | None, calls: int, depth: int) -> DraftedTree:
+    """The drafted tree with its q ``(n, V)``: the root's q_root as given, each run node's law widened to V (zeros
+    off the support), zero rows at leaves."""
     q = torch.zeros(tree.num_nodes, q_root.numel(), dtype=q_root.dtype, device=q_root.device)
-    for v, row in q_rows.items():
-        q[v] = row
+    q[ROOT] = q_root
+    rows = [v for v in laws if v != ROOT]
+    if rows:
+        stacked = torch.stack([laws[v] for v in rows])  # (r, Vs) or (r, V)
+        index = torch.tensor(rows, device=q.device)
+        if support is None:
+            q[index] = stacked
+        else:
+            q[index.unsqueeze(1), support.unsqueeze(0)] = stacked
     slot_list = [slots.get(v, -1) for v in range(tree.num_nodes)]
-    return DraftedTree(tree, q, slot_list, calls, hidden if output_hidden else None, depth)
+    return DraftedTree(tree, q, slot_list, calls, hidden, depth)
 
 
 def _entropy_above(threshold: float) -> Callable[[TrunkNode], bool]:
     """Halt where the draft's entropy (nats) at the node exceeds ``threshold`` (an AdaEDL-style stop rule)."""
-    return lambda node: law_entropy(node.q, node.support) > threshold
+    return lambda node: law_entropy(node.q) > threshold
 
 
-def _distinct_children(builder: TreeBuilder, node: int, q: torch.Tensor, k: int, rng: RandomSource) -> list[int]:
-    """Draw up to k distinct children of ``node`` sequentially without replacement from q."""
-    weights = q.clone()
+def _distinct_children(builder: TreeBuilder, node: int, law: torch.Tensor, support: torch.Tensor | None, k: int,
+                       rng: RandomSource) -> list[int]:
+    """Draw up to k distinct children of ``node`` sequentially without replacement from its law (over
+    ``support``)."""
+    weights = law.clone()
     children = []
     for _ in range(min(k, int((weights > 0).sum()))):
-        token = rng.categorical(weights)
-        weights[token] = 0.0
-        children.append(builder.draw(node, token))
+        index = rng.categorical(weights)
+        weights[index] = 0.0
+        children.append(builder.draw(node, token_id(support, index)))
     return children

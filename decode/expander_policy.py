@@ -173,7 +173,7 @@ class HaltingPolicy(Policy):
         """The rule's signal at ``node``: higher means the draft is surer there."""
         if self.node_rule.signal == "top":
             return float(node.q.max())
-        entropy = law_entropy(node.q, node.support)
+        entropy = law_entropy(node.q)
         if self.node_rule.signal == "entropy":
             return -entropy
         if node.hidden is None:

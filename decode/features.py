@@ -63,14 +63,13 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(probs * probs.clamp_min(EPS).log()).sum(-1)
 
 
-def law_entropy(q: torch.Tensor, support: torch.Tensor | None = None) -> float:
-    """:func:`entropy` (nats) of one law ``q`` ``(V,)`` whose mass lies on the token ids ``support`` ``(Vs,)`` (None:
-    anywhere), equal up to rounding, as a float. It is the per-node signal: the pass runs over the support only (a
-    draft vocabulary is 1/6 of SmolLM2's), and on the CPU through numpy, whose gather, log and dot touch the law
-    once with no per-op dispatch (docs/selector.md has the timings)."""
+def law_entropy(q: torch.Tensor) -> float:
+    """:func:`entropy` (nats) of one law ``q`` ``(Vs,)``, as a float: the per-node signal. The drafting loop hands
+    over its laws on the draft's support (a draft vocabulary is a sixth of SmolLM2's), and on the CPU numpy's log
+    and dot run them with no per-op dispatch (docs/selector.md has the timings)."""
     if q.device.type != "cpu":
-        return float(entropy(q if support is None else q[support]))
-    probs = q.numpy() if support is None else q.numpy()[support.numpy()]  # (Vs,)
+        return float(entropy(q))
+    probs = q.numpy()
     return float(-np.dot(probs, np.log(np.maximum(probs, EPS))))
 
 

@@ -241,13 +241,14 @@ _TIMING_LAW = SamplingConfig(temperature=1.0)  # the temperature only rescales l
 
 def _timed_pass(model: CachedLM, tokens: list[int], rng: TorchRandom | None) -> float:
     """Milliseconds of one pass over ``tokens`` as siblings after the cache's last token, rolled back after: the
-    forward, the distributions of its ``(n, V)`` logits and, given ``rng``, one draw per row (the draft's work).
+    forward, the distributions of its logits and, given ``rng``, one draw per row: the draft's work, which, as in
+    the drafting loop, runs over its draft vocabulary's ``(n, Vs)`` logits where it has one.
 
     A level of siblings has the attention cost of a tree block of the same size.
     """
     parents = [model.length - 1] * len(tokens)
     start = time.perf_counter()
-    laws = distributions(model.extend_tree(tokens, parents), _TIMING_LAW)
+    laws = distributions(model.extend_tree(tokens, parents, on_support=rng is not None), _TIMING_LAW)
     if rng is not None:
         for row in laws:
             rng.categorical(row)

@@ -23,12 +23,14 @@ which their forward takes in place of the masks it would build.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PretrainedConfig, PreTrainedModel
 
+from decode.draft_vocab import support_logits
 from decode.slots import SlotForest
 
 __all__ = ["CachedLM", "attention_windows", "check_same_vocab", "context_limit", "load_causal_lm"]
@@ -219,7 +221,7 @@ class CachedLM:
         return self.extend_tree(ids, [self.length - 1] + [-(j + 1) for j in range(n - 1)], output_hidden)
 
     def extend_tree(
-        self, ids: Sequence[int], parents: Sequence[int], output_hidden: bool = False
+        self, ids: Sequence[int], parents: Sequence[int], output_hidden: bool = False, on_support: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Append a block of speculative tokens arranged as a tree.
 
@@ -231,6 +233,8 @@ class CachedLM:
                 :class:`~decode.tree.DraftTree` (local parents, root = last cached slot) use
                 :func:`block_parents`. The cache must not be empty (prefill first).
             output_hidden: also return the final hidden states.
+            on_support: return logits ``(n, Vs)`` over :attr:`support` only (column i is token ``support[i]``),
+                where the model has a draft vocabulary; without one, ``(n, V)`` as always.
 
         Each token attends to its parent's root-to-slot path and itself, at position ``position(parent) + 1``.
 
@@ -246,7 +250,8 @@ class CachedLM:
         if self.length == 0:
             raise ValueError("extend_tree on an empty cache: prefill first")
         plan = self.slots.plan_block(parents)
-        out = self._forward(ids, plan.allowed, plan.positions, output_hidden)
+        with support_logits(self.model) if on_support else nullcontext():
+            out = self._forward(ids, plan.allowed, plan.positions, output_hidden)
         self.slots.append(plan)
         return out
 

@@ -112,14 +112,17 @@ def test_information_terms_match_their_definitions():
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
-def test_a_node_signal_read_over_the_support_equals_the_full_law(top_p):
-    """The per-node entropy over a draft vocabulary's ids equals the torch reduction over the full law; a support
-    that misses mass would not."""
+def test_a_law_over_the_draft_vocabulary_is_the_full_law_cut_to_it(top_p):
+    """The drafting loop's law over a draft vocabulary's ids (softmax and top-p over its Vs logits) holds the
+    full-width law's values there, so its per-node entropy is the full law's; a law that misses an id is not."""
     generator = torch.Generator().manual_seed(3)
     support = torch.randperm(512, generator=generator)[:96].sort().values
     logits = torch.full((512,), float("-inf"))
     logits[support] = 3 * torch.randn(96, generator=generator)
-    q = distributions(logits, SamplingConfig(0.8, top_p))
-    assert law_entropy(q, support) == pytest.approx(float(entropy(q)), rel=1e-5)
-    assert law_entropy(q) == pytest.approx(float(entropy(q)), rel=1e-5)
-    assert law_entropy(q, support[support != int(q.argmax())]) < float(entropy(q)) - 1e-3
+    sampling = SamplingConfig(0.8, top_p)
+    full, compact = distributions(logits, sampling), distributions(logits[support], sampling)  # (512,), (96,)
+    assert torch.allclose(compact, full[support], atol=1e-7) and float(full.sum() - full[support].sum()) == 0.0
+    assert law_entropy(compact) == pytest.approx(float(entropy(full)), rel=1e-5)
+    assert law_entropy(full) == pytest.approx(float(entropy(full)), rel=1e-5)
+    missing = full[support[support != int(full.argmax())]]
+    assert law_entropy(missing) < float(entropy(full)) - 1e-3

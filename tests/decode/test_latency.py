@@ -76,8 +76,9 @@ class _RecordingLM:
         self.length = len(tokens)
         self.prefills.append(len(tokens))
 
-    def extend_tree(self, tokens, parents):
+    def extend_tree(self, tokens, parents, on_support=False):
         assert parents == [self.length - 1] * len(tokens)  # siblings under the cache's last token
+        assert on_support == (self.name == "draft")  # the draft is timed as the drafting loop runs it
         self.blocks.append(len(tokens))
         self.length += len(tokens)
         cold = self.cold_ms if self.clock.last_model not in (None, self.name) else 0.0
