@@ -42,6 +42,8 @@ class EpisodeData:
         top, entropy: ``(N, s, D)`` the draft's top probability and entropy at trunk depths 0..D-1 (D = L_max + 1).
         beta: ``(N, s, D)`` the exact 1 − TV at those nodes.
         features: ``(N, s, D, F)`` what the learned head sees at each node.
+        trunk_pass_ms: ``(N,)`` one draft pass at the root's context length (the latency model's t_q(l, 1)): what
+            a rule pays for looking at a node it then stops at (:func:`rule_step_ms`).
         actions: the action list (column order of ``be`` and ``step``).
     """
 
@@ -52,11 +54,12 @@ class EpisodeData:
     entropy: np.ndarray
     beta: np.ndarray
     features: np.ndarray
+    trunk_pass_ms: np.ndarray
     actions: list[Action] = field(default_factory=list)
 
     def take(self, rows: np.ndarray) -> EpisodeData:
         return EpisodeData(self.be[rows], self.step[rows], self.prompts[rows], self.top[rows], self.entropy[rows],
-                           self.beta[rows], self.features[rows], self.actions)
+                           self.beta[rows], self.features[rows], self.trunk_pass_ms[rows], self.actions)
 
 
 def halting_depth(signal: np.ndarray, theta: float, floor: int, cap: int) -> np.ndarray:
@@ -80,10 +83,26 @@ class _Index:
 
 def rule_throughput(data: EpisodeData, signal: np.ndarray, rule: Rule, index: _Index) -> tuple[float, float]:
     """(roots, Σ ms per token) of a rule over every episode (:func:`_episode_sums`)."""
-    columns = _columns(index, rule, halting_depth(signal, rule.theta, rule.floor, rule.cap))  # (N, s)
+    depth = halting_depth(signal, rule.theta, rule.floor, rule.cap)  # (N, s)
+    columns = _columns(index, rule, depth)
     rows = np.arange(len(data.be))[:, None]
     trees = np.arange(data.be.shape[1])[None, :]
-    return _episode_sums(data.be[rows, trees, columns], data.step[rows, columns])
+    return _episode_sums(data.be[rows, trees, columns], rule_step_ms(data, rule, depth, columns))
+
+
+def rule_step_ms(data: EpisodeData, rule: Rule, depth: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """``(N, s)`` the step time of each episode under ``rule``, halted at ``depth`` on the trees ``columns``.
+
+    It is the halted tree's T̂, plus one draft pass where the rule stops a chain at 1 ≤ d < cap: to look at node d
+    the loop ran its forward (decode/drafting.py), which the static chain (1, d, 0) never runs, since nothing is
+    drawn from the last node's law. A rule that branches drafts from the halting node's law, as the static tree does,
+    and one that stops at the root or at its cap looks at no extra node."""
+    rows = np.arange(len(data.be))[:, None]
+    step = data.step[rows, columns]
+    if rule.k > 1 and rule.l2 > 0:
+        return step
+    looked = (depth >= 1) & (depth < rule.cap)
+    return step + data.trunk_pass_ms[:, None] * looked
 
 
 def _episode_sums(be: np.ndarray, step: np.ndarray) -> tuple[float, float]:
@@ -124,7 +143,7 @@ def best_rule(data: EpisodeData, signal: np.ndarray, rules: list[Rule], index: _
             cache[key] = halting_depth(signal, *key)
         depth = cache[key]
         columns = _columns(index, rule, depth)
-        roots, time = _episode_sums(data.be[rows, trees, columns], data.step[rows, columns])
+        roots, time = _episode_sums(data.be[rows, trees, columns], rule_step_ms(data, rule, depth, columns))
         value = roots / time
         if value > best_value:
             best, best_value = rule, value
@@ -285,6 +304,7 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
     trunk states; ValueError for one without them."""
     from data_gen.schema import TRUNK_COLUMNS, TRUNK_STATE_COLUMNS, trees_column
     from data_gen.store import read_metadata
+    from decode.features import SCALAR_NAMES
     from selector.data import _list_column
 
     metadata = read_metadata(folder)
@@ -299,7 +319,9 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
     hidden = _list_column(table, TRUNK_STATE_COLUMNS[0]).reshape(n, s_trees, depth, hidden_size)
     entropy = _list_column(table, TRUNK_STATE_COLUMNS[1]).reshape(n, s_trees, depth).astype(np.float64)
     top = _list_column(table, TRUNK_STATE_COLUMNS[2]).reshape(n, s_trees, depth).astype(np.float64)
-    scalars = acceptance_scalars(_list_column(table, "scalars"))
+    raw_scalars = _list_column(table, "scalars")
+    trunk_pass_ms = raw_scalars[:, SCALAR_NAMES.index("draft_ms")].astype(np.float64)
+    scalars = acceptance_scalars(raw_scalars)
     depth_feature = np.broadcast_to(np.arange(depth, dtype=np.float32)[None, None, :, None], (n, s_trees, depth, 1))
     root = np.broadcast_to(scalars[:, None, None, :], (n, s_trees, depth, scalars.shape[1]))
     features = np.concatenate([hidden, entropy[..., None].astype(np.float32), top[..., None].astype(np.float32),
@@ -311,7 +333,7 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
         rows = np.flatnonzero(sampling == c)
         rows_by_config[int(c)] = rows
         episodes[int(c)] = EpisodeData(be[rows], step[rows], prompts[rows], top[rows], entropy[rows], beta[rows],
-                                       features[rows], actions)
+                                       features[rows], trunk_pass_ms[rows], actions)
     return metadata, episodes, rows_by_config
 
 

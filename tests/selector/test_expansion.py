@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 from decode.actions import action_grid
-from selector.expansion import EpisodeData, Rule, _Index, best_rule, evaluate_expansion, halting_depth
+from selector.expansion import (
+    EpisodeData,
+    Rule,
+    _Index,
+    best_rule,
+    evaluate_expansion,
+    halting_depth,
+    rule_step_ms,
+    rule_throughput,
+)
 
 L_MAX, K_MAX, TREES = 3, 2, 2
 
@@ -22,9 +31,10 @@ def test_halting_depth_honours_floor_cap_and_threshold():
     assert halting_depth(signal, 0.95, 0, 3)[0, 0] == 0
 
 
-def _episodes(informative: bool, roots: int = 400, seed: int = 0) -> EpisodeData:
+def _episodes(informative: bool, roots: int = 400, seed: int = 0, pass_ms: float = 0.0) -> EpisodeData:
     """Chains whose acceptance β at each node is either high (0.95) or low (0.05); a path's Ê is 1 + the product of
-    accepted prefixes. ``informative``: the draft's top probability equals β (else it is noise)."""
+    accepted prefixes. ``informative``: the draft's top probability equals β (else it is noise). ``pass_ms``: a
+    draft pass, which a rule pays for looking at a node it stops at (0: free, so a rule can match the oracle)."""
     rng = np.random.default_rng(seed)
     actions = action_grid(K_MAX, L_MAX)
     depth = L_MAX + 1
@@ -37,7 +47,8 @@ def _episodes(informative: bool, roots: int = 400, seed: int = 0) -> EpisodeData
     step = np.array([[10.0 + a.size for a in actions]] * roots)  # each drafted token costs 1 ms, a pass 10 ms
     top = beta if informative else rng.random(beta.shape)
     features = np.concatenate([top[..., None], rng.random((roots, TREES, depth, 3))], axis=-1)
-    return EpisodeData(be, step, np.arange(roots) // 4, top, -np.log(top), beta, features, actions)
+    return EpisodeData(be, step, np.arange(roots) // 4, top, -np.log(top), beta, features, np.full(roots, pass_ms),
+                       actions)
 
 
 def test_an_informative_draft_confidence_is_exploited_and_noise_is_not():
@@ -48,6 +59,53 @@ def test_an_informative_draft_confidence_is_exploited_and_noise_is_not():
     assert noise["top"] == pytest.approx(1.0, abs=0.03)  # confidence that says nothing wins nothing
     assert noise["beta"] > 1.1  # ... while the exact β still would
     assert noise["corr_with_beta"]["top"] == pytest.approx(0.0, abs=0.1)
+
+
+def test_a_chain_stopped_below_its_cap_pays_the_pass_that_looked_at_its_last_node():
+    data = _episodes(True, roots=8, pass_ms=0.5)
+    index = _Index(data.actions)
+    signal = np.ones_like(data.top)
+    signal[..., 1] = 0.0  # every trunk halts at depth 1
+    for rule, extra in [(Rule(0.5, 0, 3, 1, 0), 0.5), (Rule(0.5, 0, 1, 1, 0), 0.0), (Rule(0.5, 0, 3, 2, 1), 0.0),
+                        (Rule(2.0, 0, 3, 1, 0), 0.0)]:  # below the cap; at the cap; branching; halting at the root
+        depth = halting_depth(signal, rule.theta, rule.floor, rule.cap)
+        tree = index(rule.k, int(depth[0, 0]), rule.l2 if rule.k > 1 else 0)
+        np.testing.assert_allclose(rule_step_ms(data, rule, depth, np.full(depth.shape, tree)),
+                                   data.step[:, [tree] * TREES] + extra)
+        roots, time = rule_throughput(data, signal, rule, index)
+        be = data.be[:, :, tree].mean(axis=1)
+        assert time == pytest.approx(float(((data.step[:, tree] + extra) / be).sum())) and roots == 8
+
+
+def test_the_loop_runs_the_extra_pass_the_offline_charge_counts(tiny_pair):
+    """Drafting with a halting rule runs one draft forward more than the static tree it ends with exactly where
+    :func:`rule_step_ms` charges one: a chain stopped at 1 <= d < cap."""
+    import torch
+
+    from decode.drafting import draft_delayed_tree
+    from decode.pair import read_pair_config
+    from decode.rng import TorchRandom
+    from decode.sampling import SamplingConfig, distributions
+
+    draft = read_pair_config(tiny_pair / "pair.yaml").load().draft
+    sampling = SamplingConfig(temperature=1.0)
+
+    def calls(rule: Rule | None, action, halt_at: int) -> int:
+        logits = draft.prefill([5, 9, 11, 4])
+        q_root = distributions(logits[-1], sampling)
+        halting = None if rule is None else (lambda node: rule.halts(node.depth, 0.0 if node.depth == halt_at else 1.0))
+        with torch.inference_mode():
+            return draft_delayed_tree(draft, q_root, action, sampling, TorchRandom(0), halting=halting).draft_calls
+
+    for rule, halt_at, extra in [(Rule(0.5, 0, 3, 1, 0), 1, 1), (Rule(0.5, 0, 3, 1, 0), 2, 1),
+                                 (Rule(0.5, 0, 3, 1, 0), 9, 0), (Rule(0.5, 0, 3, 1, 0), 0, 0),
+                                 (Rule(0.5, 0, 3, 2, 2), 1, 0), (Rule(0.5, 0, 3, 2, 2), 9, 0)]:
+        depth = min(halt_at, rule.cap)
+        static = calls(None, rule.tree_at(depth), halt_at)
+        assert calls(rule, rule.widest, halt_at) == static + extra, (rule, halt_at)
+        data = _episodes(True, roots=4, pass_ms=0.5)
+        charged = rule_step_ms(data, rule, np.full((4, TREES), depth), np.zeros((4, TREES), int))
+        assert charged[0, 0] - data.step[0, 0] == pytest.approx(0.5 * extra)
 
 
 def test_a_rule_that_could_pick_an_unlabelled_tree_is_never_chosen():
