@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from decode.features import EPS, law_entropy
+from decode.features import entropy, law_entropy
 from decode.models import CachedLM
 from decode.sampling import SamplingConfig, distributions
 
@@ -114,6 +114,6 @@ def signals_from_hidden(hidden: np.ndarray, head_weight: torch.Tensor, sampling:
             q = distributions(rows[ok].to(weight.dtype) @ weight.T, sampling)  # (n, Vs) float32
             index = np.flatnonzero(ok.numpy()) + start
             out["top"][index] = q.max(-1).values.double().numpy()
-            out["entropy"][index] = (-(q * q.clamp_min(EPS).log()).sum(-1)).double().numpy()
+            out["entropy"][index] = entropy(q).double().numpy()
             out["collision"][index] = (q * q).sum(-1).double().numpy()
     return {name: values.reshape(hidden.shape[:-1]) for name, values in out.items()}
