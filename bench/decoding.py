@@ -275,12 +275,72 @@ def bench_prompts(source: str | None, field_name: str, count: int, skip: int = 0
     return texts
 
 
+def bench_prompt_categories(source: str | None, count: int, skip: int = 0,
+                            default: str = "builtin:heldout") -> list[str] | None:
+    """Each bench prompt's category (as :func:`bench_prompts` picks them): from a chat or mixed prompt set, or from a
+    JSONL file whose every row has a ``category`` (as `ddte build-prompts --chat` writes); None otherwise."""
+    from data_gen.chat_prompts import build_chat_prompts, split_source
+    from data_gen.prompts import load_prompts
+
+    parsed = split_source(source or default)
+    if parsed is None:
+        if not str(source).endswith(".jsonl"):
+            return None
+        try:
+            categories = load_prompts(source, field="category", limit=count + skip)[skip:]
+        except ValueError:  # a row without a category: the file has none to report
+            return None
+        return categories
+    workload, chat_set = parsed
+    return [r["category"] for r in build_chat_prompts(chat_set, count=count + skip, workload=workload)[skip:]]
+
+
+def category_rows(rows: list[dict], categories: list[str]) -> list[dict]:
+    """Per prompt category, each row's tokens/s, TPOT and mean acceptance length over its prompts in that category
+    (``categories[i]`` is prompt i's), with the speedup against AR in the same category and temperature."""
+    out = []
+    for category in sorted(set(categories)):
+        ar = {}
+        for row in rows:
+            prompts = [p for p in row["per_prompt"] if categories[p["prompt"]] == category]
+            if not prompts:
+                continue
+            tokens = sum(p["new_tokens"] for p in prompts)
+            seconds = sum(p["wall_seconds"] for p in prompts)
+            passes = sum(p["target_passes"] for p in prompts)
+            decode_tokens = sum(p.get("decode_tokens", 0) for p in prompts)
+            decode_seconds = sum(p.get("decode_seconds", 0.0) for p in prompts)
+            entry = {"category": category, "method": row["method"], "temperature": row["temperature"],
+                     "prompts": len(prompts), "tokens_per_s": tokens / seconds if seconds else 0.0,
+                     "tpot_ms": 1000 * decode_seconds / decode_tokens if decode_tokens else None,
+                     "mean_acceptance_length": tokens / passes if passes else None}
+            if row["method"] == AR.key:
+                ar[row["temperature"]] = entry["tokens_per_s"]
+            out.append(entry)
+        for entry in out:
+            if entry["category"] == category:
+                base = ar.get(entry["temperature"])
+                entry["speedup"] = entry["tokens_per_s"] / base if base else None
+    return out
+
+
+def cpu_model() -> str:
+    """The CPU's model name and whether it has AVX-512 BF16 (bf16 matrix products run natively there), from
+    /proc/cpuinfo; ``platform.processor()`` where that file is absent."""
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        return platform.processor()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    return f"{name} ({'with' if 'avx512_bf16' in info else 'without'} AVX-512 BF16)"
+
+
 def environment(device: torch.device) -> dict:
     import transformers
 
     return {
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "machine": platform.machine(), "processor": platform.processor(), "cores": os.cpu_count(),
+        "machine": platform.machine(), "processor": platform.processor(), "cpu": cpu_model(), "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "device": str(device),
         "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
     }

@@ -41,6 +41,20 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def format_category_table(rows: list[dict]) -> str:
+    """Per category rows (:func:`bench.decoding.category_rows`) as a markdown table."""
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    lines = ["| T | category | prompts | method | tokens/s | TPOT ms | speedup vs ar | mean acceptance length |",
+             "|---|---|---:|---|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["temperature"], r["category"])):
+        lines.append(f"| {r['temperature']} | {r['category']} | {r['prompts']} | {r['method']} | "
+                     f"{r['tokens_per_s']:.2f} | {num(r['tpot_ms'], '.1f')} | {num(r.get('speedup'), '.2f')}× | "
+                     f"{num(r['mean_acceptance_length'], '.2f')} |")
+    return "\n".join(lines)
+
+
 def metric_name(method: Method) -> str:
     """A method as an MLflow metric prefix (file paths reduced to their file name; only the allowed characters)."""
     label = method.label.replace("@", "_").replace(",", "-").replace("=", "_")

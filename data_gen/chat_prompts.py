@@ -14,6 +14,11 @@ The split rule, fixed so every model and command sees the same sets:
 Held-out records of the trained sources are group ``like`` (prompts like the training data); ``chat:heldout-like``
 and ``chat:heldout-unlike`` name the two groups. Within a split the sources are interleaved round-robin in a stable
 hash order, so the first n prompts of a set mix every source.
+
+The **mixed** workload (``mixed:SET``, the Qwen2.5-Coder pair's prompts) applies the same split rule to every
+spec_bench category, RAG's long retrieved passages included (user turns up to :data:`MIXED_MAX_CONTENT_CHARS`), and
+interleaves round-robin over *categories* instead of sources, so the first n prompts of a set cover every category
+(13 in the held-out set: 10 trained, 3 never trained on) and per-category figures need few prompts.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ TRAINED_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "tra
 UNTRAINED_CATEGORIES = ("extraction", "stem", "humanities")  # spec_bench's MT-bench groups never trained on
 CHAT_SETS = ("train", "heldout", "heldout-like", "heldout-unlike")
 MAX_CONTENT_CHARS = 2000  # longer user turns (rag's retrieved passages) are left out: a 512-token prompt budget
+WORKLOADS = ("chat", "mixed")  # the prompt-source prefixes chat:SET and mixed:SET
+MIXED_CATEGORIES = (*TRAINED_CATEGORIES, "rag")  # the mixed workload trains on every category but the untrained
+MIXED_MAX_CONTENT_CHARS = 4000  # RAG's turns are 2.7-3.5k characters (~900 tokens): a 32k-context pair takes them
 
 CALCULATOR = re.compile(r"<<[^>]*>>")  # gsm8k's calculator annotations, not part of a natural answer
 HUMANEVAL_TEMPLATE = "Complete the following Python function.\n\n```python\n{prompt}```"
@@ -87,25 +95,26 @@ def _humaneval(root: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _spec_bench(root: Path) -> list[dict[str, Any]]:
+def _spec_bench(root: Path, trained: tuple[str, ...] = TRAINED_CATEGORIES,
+                max_chars: int = MAX_CONTENT_CHARS) -> list[dict[str, Any]]:
     records = []
     for row in _read_jsonl(root / "spec_bench" / "question.jsonl"):
         category, ident, content = row["category"], str(row["question_id"]), row["turns"][0]
-        if len(content) > MAX_CONTENT_CHARS:
+        if len(content) > max_chars:
             continue
         if category in UNTRAINED_CATEGORIES:
             records.append(_record("spec_bench", ident, category, content, "heldout", "unlike"))
-        elif category in TRAINED_CATEGORIES:
+        elif category in trained:
             split = "heldout" if _heldout_by_hash(f"spec_bench:{ident}") else "train"
             records.append(_record("spec_bench", ident, category, content, split, "like"))
     return records
 
 
-def _interleave(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Round-robin over sources (sorted by name), each source in stable hash order."""
+def _interleave(records: list[dict[str, Any]], key: str = "source") -> list[dict[str, Any]]:
+    """Round-robin over the values of ``key`` (sorted), each group in stable hash order."""
     by_source: dict[str, list[dict[str, Any]]] = {}
     for record in records:
-        by_source.setdefault(record["source"], []).append(record)
+        by_source.setdefault(record[key], []).append(record)
     queues = [sorted(rows, key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
               for _, rows in sorted(by_source.items())]
     out, depth = [], 0
@@ -116,17 +125,28 @@ def _interleave(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def build_chat_prompts(chat_set: str = "heldout", count: int | None = None,
-                       root: Path | None = None) -> list[dict[str, Any]]:
-    """The records of ``chat_set`` (one of :data:`CHAT_SETS`), at most ``count``, deterministic.
+                       root: Path | None = None, workload: str = "chat") -> list[dict[str, Any]]:
+    """The records of ``chat_set`` (one of :data:`CHAT_SETS`) of ``workload`` (one of :data:`WORKLOADS`), at most
+    ``count``, deterministic.
 
     Raises:
-        ValueError: an unknown set, or ``../shared/data`` missing.
+        ValueError: an unknown set or workload, or ``../shared/data`` missing.
     """
     if chat_set not in CHAT_SETS:
         raise ValueError(f"unknown chat prompt set {chat_set!r} (one of {', '.join(CHAT_SETS)})")
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown prompt workload {workload!r} (one of {', '.join(WORKLOADS)})")
     root = shared_data_dir() if root is None else root
-    records = _gsm8k(root) + _humaneval(root) + _spec_bench(root)
+    mixed = workload == "mixed"
+    spec_bench = (_spec_bench(root, MIXED_CATEGORIES, MIXED_MAX_CONTENT_CHARS) if mixed else _spec_bench(root))
+    records = _gsm8k(root) + _humaneval(root) + spec_bench
     split, _, group = chat_set.partition("-")
     chosen = [r for r in records if r["split"] == split and (not group or r["group"] == group)]
-    chosen = _interleave(chosen)
+    chosen = _interleave(chosen, "category" if mixed else "source")
     return chosen if count is None else chosen[:count]
+
+
+def split_source(source: str) -> tuple[str, str] | None:
+    """(workload, set) of a prompt source ``chat:SET`` or ``mixed:SET``; None for any other source."""
+    workload, sep, chat_set = source.partition(":")
+    return (workload, chat_set) if sep and workload in WORKLOADS else None

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from data_gen.chat_prompts import build_chat_prompts
+from data_gen.chat_prompts import build_chat_prompts, split_source
 from data_gen.corpus import HELDOUT_FRACTION, SPLITS, SourceFile, list_corpus, python_version, select_split
 from ddte_core.paths import staged_file
 from decode.pair import render_chat
@@ -217,17 +217,19 @@ def load_prompt_texts(source: str, field: str = "prompt", limit: int | None = No
                       tokenizer=None) -> list[str]:
     """Prompt texts from any source the collect config names (``prompts.source``).
 
-    ``builtin:train`` / ``builtin:heldout`` (the stdlib prompt builder's splits), ``chat:SET`` (a chat set of
-    :mod:`data_gen.chat_prompts`, rendered with ``tokenizer``'s chat template), a file :func:`load_prompts` reads
-    (chat rows rendered the same way), or ``hf:NAME`` for a ``datasets`` data set (``split`` and ``field`` apply;
-    offline, it must be in the HF cache). Raises ValueError with one line for every problem.
+    ``builtin:train`` / ``builtin:heldout`` (the stdlib prompt builder's splits), ``chat:SET`` or ``mixed:SET`` (a
+    chat set of :mod:`data_gen.chat_prompts`, rendered with ``tokenizer``'s chat template), a file
+    :func:`load_prompts` reads (chat rows rendered the same way), or ``hf:NAME`` for a ``datasets`` data set
+    (``split`` and ``field`` apply; offline, it must be in the HF cache). Raises ValueError with one line for every
+    problem.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"prompts.limit must be at least 1, got {limit}")
     if source.startswith("builtin:"):
         texts = [r["prompt"] for r in build_prompts(count=limit or 10**6, split=source.split(":", 1)[1])]
-    elif source.startswith("chat:"):
-        records = build_chat_prompts(source.split(":", 1)[1], count=limit)
+    elif split_source(source) is not None:
+        workload, chat_set = split_source(source)
+        records = build_chat_prompts(chat_set, count=limit, workload=workload)
         texts = [render_chat(tokenizer, r["messages"]) for r in records]
     elif source.startswith("hf:"):
         texts = _hub_prompts(source[3:], split, field, limit)

@@ -16,6 +16,15 @@ forward's to float rounding (tests: ≤ 1e-5), including after tree blocks, comm
 
 The target keeps HF's forward: it is where the compute is, and its baseline (HF ``generate``) must see the same
 model code as ddte's loop.
+
+**int8 weight-only layers** (``int8="single"`` or ``"all"``): each decoder layer's four matrices also get an int8
+copy, symmetric per output channel (``w ≈ scale[o] · q[o, :]``, ``|q| ≤ 127``), read by
+``torch._weight_int8pack_mm`` in the passes chosen: one-token passes only (``single``: the trunk's passes, where a
+pass streams its weights once and reads half the bytes), or every pass (``all``). The output head and the
+embeddings stay in the model's dtype. A quantized pass gives another q, not an approximation the verifier has to
+correct for: the drafting loop samples from that q and hands the same q to the verifier, so decoding stays exactly
+lossless (tests/decode/exact/test_int8_draft.py, with a negative control). Which mode pays is the CPU's business
+(measured by ``ddte pair-card``): never use it for a target, whose values must stay its own.
 """
 
 from __future__ import annotations
@@ -29,6 +38,16 @@ from decode.models import CachedLM, attention_windows
 _INITIAL_SLOTS = 256
 # model types whose decoder layer the fast forward reproduces (see the module docstring)
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+INT8_MODES = ("none", "single", "all")  # which passes read int8 weight-only layers: none, one-token passes, all
+_MATRICES = ("wqkv", "wo", "wgu", "wd")  # a layer's matrices, each with its bias under "b" + name[1:]
+
+
+def int8_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8 of ``weight`` ``(N, K)``: ``(q (N, K) int8, scale (N,))`` in weight's dtype,
+    ``weight ≈ scale[:, None] · q``."""
+    scale = weight.float().abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    q = torch.round(weight.float() / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+    return q, scale.to(weight.dtype)
 
 
 def fast_path_unsupported(model) -> str | None:
@@ -58,12 +77,20 @@ class FastCachedLM(CachedLM):
 
     forward_name = "fast"
 
-    def __init__(self, model, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+                 int8: str = "none") -> None:
         reason = fast_path_unsupported(model)
         if reason is not None:
             raise ValueError(f"the fast forward does not support this model: {reason}")
+        if int8 not in INT8_MODES:
+            raise ValueError(f"int8 must be one of {', '.join(INT8_MODES)}, got {int8!r}")
         super().__init__(model, device, dtype)
+        self.int8 = int8
         self._load_weights()
+        if int8 != "none":
+            for w in self.layers:
+                for name in _MATRICES:
+                    w["q" + name] = int8_weight(w[name])
 
     def attach_steering(self, steering) -> None:
         """As :meth:`CachedLM.attach_steering`, without hooks: this forward adds :attr:`steer` itself."""
@@ -152,6 +179,7 @@ class FastCachedLM(CachedLM):
             positions = torch.from_numpy(pos).to(self.device)
             cos, sin = self.cos[positions].unsqueeze(0), self.sin[positions].unsqueeze(0)  # (1, n, d)
             masks = self._masks(allowed, pos, n, start)
+            int8 = self.int8 == "all" or (self.int8 == "single" and n == 1)
             x = self.embed[index]  # (n, H)
             inputs = []  # each layer's input (HF's hidden_states[i]), kept only when taps read them
             for i, w in enumerate(self.layers):
@@ -159,12 +187,12 @@ class FastCachedLM(CachedLM):
                     inputs.append(x)
                 mask = None if masks is None else self._layer_mask(i, masks)
                 x = x + self._attention(i, F.rms_norm(x, x.shape[-1:], w["ln1"], self.eps), w, cos, sin, mask,
-                                        start, n)
+                                        start, n, int8)
                 h = F.rms_norm(x, x.shape[-1:], w["ln2"], self.eps)
-                gate, up = F.linear(h, w["wgu"], w["bgu"]).chunk(2, dim=-1)
+                gate, up = _linear(h, w, "wgu", int8).chunk(2, dim=-1)
                 if self._steer is not None:  # SD²: the step's bias on the up projection, every token alike
                     up = up + self._steer[i]
-                x = x + F.linear(F.silu(gate) * up, w["wd"], w["bd"])
+                x = x + _linear(F.silu(gate) * up, w, "wd", int8)
             hidden = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
             if self.taps:  # hidden_states[L] is the final normed state, as in HF's output
                 self.tapped = torch.stack([(inputs + [hidden])[i] for i in self.taps], dim=1).float()
@@ -183,10 +211,11 @@ class FastCachedLM(CachedLM):
             patterns = {None: self._causal_pattern(n, start)}
         return {w: self._additive_mask(p).unsqueeze(0) for w, p in patterns.items()}
 
-    def _attention(self, i: int, h: torch.Tensor, w: dict, cos, sin, mask, start: int, n: int) -> torch.Tensor:
+    def _attention(self, i: int, h: torch.Tensor, w: dict, cos, sin, mask, start: int, n: int,
+                   int8: bool = False) -> torch.Tensor:
         """Self-attention of layer i for the block's n tokens over the cached slots and themselves."""
         d = self.head_dim
-        qkv = F.linear(h, w["wqkv"], w["bqkv"])  # (n, (heads + 2 kv_heads) · d)
+        qkv = _linear(h, w, "wqkv", int8)  # (n, (heads + 2 kv_heads) · d)
         q = qkv[:, : self._q_width].view(n, self.n_heads, d)
         k = qkv[:, self._q_width : self._q_width + self._kv_width].view(n, self.n_kv, d)
         if w["qn"] is not None:
@@ -201,7 +230,17 @@ class FastCachedLM(CachedLM):
             keys = keys.repeat_interleave(self.n_heads // self.n_kv, dim=0)
             values = values.repeat_interleave(self.n_heads // self.n_kv, dim=0)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and n > 1)
-        return F.linear(out.transpose(0, 1).reshape(n, self._q_width), w["wo"], w["bo"])
+        return _linear(out.transpose(0, 1).reshape(n, self._q_width), w, "wo", int8)
+
+
+def _linear(x: torch.Tensor, w: dict, name: str, int8: bool) -> torch.Tensor:
+    """``x (n, K) @ w[name].T + bias`` ``(n, N)``: through the int8 copy ``w["q" + name]`` when ``int8``."""
+    bias = w["b" + name[1:]]
+    if not int8:
+        return F.linear(x, w[name], bias)
+    q, scale = w["q" + name]
+    out = torch._weight_int8pack_mm(x.contiguous(), q, scale)
+    return out if bias is None else out + bias
 
 
 def _fused_bias(*linears: torch.nn.Linear) -> torch.Tensor | None:
@@ -218,13 +257,20 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def cached_lm(model, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, fast: bool = True):
+def cached_lm(model, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, fast: bool = True,
+              int8: str = "none"):
     """A :class:`FastCachedLM` where the fast forward supports the model (and ``fast``), else a :class:`CachedLM`
     (HF's forward, the same logits) whose ``fast_fallback`` says why the fast one was not taken (None when
-    ``fast`` was off)."""
+    ``fast`` was off).
+
+    Raises:
+        ValueError: ``int8`` other than "none" for a model the fast forward cannot run (only it has int8 layers).
+    """
     reason = fast_path_unsupported(model) if fast else None
     if fast and reason is None:
-        return FastCachedLM(model, device, dtype)
+        return FastCachedLM(model, device, dtype, int8)
+    if int8 != "none":
+        raise ValueError(f"int8 draft layers need the fast forward, which this draft cannot take ({reason or 'off'})")
     lm = CachedLM(model, device, dtype)
     lm.fast_fallback = reason
     return lm

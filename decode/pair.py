@@ -42,7 +42,7 @@ class LoadedPair:
     @property
     def chat(self) -> bool:
         """Whether the pair's prompts are chat conversations (rendered with the tokenizer's chat template)."""
-        return self.heldout_prompts.startswith("chat:")
+        return self.heldout_prompts.startswith(("chat:", "mixed:"))
 
     @property
     def context_limit(self) -> int:
@@ -93,6 +93,7 @@ def load_pair(
     dtype: str | None = None,
     fast_draft: bool = True,
     draft_dtype: str | None = None,
+    draft_int8: str = "none",
 ) -> LoadedPair:
     """Load both models (safetensors or GGUF only, no remote code) and a tokenizer if one is available.
 
@@ -100,7 +101,8 @@ def load_pair(
     else in the target's folder (or its GGUF file), else beside it in ``tokenizer/``. A missing tokenizer is not an
     error: token ids still work. ``dtype`` is the target's (and the draft's, unless ``draft_dtype`` is given). The
     draft runs through the fast forward of :mod:`decode.fast_llama` when it supports the model (and
-    ``fast_draft``); the target always through HF's.
+    ``fast_draft``), with int8 weight-only layers in the passes ``draft_int8`` names (none, single, all); the
+    target always through HF's, in its own values.
 
     Raises:
         ValueError: a missing directory, weights that are not safetensors or GGUF, an unknown device or dtype, or
@@ -113,7 +115,8 @@ def load_pair(
     target_dtype = resolve_dtype(dtype, dev)
     draft_torch_dtype = resolve_dtype(draft_dtype, dev) or target_dtype
     target_lm = CachedLM(load_causal_lm(target, dev, target_dtype), dev, target_dtype)
-    draft_lm = cached_lm(load_draft_model(draft, dev, draft_torch_dtype), dev, draft_torch_dtype, fast=fast_draft)
+    draft_lm = cached_lm(load_draft_model(draft, dev, draft_torch_dtype), dev, draft_torch_dtype, fast=fast_draft,
+                         int8=draft_int8)
     check_same_vocab(target_lm.config, draft_lm.config)
     attach_draft_steering(draft_lm, target_lm, Path(draft), Path(target))
     tokenizer_dir = find_tokenizer_dir(Path(target), tokenizer)
@@ -153,7 +156,7 @@ def load_other_draft(pair: LoadedPair, path: str | Path) -> CachedLM:
 
     own = pair.draft
     draft = cached_lm(load_draft_model(path, own.device, own.dtype), own.device, own.dtype,
-                      fast=own.forward_name == "fast")
+                      fast=own.forward_name == "fast", int8=getattr(own, "int8", "none"))
     check_same_vocab(pair.target.config, draft.config)
     attach_draft_steering(draft, pair.target, Path(path), pair.paths["target"])
     return draft
@@ -184,7 +187,8 @@ def load_pair_config(path: str | Path, device: str = "cpu", dtype: str | None = 
     return spec.load(device, dtype, fast_draft)
 
 
-PAIR_KEYS = ("target", "draft", "tokenizer", "target_dtype", "draft_dtype", "train_prompts", "heldout_prompts")
+PAIR_KEYS = ("target", "draft", "tokenizer", "target_dtype", "draft_dtype", "draft_int8", "train_prompts",
+             "heldout_prompts")
 
 
 @dataclass(frozen=True)
@@ -195,9 +199,10 @@ class PairSpec:
         target, draft, tokenizer: model folders or GGUF files (``tokenizer`` None: found beside the target).
         target_dtype, draft_dtype: each model's dtype when the command's ``--dtype`` is auto (None: the device's
             default, fp32 on CPU).
+        draft_int8: the draft passes that read int8 weight-only layers (:data:`decode.fast_llama.INT8_MODES`).
         train_prompts, heldout_prompts: the prompt sources that fit this pair (``builtin:*`` for the stdlib pair,
             ``chat:*`` for a chat model), the defaults of collect and bench.
-        fetch: the registry model (:mod:`decode.fetch`) the target comes from, if any.
+        fetch: the registry models (:mod:`decode.fetch`) the target and the draft come from, if any.
     """
 
     source: Path
@@ -206,19 +211,20 @@ class PairSpec:
     tokenizer: Path | None = None
     target_dtype: str | None = None
     draft_dtype: str | None = None
+    draft_int8: str = "none"
     train_prompts: str = "builtin:train"
     heldout_prompts: str = "builtin:heldout"
-    fetch: str | None = None
+    fetch: tuple[str, ...] = ()
 
     def check_available(self) -> None:
-        """ValueError naming the command that makes a missing fetched target available."""
+        """ValueError naming the command that makes a missing fetched model available."""
         from decode.fetch import require_fetched
 
-        if self.fetch is not None:
+        for name in self.fetch:
             try:
-                require_fetched(self.fetch)
+                require_fetched(name)
             except ValueError as err:
-                raise ValueError(f"pair {self.source.stem}: its target {err}") from err
+                raise ValueError(f"pair {self.source.stem}: {err}") from err
 
     def load(self, device: str = "cpu", dtype: str | None = None, fast_draft: bool = True,
              tokenizer: str | Path | None = None) -> LoadedPair:
@@ -227,7 +233,8 @@ class PairSpec:
         override = dtype not in (None, "auto")
         pair = load_pair(self.target, self.draft, tokenizer or self.tokenizer, device,
                          dtype if override else self.target_dtype, fast_draft,
-                         draft_dtype=dtype if override else self.draft_dtype)
+                         draft_dtype=dtype if override else self.draft_dtype,
+                         draft_int8=self.draft_int8 if fast_draft else "none")
         pair.train_prompts, pair.heldout_prompts = self.train_prompts, self.heldout_prompts
         return pair
 
@@ -276,6 +283,8 @@ def read_pair_config(path: str | Path) -> PairSpec:
     for key in ("target_dtype", "draft_dtype"):
         if data.get(key) not in (None, "auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"pair config {str(path)!r}: {key} must be auto, float32, bfloat16 or float16")
+    if data.get("draft_int8", "none") not in ("none", "single", "all"):
+        raise ValueError(f"pair config {str(path)!r}: draft_int8 must be none, single or all")
     base = next((p.parent for p in path.resolve().parents if p.name == "configs"), path.resolve().parent)
 
     def located(value) -> Path | None:
@@ -283,11 +292,16 @@ def read_pair_config(path: str | Path) -> PairSpec:
             return None
         return Path(value) if Path(value).is_absolute() else base / value
 
-    fetch = fetch_name(data["target"])
-    target_path = fetched_model_dir(fetch) if fetch is not None else located(data["target"])
+    fetched = tuple(name for name in (fetch_name(data["target"]), fetch_name(data["draft"])) if name is not None)
+
+    def model_path(value) -> Path:
+        name = fetch_name(value)
+        return fetched_model_dir(name) if name is not None else located(value)
+
     extra = {k: str(data[k]) for k in ("train_prompts", "heldout_prompts") if data.get(k) is not None}
-    return PairSpec(path, target_path, located(data["draft"]), located(data.get("tokenizer")),
-                    data.get("target_dtype"), data.get("draft_dtype"), fetch=fetch, **extra)
+    return PairSpec(path, model_path(data["target"]), model_path(data["draft"]), located(data.get("tokenizer")),
+                    data.get("target_dtype"), data.get("draft_dtype"), data.get("draft_int8", "none"),
+                    fetch=fetched, **extra)
 
 
 def pair_fingerprint(target: str | Path, draft: str | Path, tokenizer: str | Path | None = None) -> str:

@@ -120,8 +120,16 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
 
 def run(args: argparse.Namespace) -> int:
     from bench.compare import format_comparisons, policy_comparisons
-    from bench.decoding import BenchSettings, bench_prompts, encode_prompts, environment, run_bench
-    from bench.display import format_table, plot
+    from bench.decoding import (
+        BenchSettings,
+        bench_prompt_categories,
+        bench_prompts,
+        category_rows,
+        encode_prompts,
+        environment,
+        run_bench,
+    )
+    from bench.display import format_category_table, format_table, plot
 
     methods, deployments = check_arguments(args)
     _note_unmeasured_sampling(args, methods, deployments)
@@ -134,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         prompts = encode_prompts(pair, bench_prompts(args.prompts, args.field, args.num_prompts, args.skip_prompts,
                                                     pair.tokenizer, pair.heldout_prompts), args.max_new_tokens,
                                  truncated)
+        categories = bench_prompt_categories(args.prompts, args.num_prompts, args.skip_prompts, pair.heldout_prompts)
     if truncated:
         print(f"warning: {len(truncated)} of {len(prompts)} prompts are longer than the "
               f"{pair.context_limit}-token context leaves beside --max-new-tokens {args.max_new_tokens}: their "
@@ -150,6 +159,10 @@ def run(args: argparse.Namespace) -> int:
              f"T = {temps}, top-p {args.top_p:g}")
     print(title)
     print(format_table(rows))
+    by_category = category_rows(rows, categories) if categories and len(set(categories)) > 1 else []
+    if by_category:
+        print("\nPer prompt category:")
+        print(format_category_table(by_category))
     comparisons = policy_comparisons(rows)
     if comparisons:
         print("\nPolicies against their verifier's best static tree in this run (the best of several near-tied rows is "
@@ -160,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         settings_out = {k: v for k, v in vars(args).items() if not k.startswith("_")} | {
             "methods": [m.key for m in methods]}
         payload = {"settings": settings_out, "environment": environment(pair.target.device), "rows": rows,
-                   "comparisons": comparisons}
+                   "categories": by_category, "comparisons": comparisons}
         tmp = f"{output}.tmp"
         with open(tmp, "w") as f:
             json.dump(payload, f, indent=2, default=str)

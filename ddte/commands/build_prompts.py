@@ -13,10 +13,15 @@ their ids (20 %); spec_bench's extraction, stem and humanities questions are nev
 "unlike"). SET is train, heldout, heldout-like or heldout-unlike. Commands render these rows with the tokenizer's
 chat template; the same sets are also read directly as prompt sources chat:SET.
 
+--workload mixed (with --chat) builds the Qwen2.5-Coder pair's mixed workload (prompt sources mixed:SET): the same
+split rule over every spec_bench category, RAG included, interleaved by category so that the first 13 held-out
+prompts cover all 13 categories (each record's "category" names its own).
+
 Examples:
   ddte build-prompts --output prompts.jsonl
   ddte build-prompts --output train_prompts.jsonl --split train --num-prompts 500 --max-chars 800
   ddte build-prompts --chat heldout-unlike --output chat_unlike.jsonl
+  ddte build-prompts --chat heldout --workload mixed --num-prompts 26 --output mixed_heldout.jsonl
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", default=None, metavar="SET",
                         help="chat prompt set from ../shared/data instead of stdlib code: train, heldout, heldout-like "
                         "or heldout-unlike")
+    parser.add_argument("--workload", choices=("chat", "mixed"), default="chat",
+                        help="with --chat: the chat workload (SmolLM2's) or the mixed one (every spec_bench category "
+                        "by turns; the Qwen2.5-Coder pair's)")
     parser.add_argument("--heldout-fraction", type=float, default=HELDOUT_FRACTION,
                         help="held-out fraction of the corpus split (must match the pair's recipe)")
 
@@ -62,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--max-chars must be at least 40, got {args.max_chars}")
     if not 0.0 < args.heldout_fraction < 1.0:
         raise UserError(f"--heldout-fraction must be in (0, 1), got {args.heldout_fraction}")
+    if args.workload != "chat" and args.chat is None:
+        raise UserError("--workload applies to chat prompt sets: give --chat SET as well")
     output = check_output_file(args.output)
     if args.chat is not None:
         return _write_chat(args, Path(output))
@@ -83,12 +93,12 @@ def _write_chat(args: argparse.Namespace, output: Path) -> int:
     from data_gen.prompts import write_jsonl
 
     try:
-        records = build_chat_prompts(args.chat, count=args.num_prompts)
+        records = build_chat_prompts(args.chat, count=args.num_prompts, workload=args.workload)
     except (ValueError, OSError) as err:
         raise UserError(str(err).splitlines()[0]) from err
     write_jsonl(records, output)
     sources = ", ".join(f"{n} {s}" for s, n in sorted(Counter(r["source"] for r in records).items()))
-    print(f"wrote {len(records)} chat prompts of set {args.chat} ({sources}) to {output}")
+    print(f"wrote {len(records)} {args.workload} prompts of set {args.chat} ({sources}) to {output}")
     if len(records) < args.num_prompts:
         print(f"note: set {args.chat} has only {len(records)} prompts, fewer than --num-prompts {args.num_prompts}")
     return 0
