@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from bench.method import AR, Method
+from ddte_core.machine import cpu_model
 from decode.deployment import Deployment, load_deployment
 from decode.engine import SpeculativeDecoder
 from decode.pair import LoadedPair
@@ -322,17 +323,6 @@ def category_rows(rows: list[dict], categories: list[str]) -> list[dict]:
                 base = ar.get(entry["temperature"])
                 entry["speedup"] = entry["tokens_per_s"] / base if base else None
     return out
-
-
-def cpu_model() -> str:
-    """The CPU's model name and whether it has AVX-512 BF16 (bf16 matrix products run natively there), from
-    /proc/cpuinfo; ``platform.processor()`` where that file is absent."""
-    try:
-        info = open("/proc/cpuinfo").read()
-    except OSError:
-        return platform.processor()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    return f"{name} ({'with' if 'avx512_bf16' in info else 'without'} AVX-512 BF16)"
 
 
 def environment(device: torch.device) -> dict:

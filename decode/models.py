@@ -276,7 +276,7 @@ class CachedLM:
             kwargs["position_ids"] = torch.from_numpy(pos).view(1, -1).to(self.device)
             out = self.model(
                 input_ids=input_ids,
-                past_key_values=self._cache,
+                cache=self._cache,
                 use_cache=True,
                 output_hidden_states=output_hidden or bool(self.taps),
                 **kwargs,

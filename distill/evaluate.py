@@ -27,13 +27,13 @@ def sample_continuation(model, ids: list[int], new_tokens: int, temperature: flo
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    logits = model(torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0, -1]
+    logits = model(torch.tensor([ids]), cache=cache, use_cache=True).logits[0, -1]
     out: list[int] = []
     for _ in range(new_tokens):
         probs = torch.softmax(logits.double() / temperature, dim=-1)
         token = int(torch.multinomial(probs, 1, generator=gen))
         out.append(token)
-        logits = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits[0, -1]
+        logits = model(torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1]
     return out
 
 

@@ -7,20 +7,21 @@ For a :class:`~decode.pair.PairSpec` this measures, with both models in the pair
     (warm + c(l)), and their ratios to a one-token target pass;
   * acceptance 1 − TV(p, q) at T = 0.6 and 1 on target-sampled continuations of the pair's held-out prompts, for
     the prompts like the training data and those unlike it when the prompts are chat sets (``chat:heldout-like``,
-    ``chat:heldout-unlike``);
+    ``chat:heldout-unlike``), and per prompt category for the mixed workload (``mixed:heldout``); q is the draft's
+    law as the decoding loop computes it (its wrapper: the fast forward, int8 layers where the pair sets them);
   * one sample of the target at T = 0.8.
 """
 
 from __future__ import annotations
 
 import os
-import platform
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ddte.pair_card.shipped import describe
+from ddte_core.machine import cpu_model
 from distill.evaluate import acceptance_on_target_samples, sample_continuation
 
 
@@ -37,11 +38,39 @@ class PairCardSettings:
     seed: int = 0
 
 
-def prompt_groups(heldout: str) -> dict[str, str]:
-    """Held-out prompt sources by group: like/unlike for chat sets, else the one held-out source."""
+def prompt_groups(heldout: str, count: int, tokenizer) -> dict[str, list[str]]:
+    """Held-out prompt texts by group, at most ``count`` a group: like/unlike for the chat sets, each category for
+    the mixed workload, else the one held-out source."""
+    from data_gen.chat_prompts import build_chat_prompts, split_source
+    from data_gen.prompts import load_prompt_texts
+    from decode.pair import render_chat
+
     if heldout == "chat:heldout":
-        return {"like": "chat:heldout-like", "unlike": "chat:heldout-unlike"}
-    return {"heldout": heldout}
+        return {group: load_prompt_texts(f"chat:heldout-{group}", limit=count, tokenizer=tokenizer)
+                for group in ("like", "unlike")}
+    parsed = split_source(heldout)
+    if parsed is not None and parsed[0] == "mixed":
+        groups: dict[str, list[str]] = {}
+        for record in build_chat_prompts(parsed[1], workload="mixed"):
+            texts = groups.setdefault(record["category"], [])
+            if len(texts) < count:
+                texts.append(render_chat(tokenizer, record["messages"]))
+        return groups
+    return {"heldout": load_prompt_texts(heldout, limit=count, tokenizer=tokenizer)}
+
+
+class LoopDraft:
+    """The pair's draft as the decoding loop runs it (:class:`~decode.models.CachedLM` or its fast subclass, int8
+    layers included), called like an HF causal LM on one sequence ``(1, n)``: ``.logits`` ``(1, n, V)``, from one
+    prefill pass."""
+
+    def __init__(self, lm) -> None:
+        self.lm = lm
+
+    def __call__(self, ids: torch.Tensor):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.lm.prefill(ids[0].tolist())[None])
 
 
 def measure_pair(settings: PairCardSettings) -> dict[str, Any]:
@@ -56,9 +85,10 @@ def measure_pair(settings: PairCardSettings) -> dict[str, Any]:
     target, draft = pair.target.model, pair.draft.model
     result: dict[str, Any] = {
         "pair": str(spec.source), "threads": torch.get_num_threads(), "torch_version": torch.__version__,
-        "cpu": platform.processor() or platform.machine(), "load_average_at_start": os.getloadavg()[0],
+        "cpu": cpu_model(), "load_average_at_start": os.getloadavg()[0],
         "architecture": {"target": describe(target) | {"dtype": str(pair.target.dtype)},
-                         "draft": describe(draft) | {"dtype": str(pair.draft.dtype)}},
+                         "draft": describe(draft) | {"dtype": str(pair.draft.dtype),
+                                                     "int8_layers": getattr(pair.draft, "int8", "none")}},
     }
     table = measure_latency(pair.target, pair.draft, lengths=[settings.cache_len], sizes=[1, settings.tree_nodes],
                             repeats=settings.repeats)
@@ -74,12 +104,11 @@ def measure_pair(settings: PairCardSettings) -> dict[str, Any]:
         "draft_over_target": draft_warm / target_one, "draft_first_pass_over_target": draft_cold / target_one,
     }
     context = min(pair.context_limit, 2048)
-    for group, source in prompt_groups(spec.heldout_prompts).items():
-        prompts = load_prompt_texts(source, limit=settings.num_prompts, tokenizer=pair.tokenizer)
+    for group, prompts in prompt_groups(spec.heldout_prompts, settings.num_prompts, pair.tokenizer).items():
         for t in (0.6, 1.0):
             result[f"acceptance_{group}_T{t:g}"] = acceptance_on_target_samples(
-                target, draft, pair.tokenizer, prompts, settings.max_new_tokens, context, settings.seed,
-                temperature=t)
+                target, LoopDraft(pair.draft), pair.tokenizer, prompts, settings.max_new_tokens, context,
+                settings.seed, temperature=t)
     first = load_prompt_texts(spec.heldout_prompts, limit=1, tokenizer=pair.tokenizer)[0]
     ids = list(pair.tokenizer(first)["input_ids"])
     with torch.inference_mode():
@@ -99,18 +128,21 @@ def pair_markdown(result: dict[str, Any]) -> str:
         f"| dtype | {arch['target']['dtype']} | {arch['draft']['dtype']} |",
         "",
         f"Pass times in the decoding loop after {loop['cache_len']} tokens (median of {loop['repeats']}, "
-        f"{result['threads']} thread(s), load average {result['load_average_at_start']:.2f} at start):",
+        f"{result['threads']} thread(s), {result['cpu']}, load average {result['load_average_at_start']:.2f} at "
+        "start):",
         "", "| pass | ms | / one-token target pass |", "|---|---:|---:|",
         f"| target, 1 token | {loop['target_one_token_ms']:.2f} | 1 |",
         f"| target, {loop['tree_nodes']}-token tree | {loop['target_tree_ms']:.2f} | "
         f"{loop['tree_over_one_token']:.2f} |",
-        f"| draft ({loop['draft_wrapper']}), 1 token, warm | {loop['draft_one_token_ms']:.3f} | "
-        f"1/{1 / loop['draft_over_target']:.0f} |",
+        f"| draft ({loop['draft_wrapper']}, int8 layers: {arch['draft'].get('int8_layers', 'none')}), 1 token, warm "
+        f"| {loop['draft_one_token_ms']:.3f} | {loop['draft_over_target']:.3f} |",
+        f"| draft, {loop['tree_nodes']}-token level | {loop['draft_tree_level_ms']:.3f} | "
+        f"{loop['draft_tree_level_ms'] / loop['target_one_token_ms']:.3f} |",
         f"| draft, a step's first pass (cache-cold) | {loop['draft_first_pass_ms']:.3f} | "
-        f"1/{1 / loop['draft_first_pass_over_target']:.0f} |",
+        f"{loop['draft_first_pass_over_target']:.3f} |",
         "", "| acceptance 1 − TV(p, q), held-out prompts | T = 0.6 | T = 1 |", "|---|---:|---:|",
     ]
-    groups = sorted({k.split("_")[1] for k in result if k.startswith("acceptance_")})
+    groups = sorted({k[len("acceptance_"):].rsplit("_", 1)[0] for k in result if k.startswith("acceptance_")})
     for group in groups:
         low, high = result[f"acceptance_{group}_T0.6"], result[f"acceptance_{group}_T1"]
         lines.append(f"| {group} ({high['prompts']} prompts × {high['new_tokens_per_prompt']} tokens) | "

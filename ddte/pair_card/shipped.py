@@ -134,7 +134,7 @@ def latency_ms(model, cache_len: int, nodes: int, repeats: int, seed: int = 0) -
     gen = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     cache = DynamicCache(config=model.config)
-    model(torch.randint(3, vocab, (1, cache_len), generator=gen), past_key_values=cache, use_cache=True)
+    model(torch.randint(3, vocab, (1, cache_len), generator=gen), cache=cache, use_cache=True)
     tokens = torch.randint(3, vocab, (1, nodes), generator=gen)
     kwargs: dict[str, Any] = {}
     if nodes > 1:
@@ -144,7 +144,7 @@ def latency_ms(model, cache_len: int, nodes: int, repeats: int, seed: int = 0) -
     times = []
     for i in range(repeats + 3):
         start = time.perf_counter()
-        model(tokens, past_key_values=cache, use_cache=True, **kwargs)
+        model(tokens, cache=cache, use_cache=True, **kwargs)
         elapsed = time.perf_counter() - start
         cache.crop(-nodes)
         if i >= 3:  # the first calls warm up allocators and kernels

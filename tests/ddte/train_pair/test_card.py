@@ -23,11 +23,11 @@ def test_timed_tree_pass_matches_sequential_paths(tiny_pair):
     tree = torch.randint(3, model.config.vocab_size, (1, 9), generator=gen)
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
-        model(prefix, past_key_values=cache, use_cache=True)
+        model(prefix, cache=cache, use_cache=True)
         mask = card.tree_mask(parents, 12)
         assert mask.shape == (1, 1, 9, 21)
         positions = (12 + card.tree_depths(parents))[None]
-        logits = model(tree, attention_mask=mask, position_ids=positions, past_key_values=cache).logits[0]
+        logits = model(tree, attention_mask=mask, position_ids=positions, cache=cache).logits[0]
         for node in range(9):
             path, j = [], node
             while j >= 0:

@@ -1,0 +1,98 @@
+"""The pretrained Qwen2.5-Coder pair (1.5B target, 0.5B draft, both bf16; the draft's layers int8 as the pair config
+sets them): tree attention, rollback and greedy decoding against full recomputes.
+
+These need both models fetched (``ddte fetch qwen-coder``; CI runs it before the suite, once per machine) and skip
+without them. Prompts are plain text (no chat template) and short, so that a full recompute costs little.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ddte.cli import main
+from decode.fetch import KNOWN_PAIRS, is_fetched
+from decode.models import CachedLM
+from decode.pair import read_pair_config
+
+pytestmark = pytest.mark.skipif(not all(is_fetched(name) for name in KNOWN_PAIRS["qwen-coder"]),
+                                reason="run `ddte fetch qwen-coder` first (CI does)")
+
+# As for SmolLM2 (tests/decode/test_smollm2.py): bf16 keeps 8 bits of mantissa and a cached tree pass may sum in
+# another order than a recompute; the gap is relative to the row's largest |logit|. A wrong parent moves a row far
+# more (the negative control below).
+BF16_TOL = 0.03
+PROMPT_TEXT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return read_pair_config("qwen-coder").load()
+
+
+@pytest.fixture(scope="module")
+def prompt(pair) -> list[int]:
+    return list(pair.tokenizer(PROMPT_TEXT)["input_ids"])
+
+
+def _recompute(lm: CachedLM, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return lm.model(torch.tensor([ids])).logits[0, -1].float()
+
+
+def _relative_gap(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1.0))
+
+
+def test_the_pair_runs_bf16_models_with_an_int8_draft(pair):
+    assert pair.target.dtype == torch.bfloat16 and pair.draft.dtype == torch.bfloat16
+    assert pair.target.vocab_size == pair.draft.vocab_size == 151936
+    assert pair.draft.forward_name == "fast" and pair.draft.int8 == "all"
+    assert pair.tokenizer.chat_template and pair.chat
+
+
+def test_tree_attention_and_rollback_match_a_recompute_in_bf16(pair, prompt):
+    lm = pair.target
+    lm.prefill(prompt)
+    tip = lm.length - 1
+    a, b, c, d = (pair.tokenizer.convert_tokens_to_ids(t) for t in ["ĠĠĠ", "Ġif", "Ġreturn", "Ġn"])
+    logits = lm.extend_tree([a, b, c, d], [tip, -1, tip, -3])
+    for row, path in zip(logits, [[a], [a, b], [c], [c, d]], strict=True):
+        assert _relative_gap(row, _recompute(lm, prompt + path)) < BF16_TOL, path
+    assert _relative_gap(logits[1], _recompute(lm, prompt + [c, b])) > 3 * BF16_TOL  # the wrong parent is caught
+    lm.commit([tip + 3, tip + 4])  # keep c -> d
+    bonus = lm.extend([a], commit=True)[-1]
+    assert _relative_gap(bonus, _recompute(lm, prompt + [c, d, a])) < BF16_TOL
+    lm.crop(len(prompt))
+    again = lm.extend([b], commit=True)[-1]
+    assert _relative_gap(again, _recompute(lm, prompt + [b])) < BF16_TOL
+
+
+def _greedy_by_recompute(lm: CachedLM, ids: list[int], n: int) -> list[int]:
+    """Up to n greedy tokens by plain recomputes, cut before the first near-tie (there bf16 rounding makes the
+    reference itself a coin flip)."""
+    out: list[int] = []
+    for _ in range(n):
+        logits = _recompute(lm, ids + out)
+        top = logits.topk(2).values
+        if float(top[0] - top[1]) <= 1e-3 * float(top[0].abs()):
+            break
+        out.append(int(logits.argmax()))
+    return out
+
+
+@pytest.mark.parametrize("verifier", ["specinfer", "traversal"])
+def test_greedy_generate_on_a_multipath_tree_equals_greedy_by_full_recompute(pair, prompt, tmp_path, verifier):
+    out = tmp_path / "out.jsonl"
+    code = main(["generate", "--pair", "qwen-coder", PROMPT_TEXT, "--chat", "off", "--temperature", "0",
+                 "--verifier", verifier, "--action", "2,1,1", "--max-new-tokens", "24", "--output", str(out)])
+    assert code == 0
+    tokens = json.loads(out.read_text().splitlines()[0])["tokens"]
+    reference = _greedy_by_recompute(pair.target, prompt, 24)
+    eos = pair.eos_token_id
+    if eos in reference:
+        reference = reference[: reference.index(eos) + 1]
+    assert len(reference) >= 16, "a near-tie within the first 16 tokens: choose another prompt"
+    assert tokens[: len(reference)] == reference
