@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from bench.method import AR, Method
 from ddte_core.machine import cpu_model
+from ddte_core.quiet import quiet_transformers
 from decode.deployment import Deployment, load_deployment
 from decode.engine import SpeculativeDecoder
 from decode.pair import LoadedPair
@@ -116,7 +117,7 @@ def run_hf(pair: LoadedPair, ids: list[int], max_new: int, sampling: SamplingCon
     if assisted:
         kwargs["assistant_model"] = pair.draft.model
     start = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), quiet_transformers(bars=True):  # HF assisted generation warns about its own call
         out = pair.target.model.generate(torch.tensor([ids], device=pair.target.device), **kwargs)
     seconds = time.perf_counter() - start
     return out.shape[1] - len(ids), seconds, (clock.first - start) if clock.first is not None else seconds

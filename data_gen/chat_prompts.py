@@ -15,10 +15,14 @@ Held-out records of the trained sources are group ``like`` (prompts like the tra
 and ``chat:heldout-unlike`` name the two groups. Within a split the sources are interleaved round-robin in a stable
 hash order, so the first n prompts of a set mix every source.
 
-The **mixed** workload (``mixed:SET``, the Qwen2.5-Coder pair's prompts) applies the same split rule to every
-spec_bench category, RAG's long retrieved passages included (user turns up to :data:`MIXED_MAX_CONTENT_CHARS`), and
-interleaves round-robin over *categories* instead of sources, so the first n prompts of a set cover every category
-(13 in the held-out set: 10 trained, 3 never trained on) and per-category figures need few prompts.
+The **mixed** workload (``mixed:SET``, the Qwen2.5-Coder pair's prompts) takes every spec_bench category, RAG's
+long retrieved passages included (user turns up to :data:`MIXED_MAX_CONTENT_CHARS`). Its split rule differs in one
+point, so that every trained category has held-out prompts (spec_bench's MT-bench categories have 10 rows each, and
+the hash threshold above holds out none of writing's): within each (source, category) of humaneval and the trained
+spec_bench categories, the ``ceil(20 %)`` records with the smallest hash fraction are held out. gsm8k keeps its
+files, and the untrained categories stay held out. The sets interleave round-robin over *categories* instead of
+sources, so the first 13 held-out prompts cover every category (10 trained, 3 never trained on) and per-category
+figures need few prompts.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -53,9 +58,26 @@ def shared_data_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+def _hash_fraction(key: str) -> float:
+    """The first 8 bytes of ``sha256(key)`` as a fraction of 2**64."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") / 2**64
+
+
 def _heldout_by_hash(key: str) -> bool:
-    value = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") / 2**64
-    return value < HELDOUT_FRACTION
+    return _hash_fraction(key) < HELDOUT_FRACTION
+
+
+def _split_by_rank(records: list[dict[str, Any]]) -> None:
+    """The mixed workload's rule, in place: within each (source, category) of trained records outside gsm8k, the
+    ``ceil(HELDOUT_FRACTION · n)`` with the smallest hash fraction of their id are held out, the rest trained on."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for record in records:
+        if record["source"] != "gsm8k" and record["group"] == "like":
+            groups.setdefault((record["source"], record["category"]), []).append(record)
+    for rows in groups.values():
+        cut = math.ceil(HELDOUT_FRACTION * len(rows))
+        for rank, record in enumerate(sorted(rows, key=lambda r: _hash_fraction(r["id"]))):
+            record["split"] = "heldout" if rank < cut else "train"
 
 
 def _record(source: str, ident: str, category: str, content: str, split: str, group: str,
@@ -140,6 +162,8 @@ def build_chat_prompts(chat_set: str = "heldout", count: int | None = None,
     mixed = workload == "mixed"
     spec_bench = (_spec_bench(root, MIXED_CATEGORIES, MIXED_MAX_CONTENT_CHARS) if mixed else _spec_bench(root))
     records = _gsm8k(root) + _humaneval(root) + spec_bench
+    if mixed:
+        _split_by_rank(records)
     split, _, group = chat_set.partition("-")
     chosen = [r for r in records if r["split"] == split and (not group or r["group"] == group)]
     chosen = _interleave(chosen, "category" if mixed else "source")

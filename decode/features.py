@@ -1,4 +1,4 @@
-"""Root features: the ONE implementation, called by the decoder at each root and by data_gen (design.md).
+"""Root features: the ONE implementation, called by the decoder at each root and by data_gen (docs/architecture.md).
 
 At a root the selector sees three hidden-state blocks and a scalar vector (algorithms.md §3.6):
 

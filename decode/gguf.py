@@ -63,22 +63,18 @@ def load_gguf_model(path: str | Path, dtype: torch.dtype = torch.float32):
             ``gguf`` package missing.
     """
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
+
+    from ddte_core.quiet import quiet_transformers
 
     path = check_gguf_file(path)
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True, trust_remote_code=False
-        )
+        with quiet_transformers():
+            loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                          local_files_only=True, trust_remote_code=False)
     except ImportError as err:
         raise ValueError(f"reading GGUF needs the gguf package: pip install gguf ({_first_line(err)})") from err
     except Exception as err:  # a corrupt or foreign file fails anywhere in the reader (struct, numpy, KeyError...)
         raise ValueError(f"cannot read {path} as a causal LM: {_first_line(err)}") from err
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights are already dequantized; the tag only blocks saving

@@ -10,7 +10,7 @@ Tree attention uses an additive float mask of shape ``(1, 1, q_len, length + q_l
 (``0`` = attend, ``torch.finfo(dtype).min`` = blocked) and explicit ``position_ids``; a block that merely
 continues a linear cache runs without a mask (the model's own causal path). Works with sdpa and eager attention
 (eager where a model has no sdpa, e.g. Gemma2's softcapped scores); never use flex_attention with these masks on
-CPU (see docs/stack-notes.md §2).
+CPU (with torch 2.13 a custom 4-D mask there aborts the process).
 
 Sliding-window attention (Mistral, Qwen2 with ``use_sliding_window``, the sliding layers of Gemma2/Gemma3) is
 applied by this mask too: a token attends to the ancestors on its own path whose position is within the window
@@ -457,11 +457,9 @@ def load_causal_lm(
         raise ValueError(f"model directory {str(p)!r} has no config.json")
     if not any(p.glob("*.safetensors")):
         raise ValueError(f"model directory {str(p)!r} has no *.safetensors weights (only safetensors are loaded)")
-    from transformers.utils import logging as hf_logging
+    from ddte_core.quiet import quiet_transformers
 
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a "Loading weights" bar per model is noise in every command's output
-    try:
+    with quiet_transformers():  # a "Loading weights" bar per model is noise in every command's output
         model = AutoModelForCausalLM.from_pretrained(
             str(p),
             attn_implementation=None,  # transformers' default: sdpa, else eager (asking for "sdpa" refuses Gemma2)
@@ -470,9 +468,6 @@ def load_causal_lm(
             trust_remote_code=False,
             dtype=_default_dtype(dev, dtype),
         )
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
     return model.to(dev).eval()
 
 

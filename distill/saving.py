@@ -23,15 +23,10 @@ def save_model(model, hf_tokenizer, directory: Path, storage_dtype: str) -> None
     config.json keeps ``"dtype": "float32"`` so ``from_pretrained`` (dtype "auto" in transformers 5) upcasts the
     half-precision file to fp32; pass ``dtype=torch.float16`` to keep it small in memory instead.
     """
-    from transformers.utils import logging as hf_logging
+    from ddte_core.quiet import quiet_transformers
 
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # "Writing model shards" is noise for a one-shard model
-    try:
+    with quiet_transformers():  # "Writing model shards" is noise for a one-shard model
         model.to(DTYPES[storage_dtype]).save_pretrained(directory)
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
     model.float()
     config_path = directory / "config.json"
     cfg = json.loads(config_path.read_text())

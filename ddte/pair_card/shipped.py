@@ -52,15 +52,16 @@ def train_pair_folder(spec) -> Path | None:
 def load_pair(models_dir: Path):
     """(tokenizer, target, draft, recipe dict) from a pair directory, fp32, eval mode, sdpa attention."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    from ddte_core.quiet import quiet_transformers
+
     for name in ("tokenizer", "target", "draft"):
         if not (models_dir / name).is_dir():
             raise ValueError(f"{models_dir / name} not found: train the pair first (ddte train-pair)")
-    tok = AutoTokenizer.from_pretrained(models_dir / "tokenizer")
-    target = AutoModelForCausalLM.from_pretrained(models_dir / "target", dtype=torch.float32).eval()
-    draft = AutoModelForCausalLM.from_pretrained(models_dir / "draft", dtype=torch.float32).eval()
+    with quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(models_dir / "tokenizer")
+        target = AutoModelForCausalLM.from_pretrained(models_dir / "target", dtype=torch.float32).eval()
+        draft = AutoModelForCausalLM.from_pretrained(models_dir / "draft", dtype=torch.float32).eval()
     recipe_path = models_dir / "recipe.json"
     recipe = json.loads(recipe_path.read_text()) if recipe_path.is_file() else {}
     return tok, target, draft, recipe

@@ -222,9 +222,14 @@ def run_recipe(config: PairConfig, only: str | None = None) -> dict[str, Any]:
     ``only="draft"`` (or ``"target"``) retrains just that model and keeps the other from a previous run of the same
     config (see :func:`_reuse_kept_model`).
     """
-    from transformers.utils import logging as hf_logging
+    from ddte_core.quiet import quiet_transformers
 
-    hf_logging.disable_progress_bar()
+    with quiet_transformers(warnings=True):  # our own bars report the training; HF's would interleave with them
+        return _run_recipe(config, only)
+
+
+def _run_recipe(config: PairConfig, only: str | None) -> dict[str, Any]:
+    """:func:`run_recipe`'s body, with transformers' progress bars off."""
     if config.threads:
         torch.set_num_threads(config.threads)
     out_dir = Path(config.out_dir)

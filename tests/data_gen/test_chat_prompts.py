@@ -57,3 +57,29 @@ def test_prompt_files_may_hold_chat_rows_beside_plain_ones(tmp_path, chat_tokeni
 def test_chat_sources_read_like_any_other(chat_tokenizer):
     texts = load_prompt_texts("chat:heldout-unlike", limit=3, tokenizer=chat_tokenizer)
     assert len(texts) == 3 and all(t.startswith("<user>") and t.endswith("<assistant>") for t in texts)
+
+
+def test_the_mixed_workload_covers_every_category_in_its_first_prompts():
+    """mixed:SET holds out ceil(20 %) of every trained category, adds RAG's long turns and interleaves by category:
+    the first 13 held-out prompts are one per category, the three never trained on included."""
+    from data_gen.chat_prompts import MIXED_MAX_CONTENT_CHARS
+
+    heldout = build_chat_prompts("heldout", workload="mixed")
+    first = heldout[:13]
+    assert len({r["category"] for r in first}) == 13 and set(UNTRAINED_CATEGORIES) <= {r["category"] for r in first}
+    train = build_chat_prompts("train", workload="mixed")
+    assert "rag" in {r["category"] for r in train} and not {r["id"] for r in train} & {r["id"] for r in heldout}
+    assert not {r["category"] for r in train} & set(UNTRAINED_CATEGORIES)
+    assert max(len(r["messages"][0]["content"]) for r in train) <= MIXED_MAX_CONTENT_CHARS
+    per_category = {}
+    for record in heldout + train:
+        per_category.setdefault((record["source"], record["category"]), []).append(record["split"])
+    writing = per_category["spec_bench", "writing"]
+    assert writing.count("heldout") == 2 and len(writing) == 10  # ceil(20 %) of each trained category is held out
+
+
+def test_mixed_sources_read_like_any_other(chat_tokenizer):
+    texts = load_prompt_texts("mixed:heldout", limit=2, tokenizer=chat_tokenizer)
+    assert len(texts) == 2 and all(t.startswith("<user>") for t in texts)
+    with pytest.raises(ValueError, match="workload"):
+        build_chat_prompts("heldout", workload="code")
