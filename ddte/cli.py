@@ -39,6 +39,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "expander": ("ddte.commands.expander", "fit a per-node expander (halt the trunk while drafting) and export it to "
                  "ONNX"),
     "pipeline": ("ddte.commands.pipeline", "the main job: collect -> train -> export -> bench, and what to deploy"),
+    "serve": ("ddte.commands.serve", "serve the pair and its policy behind an OpenAI-compatible HTTP API"),
 }
 
 

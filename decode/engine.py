@@ -15,7 +15,7 @@ serves any number of generations, at any temperature, one after another.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -42,7 +42,7 @@ class Generation:
 
     tokens: list[int]
     stats: GenerationStats
-    stopped_by: str  # "eos" or "length"
+    stopped_by: str  # "eos", "length", or "caller" (generate's on_step asked to stop)
 
     def as_dict(self, tokenizer=None) -> dict:
         """The sample as JSON: its tokens, why it stopped, its statistics, and its text when given a tokenizer."""
@@ -119,12 +119,15 @@ class SpeculativeDecoder:
     # --- the loop -------------------------------------------------------------------------------------------
     def generate(
         self, prompt_ids: Sequence[int], max_new_tokens: int, policy: Policy, rng: RandomSource,
-        sampling: SamplingConfig,
+        sampling: SamplingConfig, on_step: Callable[[list[int]], bool] | None = None,
     ) -> Generation:
         """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` at ``sampling`` (stops early at EOS).
 
         ``policy`` may serve every call: the request runs what ``policy.start(sampling)`` returns (a fresh copy of a
-        stateful policy).
+        stateful policy). ``on_step``, when given, receives each step's kept tokens as soon as the step ends (a
+        server streams them); returning False ends the generation there (``stopped_by`` "caller": a stop string, a
+        client gone). Whether to go on may depend on the tokens emitted so far only, which is what keeps a stop
+        rule exact (tests/decode/exact/test_on_step.py).
         """
         self._check_request(prompt_ids, max_new_tokens)
         request = Request.start(policy, rng, sampling)
@@ -140,8 +143,12 @@ class SpeculativeDecoder:
             while len(out) < max_new_tokens:
                 emitted, done = self._step(request, len(prompt_ids) + len(out), max_new_tokens - len(out))
                 out.extend(emitted)
+                go_on = on_step(emitted) if on_step is not None else True
                 if done:
                     stopped_by = "eos"
+                    break
+                if not go_on:
+                    stopped_by = "caller"
                     break
         finally:
             if self.steering is not None:

@@ -1,0 +1,146 @@
+"""Serve the pair behind an OpenAI-compatible HTTP API: what `ddte pipeline` deployed, or any ddte method.
+
+Endpoints: POST /v1/chat/completions (messages through the pair's chat template) and /v1/completions, with
+temperature, top_p, max_tokens, seed, stop and stream (server-sent events in OpenAI's chunk format); GET /v1/models,
+/health, and /metrics (Prometheus text: requests, tokens, draft and accepted tokens, mean acceptance length, TTFT and
+TPOT histograms, policy decisions by action, queue depth). Every response's usage comes with a "ddte" object: steps,
+mean acceptance length, the actions the policy chose. Sampling settings are per request; each request is exactly the
+target's law at its own settings, and a request with a seed gives what `ddte generate --seed` gives.
+
+One pair is loaded and requests run one at a time, in arrival order (batch size one, the regime speculative decoding
+is for); at most --max-queue wait, and one more gets 429 at once. A client that disconnects ends its generation at
+the next step. Ctrl-C or SIGTERM stops accepting, lets the running request finish, fails the queued ones (503), and
+exits 0. Built on FastAPI and uvicorn; it listens on 127.0.0.1 unless --host says otherwise.
+
+Examples:
+  ddte serve --policy-file runs/pipeline/policy.json
+  ddte serve --pair qwen-coder --method traversal@1,2,0 --port 8000
+  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+      -d '{"model": "ddte", "messages": [{"role": "user", "content": "def fib(n):"}], "max_tokens": 32}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+from ddte.commands.common import (
+    UserError,
+    add_pair_arguments,
+    add_threads_argument,
+    apply_threads,
+    load_pair_from_args,
+    user_errors,
+)
+
+DEFAULT_METHOD = "traversal@1,3,0"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_pair_arguments(parser)
+    parser.add_argument("--method", default=None, metavar="VERIFIER@SPEC",
+                        help=f"how to decode, as in `ddte bench`: VERIFIER@K,L1,L2, VERIFIER@selector=FILE, "
+                        f"VERIFIER@expander=FILE, VERIFIER@adaptive ... (default: {DEFAULT_METHOD}, or the policy "
+                        "file's verifier)")
+    parser.add_argument("--policy-file", default=None, metavar="policy.json",
+                        help="serve what `ddte pipeline` chose (its verifier, unless --verifier names another)")
+    parser.add_argument("--verifier", default=None, help="with --policy-file: the verifier whose choices to serve")
+    parser.add_argument("--model-name", default="ddte", help="the model name clients send (GET /v1/models)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
+    parser.add_argument("--max-queue", type=int, default=16, help="requests that may wait; one more gets 429")
+    parser.add_argument("--default-max-tokens", type=int, default=256,
+                        help="max_tokens of a request that gives none (capped by the context)")
+    add_threads_argument(parser)
+
+
+def check_arguments(args: argparse.Namespace):
+    """Every flag checked before the pair loads; the method to serve."""
+    from bench.method import Method
+
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_queue < 1 or args.default_max_tokens < 1:
+        raise UserError("--max-queue and --default-max-tokens must be >= 1")
+    if not args.model_name.strip():
+        raise UserError("--model-name must not be empty")
+    check_port(args.host, args.port)
+    if args.policy_file and args.method:
+        raise UserError("--policy-file chooses the method: do not combine it with --method")
+    if args.verifier and not args.policy_file:
+        raise UserError("--verifier goes with --policy-file (a --method names its own verifier)")
+    if args.policy_file:
+        from decode.deployment import load_deployment
+        from decode.verifiers import get_verifier
+
+        with user_errors(prefix="--policy-file: "):
+            deployment = load_deployment(args.policy_file)
+            verifier = get_verifier(args.verifier or deployment.verifier).name
+            deployment.choices_of(verifier)
+        return Method.policy_file(verifier, args.policy_file), {args.policy_file: deployment}
+    with user_errors(KeyError, ValueError, prefix="--method: "):
+        method = Method.parse(args.method or DEFAULT_METHOD)
+    if method.is_hf or method.draft is not None:
+        raise UserError("--method: serve runs a ddte method on the pair's own draft (VERIFIER@SPEC)")
+    if method.path is not None:
+        import os
+
+        if not os.path.isfile(method.path):
+            raise UserError(f"--method: file {method.path!r} does not exist")
+    return method, {}
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from bench.decoding import method_policy
+    from ddte.serve.app import Served, create_app
+    from decode.engine import SpeculativeDecoder
+    from decode.verifiers import get_verifier
+
+    method, deployments = check_arguments(args)
+    apply_threads(args.threads)
+    pair = load_pair_from_args(args)
+    if pair.tokenizer is None:
+        raise UserError("the pair has no tokenizer: pass --tokenizer DIR")
+    with user_errors():
+        policy = method_policy(method, pair, deployments)
+        decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(method.verifier), pair.eos_token_id)
+    served = Served(args.model_name, pair, decoder, policy, method.key, args.max_queue, args.default_max_tokens)
+    app = create_app(served)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on",
+                            timeout_graceful_shutdown=60)
+    server = _server(config)
+    print(f"serving {method.key} as model {args.model_name!r} on http://{args.host}:{args.port} "
+          f"(Ctrl-C stops)", file=sys.stderr, flush=True)
+    server.run()
+    return 0
+
+
+def _server(config):
+    """uvicorn's server, except that the signal that stopped it is not raised again afterwards: a signal is how a
+    server is asked to stop, so the command exits 0."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                yield
+                self._captured_signals.clear()
+
+    return Server(config)
+
+
+def check_port(host: str, port: int) -> None:
+    """UserError when ``host:port`` cannot be listened on (in use, or not an address here), before models load."""
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as err:
+        raise UserError(f"cannot listen on {host}:{port} ({err.strerror or err})") from err

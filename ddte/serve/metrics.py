@@ -1,0 +1,95 @@
+"""The server's counters and histograms, rendered in Prometheus' text format (``GET /metrics``).
+
+Names follow vLLM's where one exists (draft and accepted tokens, mean acceptance length), under the ``ddte_``
+prefix. Every update takes one lock: the worker thread records a finished generation while the event loop renders.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Histogram:
+    """Cumulative buckets, a sum and a count (Prometheus' histogram)."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets, self.counts, self.sum, self.count = buckets, [0] * len(buckets), 0.0, 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self, name: str) -> list[str]:
+        out = [f'{name}_bucket{{le="{bound:g}"}} {n}' for bound, n in zip(self.buckets, self.counts, strict=True)]
+        return out + [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum:.6f}",
+                      f"{name}_count {self.count}"]
+
+
+class ServerMetrics:
+    """What ``/metrics`` reports; ``queue_depth`` is read when rendering."""
+
+    def __init__(self, queue_depth) -> None:
+        self._lock = threading.Lock()
+        self._queue_depth = queue_depth
+        self.requests: Counter = Counter()  # (endpoint, outcome) -> n
+        self.prompt_tokens = self.generated_tokens = self.draft_tokens = self.accepted_tokens = self.steps = 0
+        self.actions: Counter = Counter()
+        self.running = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.tpot = Histogram(TPOT_BUCKETS)
+
+    def request(self, endpoint: str, outcome: str) -> None:
+        with self._lock:
+            self.requests[endpoint, outcome] += 1
+
+    def started(self) -> None:
+        with self._lock:
+            self.running += 1
+
+    def finished(self, prompt_tokens: int, stats, ttft: float | None, tpot: float | None) -> None:
+        """One generation done (whole, stopped, or cancelled): its statistics (``decode.stats.GenerationStats``)."""
+        with self._lock:
+            self.running -= 1
+            self.prompt_tokens += prompt_tokens
+            self.generated_tokens += stats.new_tokens
+            self.draft_tokens += stats.drafted_depth
+            self.accepted_tokens += stats.accepted_tokens
+            self.steps += stats.steps
+            self.actions.update(stats.action_counts)
+            if ttft is not None:
+                self.ttft.observe(ttft)
+            if tpot is not None:
+                self.tpot.observe(tpot)
+
+    def render(self) -> str:
+        with self._lock:
+            lines = ["# TYPE ddte_requests_total counter"]
+            lines += [f'ddte_requests_total{{endpoint="{e}",outcome="{o}"}} {n}'
+                      for (e, o), n in sorted(self.requests.items())]
+            for name, value, help_text in (
+                    ("ddte_prompt_tokens_total", self.prompt_tokens, "prompt tokens of finished requests"),
+                    ("ddte_generation_tokens_total", self.generated_tokens, "tokens generated"),
+                    ("ddte_spec_decode_num_draft_tokens_total", self.draft_tokens, "draft tokens verified (depth)"),
+                    ("ddte_spec_decode_num_accepted_tokens_total", self.accepted_tokens, "draft tokens accepted"),
+                    ("ddte_spec_decode_steps_total", self.steps, "target passes (decoding steps)")):
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
+            mean = self.generated_tokens / self.steps if self.steps else 0.0
+            lines += ["# HELP ddte_spec_decode_mean_acceptance_length tokens per target pass, the bonus included",
+                      "# TYPE ddte_spec_decode_mean_acceptance_length gauge",
+                      f"ddte_spec_decode_mean_acceptance_length {mean:.6f}",
+                      "# TYPE ddte_policy_decisions_total counter"]
+            lines += [f'ddte_policy_decisions_total{{action="{a}"}} {n}' for a, n in sorted(self.actions.items())]
+            lines += ["# TYPE ddte_queue_depth gauge", f"ddte_queue_depth {self._queue_depth()}",
+                      "# TYPE ddte_requests_running gauge", f"ddte_requests_running {self.running}",
+                      "# TYPE ddte_time_to_first_token_seconds histogram",
+                      *self.ttft.lines("ddte_time_to_first_token_seconds"),
+                      "# TYPE ddte_time_per_output_token_seconds histogram",
+                      *self.tpot.lines("ddte_time_per_output_token_seconds")]
+            return "\n".join(lines) + "\n"

@@ -1,0 +1,142 @@
+"""One decoding worker: requests queue in arrival order and one thread runs them, one at a time, on the loaded pair.
+
+Batch size one is the regime speculative decoding is for. The queue is bounded: a full queue refuses at once
+(the app answers 429) instead of letting a client hang. Each :class:`Job` turns the decoder's steps into text as
+they come (``SpeculativeDecoder.generate``'s ``on_step``): it decodes the tokens so far, holds back what could still
+become a stop string or is half a character, sends the rest to the client's event queue on the event loop, and asks
+the decoder to stop when a stop string appears or the client has gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ddte.serve.requests import CompletionRequest
+
+
+@dataclass
+class Event:
+    """What the worker tells the waiting handler: ``text`` (a delta), ``done`` (with the result), or ``error``."""
+
+    kind: str
+    text: str = ""
+    result: dict = field(default_factory=dict)
+    status: int = 500
+
+
+class Job:
+    """One request on its way through the worker. Its events reach the handler's event loop thread-safely."""
+
+    def __init__(self, request: CompletionRequest, tokenizer, loop: asyncio.AbstractEventLoop) -> None:
+        self.request, self.tokenizer, self.loop = request, tokenizer, loop
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.tokens: list[int] = []
+        self.sent = 0  # characters of the text already sent
+        self.stop_hit = False
+        self.enqueued = time.perf_counter()
+        self.first_token_at: float | None = None
+
+    def cancel(self) -> None:
+        """The client is gone: the generation ends at its next step, or never starts."""
+        self.cancelled.set()
+
+    def _put(self, event: Event) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def _text(self) -> str:
+        return self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+
+    def _send_until(self, text: str, end: int) -> None:
+        if end > self.sent:
+            self._put(Event("text", text[self.sent:end]))
+            self.sent = end
+
+    def on_step(self, emitted: list[int]) -> bool:
+        """The decoder's step callback (worker thread): send what is final; False stops the generation."""
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self.tokens.extend(emitted)
+        text = self._text()
+        found = [i for i in (text.find(s) for s in self.request.stop) if i >= 0]
+        if found:
+            self.stop_hit = True
+            self._send_until(text, min(found))
+            return False
+        hold = max((len(s) for s in self.request.stop), default=1) - 1  # a stop string may still complete
+        end = len(text) - hold
+        while end > self.sent and text[end - 1] == "\ufffd":  # half a multi-byte character so far
+            end -= 1
+        self._send_until(text, end)
+        return not self.cancelled.is_set()
+
+    def finish(self, result: dict) -> None:
+        """The generation ended: send the rest of the text (unless a stop string cut it) and the result."""
+        if not self.stop_hit:
+            text = self._text()
+            self._send_until(text, len(text))
+        self._put(Event("done", result=result))
+
+    def fail(self, message: str, status: int = 500) -> None:
+        self._put(Event("error", text=message, status=status))
+
+
+class Worker:
+    """The queue and the one thread that decodes. ``run_job(job)`` does the work (the app's decoder call)."""
+
+    def __init__(self, run_job, max_queue: int) -> None:
+        self._run_job = run_job
+        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.closing = False
+        self.thread = threading.Thread(target=self._loop, name="ddte-serve-worker", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, job: Job) -> bool:
+        """Queue ``job``; False when the queue is full or the server is closing."""
+        if self.closing:
+            return False
+        try:
+            self.queue.put_nowait(job)
+        except queue.Full:
+            return False
+        return True
+
+    def depth(self) -> int:
+        return self.queue.qsize()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Refuse new jobs, fail the queued ones (503), let the running one finish, and end the thread."""
+        self.closing = True
+        while True:
+            try:
+                job = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.fail("the server is shutting down", status=503)
+        self.queue.put(None)
+        self.thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            job = self.queue.get()
+            if job is None:
+                return
+            if job.cancelled.is_set():
+                continue  # its client left while it waited
+            try:
+                self._run_job(job)
+            except Exception as err:  # a request must fail alone, never the worker
+                job.fail(f"generation failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+
+
+def new_seed() -> int:
+    """A seed for a request that gave none."""
+    return secrets.randbits(63)

@@ -1,0 +1,45 @@
+"""`ddte serve` with the real openai client, a χ² test of exactness through HTTP, 32 concurrent clients, a full
+queue, a client that leaves mid-stream, bad inputs and a signal during a request.
+
+The cases (tests/ddte/serve_cases.py) run as one script in a loopback-only network namespace (tests/isolation.py):
+the servers listen on 127.0.0.1 there, and no request leaves it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddte.cli import main
+from tests.isolation import run_loopback_only
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("cases", [
+    ["openai_client", "same_as_generate", "stop_strings", "bad_inputs", "signal"],
+    ["exact_law", "concurrent_clients", "queue_and_disconnect"],
+], ids=["client", "load"])
+def test_serve_cases(tmp_path, cases):
+    code, output = run_loopback_only([sys.executable, "-m", "tests.ddte.serve_cases", str(tmp_path), *cases],
+                                     cwd=REPO, timeout=500, env={"OMP_NUM_THREADS": "1"})
+    assert code == 0, output[-6000:]
+    assert [line for line in output.splitlines() if line.startswith("ok ")] == [f"ok {c}" for c in cases]
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--method", "ar"], "ddte method"),
+    (["--method", "traversal@9,9,9"], "--method"),
+    (["--method", "traversal@selector=/no/such.onnx"], "does not exist"),
+    (["--policy-file", "/no/such.json"], "--policy-file"),
+    (["--verifier", "traversal"], "goes with --policy-file"),
+    (["--port", "70000"], "--port"),
+    (["--max-queue", "0"], "--max-queue"),
+    (["--host", "203.0.113.7"], "cannot listen"),
+])
+def test_bad_flags_are_one_line_before_any_model_loads(argv, words, capsys):
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1, err
