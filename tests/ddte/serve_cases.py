@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,15 +21,11 @@ from pathlib import Path
 
 import torch
 
+from ddte.serve.load import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = "def add(a, b):\n"
 MODEL = "tiny"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def make_pairs(folder: Path) -> dict[str, Path]:
