@@ -179,20 +179,14 @@ async def _next_event(job: Job, request) -> object | None:
 
 
 async def _whole(job: Job, request, parsed: CompletionRequest, ident: str, model: str, count):
-    parts: list[str] = []
-    while True:
-        event = await _next_event(job, request)
-        if event is None:
-            count("499")
-            return JSONResponse(error_body("client closed the request", 499), status_code=499)
-        if event.kind == "text":
-            parts.append(event.text)
-        elif event.kind == "error":
-            count(str(event.status))
-            return JSONResponse(error_body(event.text, event.status), status_code=event.status)
-        else:
-            break
-    result, text = event.result, "".join(parts)
+    event = await _next_event(job, request)  # a whole answer's only event: done, or an error
+    if event is None:
+        count("499")
+        return JSONResponse(error_body("client closed the request", 499), status_code=499)
+    if event.kind == "error":
+        count(str(event.status))
+        return JSONResponse(error_body(event.text, event.status), status_code=event.status)
+    result, text = event.result, event.result["text"]
     count("200")
     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": result["finish_reason"]}
               if parsed.chat else

@@ -37,7 +37,8 @@ class Job:
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.tokens: list[int] = []
-        self.sent = 0  # characters of the text already sent
+        self.sent = 0  # characters of the text already final (sent, for a stream)
+        self.text = ""  # a whole answer's final text, sent once with the result (no wake-up per step)
         self.stop_hit = False
         self.enqueued = time.perf_counter()
         self.first_token_at: float | None = None
@@ -54,7 +55,9 @@ class Job:
 
     def _send_until(self, text: str, end: int) -> None:
         if end > self.sent:
-            self._put(Event("text", text[self.sent:end]))
+            if self.request.stream:
+                self._put(Event("text", text[self.sent:end]))
+            self.text = text[:end]
             self.sent = end
 
     def on_step(self, emitted: list[int]) -> bool:
@@ -62,6 +65,8 @@ class Job:
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         self.tokens.extend(emitted)
+        if not self.request.stream and not self.request.stop:
+            return not self.cancelled.is_set()  # nothing to send or match before the end
         text = self._text()
         found = [i for i in (text.find(s) for s in self.request.stop) if i >= 0]
         if found:
@@ -80,7 +85,7 @@ class Job:
         if not self.stop_hit:
             text = self._text()
             self._send_until(text, len(text))
-        self._put(Event("done", result=result))
+        self._put(Event("done", result={**result, "text": self.text}))
 
     def fail(self, message: str, status: int = 500) -> None:
         self._put(Event("error", text=message, status=status))
