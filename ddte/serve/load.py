@@ -6,7 +6,8 @@ Starts the app in this process on a free loopback port (127.0.0.1 only), then:
    (what ``ddte generate`` runs) with the same request through HTTP (non-streamed), same seeds: tokens/s of each,
    and the server's ratio with a paired bootstrap interval over requests.
 2. **Concurrent clients.** For each client count, every client sends its requests back to back, streamed; per
-   request the time to the first token (TTFT, queueing included) and the time per output token after it (TPOT).
+   request the time to the first text (TTFT, queueing included) and the time per output token after it (TPOT:
+   the rest of the request's time over its tokens but the first step's).
 3. **Memory.** The process's resident memory after each level, to see that it stays flat.
 
 Prints markdown tables and writes them as JSON (``--output``).
@@ -27,20 +28,23 @@ import torch
 
 
 def _stream(base: str, body: dict) -> tuple[float, float, int]:
-    """One streamed completion: (seconds to the first text, seconds in all, text chunks)."""
-    request = urllib.request.Request(base + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    """One streamed completion: (seconds to the first text, seconds in all, tokens generated)."""
+    request = urllib.request.Request(base + "/v1/completions", data=json.dumps(
+        {**body, "stream": True, "stream_options": {"include_usage": True}}).encode(),
+        headers={"Content-Type": "application/json"})
     start = time.perf_counter()
-    first, chunks = None, 0
+    first, tokens = None, 0
     with urllib.request.urlopen(request, timeout=600) as response:
         for line in response:
             if not line.startswith(b"data: {"):
                 continue
-            if json.loads(line[6:])["choices"][0]["text"]:
-                chunks += 1
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            elif chunk["choices"][0]["text"]:
                 first = first or time.perf_counter()
     end = time.perf_counter()
-    return (first or end) - start, end - start, chunks
+    return (first or end) - start, end - start, tokens
 
 
 def _whole(base: str, body: dict) -> tuple[float, int]:
