@@ -2,9 +2,10 @@
 one typed :class:`CompletionRequest` before anything is queued.
 
 Every refusal is a :class:`RequestError` naming the field and what is allowed; the app answers it as an OpenAI error
-object with status 400. Fields ddte does not use are ignored (clients send many), except those that would change the
-law being sampled (penalties, logit bias, several choices): ddte reproduces the target's distribution at the given
-temperature and top-p, and refuses what it would not honour.
+object with status 400. A field OpenAI's API does not know is refused, as OpenAI refuses it. OpenAI's fields that do
+not change the answer (``user``, ``metadata``, ...) are accepted and ignored; those that would change the law being
+sampled (penalties, logit bias, several choices, log-probabilities) are refused unless neutral: ddte reproduces the
+target's distribution at the given temperature and top-p, and refuses what it would not honour.
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ MAX_TEMPERATURE = 2.0  # OpenAI's range
 MAX_STOPS = 4
 MAX_SEED = 2**63 - 1
 CHAT_ROLES = ("system", "user", "assistant")
+# The request fields of OpenAI's two endpoints that ddte reads or accepts; any other is refused.
+COMMON_FIELDS = {"model", "temperature", "top_p", "max_tokens", "seed", "stop", "stream", "stream_options", "n",
+                 "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "metadata", "store",
+                 "service_tier"}
+FIELDS = {True: COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls",
+                                 "response_format", "modalities"},
+          False: COMMON_FIELDS | {"prompt", "echo", "best_of", "suffix"}}
 
 
 class RequestError(ValueError):
@@ -85,6 +93,15 @@ def _refuse_law_changes(body: dict) -> None:
         raise RequestError("logit_bias is not supported: ddte samples the target's own law", "logit_bias")
     if body.get("n") not in (None, 1):
         raise RequestError("n must be 1: one choice per request (send several requests)", "n")
+    if body.get("best_of") not in (None, 1):
+        raise RequestError("best_of must be 1", "best_of")
+    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
+        raise RequestError("log-probabilities are not returned by ddte (leave logprobs out)", "logprobs")
+    if body.get("echo") not in (None, False) or body.get("suffix") not in (None, ""):
+        raise RequestError("echo and suffix are not supported", "echo" if body.get("echo") else "suffix")
+    format_ = body.get("response_format")
+    if format_ not in (None, {"type": "text"}):
+        raise RequestError("response_format must be text: ddte samples the target's own law", "response_format")
 
 
 def _chat_text(body: dict, tokenizer) -> str:
@@ -129,6 +146,9 @@ def parse_request(body, chat: bool, model: str, tokenizer, context_limit: int, v
     """
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
+    unknown = sorted(set(body) - FIELDS[chat])
+    if unknown:
+        raise RequestError(f"unknown field {unknown[0]!r} for {'chat ' if chat else ''}completions", unknown[0])
     if not isinstance(body.get("model"), str):
         raise RequestError("model is required: a string (GET /v1/models lists the one served)", "model")
     if body["model"] != model:

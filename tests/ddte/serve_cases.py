@@ -281,6 +281,8 @@ BAD = [
     ({"model": MODEL, "prompt": ""}, "prompt is empty"),
     ({"model": MODEL, "prompt": [5, 99999]}, "token ids"),
     ([1, 2], "JSON object"),
+    ({"model": MODEL, "prompt": PROMPT, "temprature": 0.5}, "unknown field 'temprature'"),
+    ({"model": MODEL, "prompt": PROMPT, "logprobs": 3}, "log-probabilities"),
 ]
 
 
