@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from ddte.commands.common import UserError, user_errors
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("legacy_data", nargs="?", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--data", default=None, help="a folder written by ddte collect")
     parser.add_argument("--output", default=None, help="folder for analysis.json and plots (default: DATA/analysis)")
     parser.add_argument("--trees", type=int, default=None,
@@ -40,10 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from data_gen.analyze import analyze, format_report, load_columns, plot
 
-    if args.legacy_data:
-        print("warning: `ddte analyze DATA` is deprecated and will be removed in the next release; use --data DATA",
-              file=sys.stderr)
-    data = args.data or args.legacy_data
+    data = args.data
     if data is None:
         raise UserError("give --data DIR (a folder written by ddte collect)")
     folder = Path(data)

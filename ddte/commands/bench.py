@@ -43,7 +43,6 @@ from ddte.commands.common import (
     add_threads_argument,
     apply_threads,
     check_output_file,
-    deprecated,
     load_pair_from_args,
     user_errors,
 )
@@ -74,7 +73,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="start after the first N prompts (e.g. those a `ddte pipeline` bench chose on)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per prompt (different seeds)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt")
-    deprecated(parser, "--new-tokens", "--max-new-tokens", "max_new_tokens", type=int)
     parser.add_argument("--temperature", type=float, nargs="+", default=[1.0], help="one or more temperatures")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold in (0, 1]")
     parser.add_argument("--seed", type=int, default=0, help="base seed of every prompt's run")

@@ -19,7 +19,6 @@ from ddte.commands.common import (
     add_threads_argument,
     apply_threads,
     check_output_file,
-    deprecated,
     user_errors,
 )
 
@@ -30,14 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--shapes", nargs="+", default=["4,0,8", "4,2,6", "1,8,0", "wor:4,1,1,1,1,1,1,1"],
         help="tree shapes: K,L1,L2 (delayed) or wor:B1,B2,... (per-node without replacement)",
     )
-    deprecated(parser, "--trees", "--shapes", "shapes", nargs="+")  # --trees is a count in analyze
     parser.add_argument("--verifiers", nargs="+", default=None, help="verifier names (default: all)")
     parser.add_argument("--samples", type=int, default=10, help="trees drafted per case")
     parser.add_argument("--timed-calls", type=int, default=5, help="timed calls per tree")
-    deprecated(parser, "--repeats", "--timed-calls", "timed_calls", type=int)  # bench's --repeats: runs per prompt
     parser.add_argument("--prob-dtype", choices=["float32", "float64"], default="float32",
                         help="dtype of the distributions p and q")
-    deprecated(parser, "--dtype", "--prob-dtype", "prob_dtype", choices=["float32", "float64"])  # a model's elsewhere
     add_threads_argument(parser)
     parser.add_argument("--output", default=None, help="also write the rows and environment as JSON here")
 

@@ -29,22 +29,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ddte.commands.common import UserError, check_output_file, deprecated
+from ddte.commands.common import UserError, check_output_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from data_gen.corpus import HELDOUT_FRACTION, SPLITS
     from data_gen.prompts import DEFAULT_COUNT, DEFAULT_MAX_CHARS
 
-    # --output is required; argparse would not let its old spelling --out stand in for it, so the check is in run()
-    # and the usage line says it
-    parser.usage = "ddte build-prompts --output FILE.jsonl [options]"
-    parser.add_argument("--output", default=None, help="output JSONL path (required)")
-    deprecated(parser, "--out", "--output", "output")
-    deprecated(parser, "-o", "--output", "output")  # no other command has short flags
+    parser.add_argument("--output", required=True, help="output JSONL path")
     parser.add_argument("--num-prompts", type=int, default=DEFAULT_COUNT, help="prompts to build")
-    deprecated(parser, "--count", "--num-prompts", "num_prompts", type=int)
-    deprecated(parser, "-n", "--num-prompts", "num_prompts", type=int)
     parser.add_argument("--split", choices=SPLITS, default="heldout",
                         help="modules to draw from ('train' only for data collection, never for evaluation)")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="prompt length cap")
@@ -62,8 +55,6 @@ def run(args: argparse.Namespace) -> int:
     from data_gen.corpus import python_version
     from data_gen.prompts import build_prompts, write_jsonl
 
-    if args.output is None:
-        raise UserError("--output is required")
     if args.num_prompts < 1:
         raise UserError(f"--num-prompts must be at least 1, got {args.num_prompts}")
     if args.max_chars < 40:

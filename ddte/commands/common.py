@@ -12,9 +12,8 @@ Conventions, the same in every subcommand (tests/ddte/test_cli.py checks them):
   (the models'), ``--trees`` (a count), ``--shapes`` (tree shapes), ``--repeats`` (runs per prompt) and
   ``--timed-calls`` (timed calls per figure) mean the same thing wherever they appear; no command has short flags.
 
-Older spellings stay for one release as deprecated aliases that print a warning. Libraries raise plain
-exceptions; :func:`user_errors` turns the expected ones into :class:`UserError`, which ``ddte`` prints as one line
-with exit code 2.
+Libraries raise plain exceptions; :func:`user_errors` turns the expected ones into :class:`UserError`, which
+``ddte`` prints as one line with exit code 2.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,28 +48,6 @@ def one_line(err: BaseException) -> str:
         text = f"{err.filename}: {err.strerror}" if err.filename else err.strerror
     text = str(text).strip().splitlines()[0] if str(text).strip() else type(err).__name__
     return text
-
-
-class DeprecatedAlias(argparse.Action):
-    """An old spelling of an option: stores into the new option's destination and warns once."""
-
-    def __init__(self, option_strings, dest, new: str = "", append: bool = False, **kwargs) -> None:
-        self.new, self.append = new, append
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        print(f"warning: {option_string} is deprecated and will be removed in the next release; use {self.new}",
-              file=sys.stderr)
-        if self.append:
-            setattr(namespace, self.dest, list(getattr(namespace, self.dest, None) or []) + [values])
-        else:
-            setattr(namespace, self.dest, values)
-
-
-def deprecated(parser: argparse.ArgumentParser, old: str, new: str, dest: str, **kwargs) -> None:
-    """Register ``old`` as a hidden deprecated alias of ``new``, storing into ``dest`` (``append=True``: repeatable,
-    collected in a list)."""
-    parser.add_argument(old, dest=dest, action=DeprecatedAlias, new=new, help=argparse.SUPPRESS, **kwargs)
 
 
 # Every command's --device default (collect's comes from its config, whose default is the same): CPU, where the

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     def bar(model):
         bars.append(tqdm(total=model.gguf_size, unit="B", unit_scale=True, desc=model.name, mininterval=1.0,
-                         dynamic_ncols=True, leave=False))
+                         dynamic_ncols=True, leave=False, delay=1.0))
         return bars[-1].update
 
     start = time.perf_counter()

@@ -25,7 +25,6 @@ from ddte.commands.common import (
     add_threads_argument,
     apply_threads,
     check_output_file,
-    deprecated,
     load_pair_from_args,
     user_errors,
 )
@@ -69,7 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_pair_arguments(parser)
     add_decoding_arguments(parser)
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per sample")
-    deprecated(parser, "--new-tokens", "--max-new-tokens", "max_new_tokens", type=int)
     parser.add_argument("--num-samples", type=int, default=1, help="samples of the same prompt")
     parser.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
     add_threads_argument(parser)

@@ -21,28 +21,22 @@ from __future__ import annotations
 
 import argparse
 
-from ddte.commands.common import UserError, add_threads_argument, check_output_file, deprecated, user_errors
+from ddte.commands.common import UserError, add_threads_argument, check_output_file, user_errors
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pair", default="shipped", help="the pair: a name under configs/pair/ or a pair YAML (a "
                         "`ddte train-pair` folder's pair gets the full card)")
-    deprecated(parser, "--models", "--pair with a pair YAML naming the folder's target/, draft/ and tokenizer/",
-               "models")
     parser.add_argument("--output", default=None, help="write all measurements to this JSON file")
-    deprecated(parser, "--json", "--output", "output")
     add_threads_argument(parser)
     parser.add_argument("--cache-len", type=int, default=256, help="KV cache length for latency")
     parser.add_argument("--tree-nodes", type=int, default=None, help="nodes of the timed tree pass (default: 32 for "
                         "the full card, else 8)")
     parser.add_argument("--timed-calls", type=int, default=None, help="timed calls per latency figure (default: 30 "
                         "for the full card, else 10)")
-    deprecated(parser, "--repeats", "--timed-calls", "timed_calls", type=int)  # bench's --repeats: runs per prompt
     parser.add_argument("--num-prompts", type=int, default=None, help="held-out prompts for acceptance (default: "
                         "100 for the full card, else 24 per group)")
-    deprecated(parser, "--prompts", "--num-prompts", "num_prompts", type=int)
     parser.add_argument("--max-new-tokens", type=int, default=32, help="sampled tokens per prompt")
-    deprecated(parser, "--new-tokens", "--max-new-tokens", "max_new_tokens", type=int)
     parser.add_argument("--heldout-blocks", type=int, default=None,
                         help="held-out blocks for the loss (default: the recipe's final_eval_blocks, else all)")
     parser.add_argument("--sample-tokens", type=int, default=80, help="length of the T=0.8 sample")
@@ -53,10 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from ddte.pair_card.shipped import CardSettings, markdown, measure, train_pair_folder
     from decode.pair import read_pair_config
 
-    folder = args.models
-    if folder is None:
-        with user_errors():
-            folder = train_pair_folder(read_pair_config(args.pair))
+    with user_errors():
+        folder = train_pair_folder(read_pair_config(args.pair))
     defaults = {"tree_nodes": (32, 8), "timed_calls": (30, 10), "num_prompts": (100, 24)}
     for name, (folder_default, pair_default) in defaults.items():
         if getattr(args, name) is None:

@@ -33,17 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def split_items(args: argparse.Namespace) -> tuple[Path, Path, list[str]]:
-    """(data, output, overrides); the old positional form `relabel SOURCE OUTPUT KEY=VALUE...` still works."""
+    """(data, output, overrides): a positional that is not KEY=VALUE is refused, naming the flags to use."""
     paths = [i for i in args.items if "=" not in i]
-    overrides = [i for i in args.items if "=" in i]
     if paths:
-        print("warning: `ddte relabel SOURCE OUTPUT` is deprecated and will be removed in the next release; use "
-              "--data SOURCE --output OUTPUT", file=sys.stderr)
-    data = args.data or (paths.pop(0) if paths else None)
-    output = args.output or (paths.pop(0) if paths else None)
-    if data is None or output is None or paths:
+        raise UserError(f"unexpected argument {paths[0]!r}: give --data DIR and --output DIR (and KEY=VALUE "
+                        "overrides)")
+    if args.data is None or args.output is None:
         raise UserError("give --data DIR and --output DIR (and KEY=VALUE overrides)")
-    return Path(data), Path(output), overrides
+    return Path(args.data), Path(args.output), list(args.items)
 
 
 def run(args: argparse.Namespace) -> int:

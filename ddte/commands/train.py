@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddte.commands.common import add_overrides_argument, deprecated, user_errors
+from ddte.commands.common import add_overrides_argument, user_errors
 
 DEFAULT_CONFIG = "configs/train/default.yaml"
 
@@ -33,8 +33,6 @@ DEFAULT_CONFIG = "configs/train/default.yaml"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="training config YAML")
     parser.add_argument("--data", default=None, help="a collected data set (shortcut for data.data_dir=...)")
-    deprecated(parser, "--data-dir", "--data", "data")
-    deprecated(parser, "--set", "a trailing KEY=VALUE", "set_overrides", append=True, default=[])
     parser.add_argument("--verifier", default=None, help="shortcut for data.verifier=... (one selector per verifier)")
     parser.add_argument("--tracking-uri", default=None, help="shortcut for run.tracking_uri=... (any MLflow URI)")
     parser.add_argument("--baselines", action="store_true", help="also fit the sklearn baselines (run.baselines)")
@@ -43,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def overrides_from_args(args: argparse.Namespace) -> list[str]:
-    items = list(args.set_overrides)
+    items: list[str] = []
     for key, value in (("data.data_dir", args.data), ("data.verifier", args.verifier),
                        ("run.tracking_uri", args.tracking_uri)):
         if value is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from ddte.commands.common import UserError, add_overrides_argument, deprecated, user_errors
+from ddte.commands.common import UserError, add_overrides_argument, user_errors
 
 DEFAULT_CONFIG = "configs/train-pair/default.yaml"
 
@@ -24,8 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_overrides_argument(parser, "target.train.steps=100")
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML recipe")
     parser.add_argument("--output", default=None, help="output folder (overrides the config's out_dir)")
-    deprecated(parser, "--out-dir", "--output", "output")
-    deprecated(parser, "--set", "a trailing KEY=VALUE", "set_overrides", append=True, default=[])
     parser.add_argument("--only", choices=("target", "draft"),
                         help="retrain only this model, keeping the other from a previous run of the same config")
 
@@ -38,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not Path(args.config).is_file():
         raise UserError(f"config file not found: {args.config}")
-    overrides = list(args.set_overrides) + list(args.overrides) + ([f"out_dir={args.output}"] if args.output else [])
+    overrides = list(args.overrides) + ([f"out_dir={args.output}"] if args.output else [])
     with user_errors(prefix="bad config: "):
         config = load_config(args.config, overrides)
     with user_errors():

@@ -83,13 +83,15 @@ def test_measures_on_this_machine_with_the_collection_pair(collected, tmp_path, 
 def test_bad_input_is_refused_without_writing(collected, tiny_pair, tmp_path, capsys):
     taken = tmp_path / "taken"
     taken.mkdir()
-    code, err = _relabel([str(collected), str(taken)], capsys)  # the deprecated positional form still works
-    assert code == 2 and "exists" in err and not list(taken.iterdir()) and "deprecated" in err
+    code, err = _relabel(["--data", str(collected), "--output", str(taken)], capsys)
+    assert code == 2 and "exists" in err and not list(taken.iterdir())
+    code, err = _relabel([str(collected), str(tmp_path / "w")], capsys)  # folders go with --data and --output
+    assert code == 2 and "unexpected argument" in err and "--data DIR" in err
 
-    code, err = _relabel([str(tmp_path), str(tmp_path / "x")], capsys)
+    code, err = _relabel(["--data", str(tmp_path), "--output", str(tmp_path / "x")], capsys)
     assert code == 2 and "not a collected data set" in err
 
-    code, err = _relabel([str(collected), str(tmp_path / "y"), "latency.repeats=0"], capsys)
+    code, err = _relabel(["--data", str(collected), "--output", str(tmp_path / "y"), "latency.repeats=0"], capsys)
     assert code == 2 and "latency.repeats" in err
 
     other = tmp_path / "other-pair"
@@ -98,7 +100,7 @@ def test_bad_input_is_refused_without_writing(collected, tiny_pair, tmp_path, ca
     pair = yaml.safe_load((tiny_pair / "pair.yaml").read_text())
     (other / "pair.yaml").write_text(yaml.safe_dump({**pair, "target": str(other / "target"),
                                                      "draft": str(other / "draft")}))
-    code, err = _relabel([str(collected), str(tmp_path / "z"), f"pair={other / 'pair.yaml'}",
+    code, err = _relabel(["--data", str(collected), "--output", str(tmp_path / "z"), f"pair={other / 'pair.yaml'}",
                           "latency.file=null"], capsys)
     assert code == 2 and "not the pair this data set was collected with" in err
     assert "Traceback" not in err

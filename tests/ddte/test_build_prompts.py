@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from data_gen import prompts
 from ddte.cli import main
 
@@ -19,9 +21,9 @@ def test_build_prompts_subcommand_writes_jsonl_that_load_prompts_reads(tmp_path,
     assert prompts.load_prompts(out, field="module", limit=3) == [r["module"] for r in rows[:3]]
 
 
-def test_the_old_flag_spellings_still_work_and_warn(tmp_path, capsys):
+def test_retired_flag_spellings_are_refused(tmp_path, capsys):
     out = tmp_path / "old.jsonl"
-    assert main(["build-prompts", "--out", str(out), "--count", "3"]) == 0
-    assert len(out.read_text().splitlines()) == 3
-    err = capsys.readouterr().err
-    assert "--out is deprecated" in err and "--count is deprecated" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["build-prompts", "--out", str(out), "--count", "3"])
+    assert exit_info.value.code == 2 and not out.exists()
+    assert "unrecognized arguments: --count" in capsys.readouterr().err

@@ -66,10 +66,9 @@ def test_card_runs_end_to_end(tiny_pair, tmp_path):
     assert "acceptance" in text and "corr(top probability" in text and "in the decoding loop" in text
 
 
-def test_the_card_follows_the_pair_and_models_is_a_deprecated_alias(tiny_pair, tmp_path, capsys):
+def test_the_card_follows_the_pair(tiny_pair, tmp_path, capsys):
     """A pair laid out as `ddte train-pair` writes one (recipe.json beside target/, draft/, tokenizer/; the shipped
-    pair by default) gets the full card, any other pair the loop card; --models FOLDER still names a folder, with one
-    warning line."""
+    pair by default) gets the full card, any other pair the loop card."""
     from decode.pair import read_pair_config
     from tests.factories import REPO, save_tiny_pair
 
@@ -79,13 +78,7 @@ def test_the_card_follows_the_pair_and_models_is_a_deprecated_alias(tiny_pair, t
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         run_subcommand(pair_card, ["--help"])
-    assert exit_info.value.code == 0 and "--pair PAIR" in capsys.readouterr().out  # --models is hidden
-    missing = tmp_path / "nothing"
-    with pytest.raises(UserError, match=f"{missing / 'tokenizer'} not found"):
-        run_subcommand(pair_card, ["--models", str(missing)])
-    assert capsys.readouterr().err.splitlines() == [
-        "warning: --models is deprecated and will be removed in the next release; use --pair with a pair YAML naming "
-        "the folder's target/, draft/ and tokenizer/"]
+    assert exit_info.value.code == 0 and "--pair PAIR" in capsys.readouterr().out
 
 
 def test_the_card_of_a_pair_yaml_reports_loop_ratios_and_acceptance_per_temperature(tmp_path):

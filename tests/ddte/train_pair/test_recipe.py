@@ -42,8 +42,6 @@ def test_bad_config_is_a_user_error(tmp_path, override, message):
     argv = ["--config", str(TINY_CONFIG), "--output", str(tmp_path), override]
     with pytest.raises(UserError, match=message):
         run_subcommand(recipe, argv)
-    with pytest.raises(UserError, match=message):  # the deprecated --set spelling reaches the same check
-        run_subcommand(recipe, ["--config", str(TINY_CONFIG), "--out-dir", str(tmp_path), "--set", override])
     assert not list(tmp_path.iterdir())  # refused before anything is written
     with pytest.raises(UserError, match="not found"):
         run_subcommand(recipe, ["--config", str(tmp_path / "absent.yaml")])
