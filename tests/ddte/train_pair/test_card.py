@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from ddte.commands import pair_card
-from ddte.commands.common import UserError
 from ddte.pair_card import shipped as card
 from tests.factories import run_subcommand
 
