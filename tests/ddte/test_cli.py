@@ -31,7 +31,7 @@ def _visible_options(name: str) -> dict[str, object]:
 
 
 # The agreed spellings (ddte/commands/common.py); the retired ones are gone, not hidden.
-RETIRED = {"--out", "--out-dir", "--json", "--data-dir", "--new-tokens", "--set", "--count", "--models", "--dtype-probs"}
+RETIRED = {"--out", "--out-dir", "--json", "--data-dir", "--new-tokens", "--set", "--count", "--models"}
 
 
 @pytest.mark.parametrize("name", list(SUBCOMMANDS))
