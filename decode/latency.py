@@ -51,6 +51,27 @@ class LatencyTable:
     device: str = "cpu"
     step_extra_ms: list[float] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        """ValueError, in user terms, for a table that cannot be read: the grids must be increasing integers (sizes
+        >= 1) and each time table a lengths × sizes grid of finite positive milliseconds."""
+        for name, low in (("lengths", 0), ("sizes", 1)):
+            grid = getattr(self, name)
+            if not isinstance(grid, list) or not grid or not all(isinstance(v, int) and v >= low for v in grid) \
+                    or any(b <= a for a, b in zip(grid, grid[1:], strict=False)):
+                raise ValueError(f"latency table: {name} must be a non-empty increasing list of integers >= {low}")
+        shape = (len(self.lengths), len(self.sizes))
+        for name in ("draft_ms", "target_ms"):
+            table = getattr(self, name)
+            if not isinstance(table, list) or len(table) != shape[0] or any(
+                    not isinstance(row, list) or len(row) != shape[1] for row in table):
+                raise ValueError(f"latency table: {name} must hold {shape[0]} rows (lengths) of {shape[1]} "
+                                 "values (sizes)")
+            if not all(isinstance(v, int | float) and 0 < v < float("inf") for row in table for v in row):
+                raise ValueError(f"latency table: {name} must hold finite positive milliseconds")
+        if self.step_extra_ms and (len(self.step_extra_ms) != shape[0] or not all(
+                isinstance(v, int | float) and 0 <= v < float("inf") for v in self.step_extra_ms)):
+            raise ValueError(f"latency table: step_extra_ms must hold {shape[0]} finite values >= 0 (one per length)")
+
     def draft(self, length: float, size: int = 1) -> float:
         return _interpolate_2d(self.lengths, self.sizes, self.draft_ms, length, size)
 
@@ -89,7 +110,21 @@ class LatencyTable:
 
     @classmethod
     def from_json(cls, text: str) -> LatencyTable:
-        return cls(**json.loads(text))
+        """The table of a JSON text; ValueError naming what is wrong (not JSON, missing or unknown keys, a shape)."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"latency table: not JSON ({err.msg})") from err
+        if not isinstance(data, dict):
+            raise ValueError("latency table: expected a JSON object")
+        needed = {"lengths", "sizes", "draft_ms", "target_ms"}
+        known = needed | {"device", "step_extra_ms"}
+        if not needed <= set(data) or not set(data) <= known:
+            missing, unknown = sorted(needed - set(data)), sorted(set(data) - known)
+            raise ValueError("latency table: " + "; ".join(
+                part for part in (f"missing {', '.join(missing)}" if missing else "",
+                                  f"unknown {', '.join(unknown)}" if unknown else "") if part))
+        return cls(**data)
 
 
 def _bracket(xs: list[int], x: float) -> tuple[int, int, float]:

@@ -38,6 +38,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ddte.commands.common import (
+    MAX_SEED,
     UserError,
     add_pair_arguments,
     add_threads_argument,
@@ -90,8 +91,11 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
         raise UserError("--num-prompts, --repeats and --max-new-tokens must be >= 1")
     if args.skip_prompts < 0:
         raise UserError("--skip-prompts must be >= 0")
-    if any(not t >= 0 for t in args.temperature) or not 0 < args.top_p <= 1:
-        raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
+    if any(not 0 <= t < float("inf") for t in args.temperature) or not 0 < args.top_p <= 1:
+        raise UserError("--temperature must be finite and >= 0, and --top-p in (0, 1]")
+    if not 0 <= args.seed <= MAX_SEED - 1000 * args.repeats - args.num_prompts - args.skip_prompts:
+        raise UserError(f"--seed must be in [0, {MAX_SEED}] with room for every prompt's and repeat's seed, got "
+                        f"{args.seed}")
     with user_errors():
         methods, dropped = unique_methods(args.methods)
     for method in methods:

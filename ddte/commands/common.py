@@ -61,9 +61,15 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
                         help="torch CPU threads (0: torch's own choice)")
 
 
+MAX_SEED = 2**63 - 1  # torch.Generator takes a 64-bit seed
+
+
 def apply_threads(threads: int) -> None:
     if threads < 0:
         raise UserError(f"--threads must be >= 0, got {threads}")
+    cores = os.cpu_count() or 1
+    if threads > cores:
+        raise UserError(f"--threads {threads} is more than this machine's {cores} cores (0: torch's own choice)")
     if threads:
         import torch
 

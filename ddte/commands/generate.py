@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from ddte.commands.common import (
+    MAX_SEED,
     UserError,
     add_pair_arguments,
     add_threads_argument,
@@ -92,12 +94,15 @@ def check_arguments(args: argparse.Namespace) -> list[int] | None:
         raise UserError(f"--action is the static policy's shape; --policy {args.policy} does not use it")
     if args.max_draft < 1:
         raise UserError(f"--max-draft must be >= 1, got {args.max_draft}")
-    if args.entropy_threshold <= 0:
-        raise UserError(f"--entropy-threshold must be > 0, got {args.entropy_threshold}")
-    if not args.temperature >= 0:
-        raise UserError(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 < args.entropy_threshold < math.inf:
+        raise UserError(f"--entropy-threshold must be a finite number > 0, got {args.entropy_threshold}")
+    if not 0 <= args.temperature < math.inf:
+        raise UserError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if not 0 <= args.seed or args.seed + args.num_samples - 1 > MAX_SEED:
+        raise UserError(f"--seed must be in [0, {MAX_SEED}] (with --num-samples: seed + samples - 1 too), got "
+                        f"{args.seed}")
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise UserError("--max-new-tokens and --num-samples must be >= 1")
     if (args.prompt is None) == (args.prompt_ids is None):
@@ -111,9 +116,10 @@ def check_arguments(args: argparse.Namespace) -> list[int] | None:
             raise UserError("the prompt is empty: give some text, or --prompt-ids")
         return None
     try:
-        ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+        ids = [int(x) for x in args.prompt_ids.split(",")]
     except ValueError as err:
-        raise UserError(f"--prompt-ids must be comma-separated integers, got '{args.prompt_ids}'") from err
+        raise UserError(f"--prompt-ids must be comma-separated integers (no empty items), got "
+                        f"'{args.prompt_ids}'") from err
     if not ids:
         raise UserError("--prompt-ids is empty")
     return ids

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -203,3 +205,18 @@ def test_vectorised_step_time_equals_eq_11_per_action():
         np.testing.assert_allclose(table.step_ms_many(ctx, passes), want, rtol=1e-12)
     one_point = LatencyTable([64], [4], [[2.0]], [[20.0]])  # a one-point grid holds its value everywhere
     assert one_point.step_ms(10, Action(2, 1, 3)) == pytest.approx(4 * 2.0 + 20.0)  # 2 single passes, 2 levels
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"target_ms": [[1.0]]}, "target_ms must hold 2 rows"),
+    ({"draft_ms": [[1.0, -2.0], [1.0, 2.0]]}, "finite positive"),
+    ({"sizes": [2, 1]}, "sizes must be a non-empty increasing"),
+    ({"lengths": []}, "lengths must be"),
+    ({"step_extra_ms": [1.0]}, "step_extra_ms must hold 2"),
+    ({"colour": "red"}, "unknown colour"),
+])
+def test_a_table_that_cannot_be_read_is_refused_in_user_terms(change, words):
+    data = {"lengths": [8, 32], "sizes": [1, 4], "draft_ms": [[1.0, 2.0], [1.5, 2.5]],
+            "target_ms": [[5.0, 6.0], [7.0, 9.0]], **change}
+    with pytest.raises(ValueError, match=words):
+        LatencyTable.from_json(json.dumps(data))
