@@ -68,7 +68,7 @@ def load_gguf_model(path: str | Path, dtype: torch.dtype = torch.float32):
 
     path = check_gguf_file(path)
     try:
-        with quiet_transformers():
+        with quiet_transformers(bars=True):  # dequantizing takes minutes for a 1.5B model: its bar is the progress
             loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
                                                           local_files_only=True, trust_remote_code=False)
     except ImportError as err:
