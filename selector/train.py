@@ -217,6 +217,14 @@ def check_train_config(config: TrainConfig) -> None:
             raise ValueError(f"trainer.{key} must be >= 1, got {getattr(config.trainer, key)}")
     if config.data.batch_size < 1:
         raise ValueError(f"data.batch_size must be >= 1, got {config.data.batch_size}")
+    if not config.model.lr > 0:
+        raise ValueError(f"model.lr must be > 0, got {config.model.lr}")
+    if config.trainer.accelerator in ("gpu", "cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"trainer.accelerator={config.trainer.accelerator}: torch sees no CUDA device here "
+                             "(trainer.accelerator=cpu, or run on a GPU machine)")
 
 
 def config_yaml(config: TrainConfig) -> str:

@@ -151,3 +151,16 @@ def test_schema_2_training_logs_the_cross_fitted_head_room(trained):
         assert 0.5 < metrics[f"headroom/cross_fitted_oracle/cfg{c}"] < 2.0
         assert f"headroom/same_tree_oracle/cfg{c}" in metrics and f"guard/val_ratio/cfg{c}" in metrics
     assert all(f.action for f in trained.info.fallbacks)
+
+
+@pytest.mark.parametrize(("override", "words"), [("model.lr=-1", "model.lr must be > 0"),
+                                                 ("trainer.accelerator=gpu", "no CUDA device")])
+def test_a_bad_setting_is_refused_before_any_mlflow_run(tmp_path, override, words):
+    """Refused while the config is read: no MLflow database, experiment or FAILED run is left behind."""
+    from selector.train import load_train_config
+
+    if "gpu" in override and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match=words):
+        load_train_config(None, [override, f"run.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    assert not list(tmp_path.iterdir())
