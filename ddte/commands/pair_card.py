@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="held-out blocks for the loss (default: the recipe's final_eval_blocks, else all)")
     parser.add_argument("--sample-tokens", type=int, default=80, help="length of the T=0.8 sample")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--groups", nargs="+", default=[], metavar="GROUP",
+                        help="measure acceptance on these prompt groups only (like, unlike for chat sets; the "
+                        "categories of the mixed workload, e.g. coding math translation writing; default: all)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         from ddte.pair_card.any_pair import PairCardSettings, measure_pair, pair_markdown
 
         settings = PairCardSettings(args.pair, args.threads, args.cache_len, args.tree_nodes, args.timed_calls,
-                                    args.num_prompts, args.max_new_tokens, args.sample_tokens, args.seed)
+                                    args.num_prompts, args.max_new_tokens, args.sample_tokens, args.seed,
+                                    tuple(args.groups))
         return _measure_and_print(measure_pair, settings, pair_markdown, output)
     settings = CardSettings(_shown(folder), args.threads, args.cache_len, args.tree_nodes, args.timed_calls,
                             args.num_prompts, args.max_new_tokens, args.heldout_blocks, args.sample_tokens, args.seed)

@@ -36,6 +36,7 @@ class PairCardSettings:
     max_new_tokens: int = 32
     sample_tokens: int = 60
     seed: int = 0
+    groups: tuple[str, ...] = ()  # the prompt groups to measure acceptance on (empty: all)
 
 
 def prompt_groups(heldout: str, count: int, tokenizer) -> dict[str, list[str]]:
@@ -82,6 +83,10 @@ def measure_pair(settings: PairCardSettings) -> dict[str, Any]:
     torch.set_num_threads(settings.threads)
     spec = read_pair_config(settings.pair)
     pair = spec.load()
+    groups = prompt_groups(spec.heldout_prompts, settings.num_prompts, pair.tokenizer)
+    unknown = sorted(set(settings.groups) - set(groups))
+    if unknown:  # before any measuring
+        raise ValueError(f"--groups: no prompt group {unknown[0]!r} (this pair's: {', '.join(sorted(groups))})")
     target, draft = pair.target.model, pair.draft.model
     result: dict[str, Any] = {
         "pair": str(spec.source), "threads": torch.get_num_threads(), "torch_version": torch.__version__,
@@ -104,7 +109,9 @@ def measure_pair(settings: PairCardSettings) -> dict[str, Any]:
         "draft_over_target": draft_warm / target_one, "draft_first_pass_over_target": draft_cold / target_one,
     }
     context = min(pair.context_limit, 2048)
-    for group, prompts in prompt_groups(spec.heldout_prompts, settings.num_prompts, pair.tokenizer).items():
+    for group, prompts in groups.items():
+        if settings.groups and group not in settings.groups:
+            continue
         for t in (0.6, 1.0):
             result[f"acceptance_{group}_T{t:g}"] = acceptance_on_target_samples(
                 target, LoopDraft(pair.draft), pair.tokenizer, prompts, settings.max_new_tokens, context,
