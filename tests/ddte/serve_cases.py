@@ -33,22 +33,16 @@ def make_pairs(folder: Path) -> dict[str, Path]:
     pair of tests/decode/test_lossless.py (the χ² case)."""
     from tests.factories import chat_tokenizer, tiny_llama
 
-    out = {}
-    root = folder / "chat"
-    tiny_llama(1, 4096, 32, 1, 1.0, 512).save_pretrained(root / "target")
-    tiny_llama(2, 4096, 16, 1, 1.0, 512).save_pretrained(root / "draft")
-    chat_tokenizer().save_pretrained(root / "tokenizer")
-    (root / "pair.yaml").write_text(json.dumps({"target": str(root / "target"), "draft": str(root / "draft"),
-                                                "tokenizer": str(root / "tokenizer")}))
-    out["chat"] = root / "pair.yaml"
-    root = folder / "toy"
-    tiny_llama(11, 8, 32, 2, 6.0, 64).save_pretrained(root / "target")
-    tiny_llama(12, 8, 32, 1, 6.0, 64).save_pretrained(root / "draft")
-    chat_tokenizer().save_pretrained(root / "tokenizer")
-    (root / "pair.yaml").write_text(json.dumps({"target": str(root / "target"), "draft": str(root / "draft"),
-                                                "tokenizer": str(root / "tokenizer")}))
-    out["toy"] = root / "pair.yaml"
-    return out
+    def save(root: Path, target, draft) -> Path:
+        target.save_pretrained(root / "target")
+        draft.save_pretrained(root / "draft")
+        chat_tokenizer().save_pretrained(root / "tokenizer")
+        names = ("target", "draft", "tokenizer")
+        (root / "pair.yaml").write_text(json.dumps({name: str(root / name) for name in names}))
+        return root / "pair.yaml"
+
+    return {"chat": save(folder / "chat", tiny_llama(1, 4096, 32, 1, 1.0, 512), tiny_llama(2, 4096, 16, 1, 1.0, 512)),
+            "toy": save(folder / "toy", tiny_llama(11, 8, 32, 2, 6.0, 64), tiny_llama(12, 8, 32, 1, 6.0, 64))}
 
 
 def served(pair_yaml: Path, method: str = "traversal@1,3,0", max_queue: int = 64, verifier=None, eos: bool = True):

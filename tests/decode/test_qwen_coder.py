@@ -14,16 +14,14 @@ import torch
 
 from ddte.cli import main
 from decode.fetch import KNOWN_PAIRS, is_fetched
-from decode.models import CachedLM
 from decode.pair import read_pair_config
+from tests.decode.test_smollm2 import BF16_TOL, _greedy_by_recompute, _recompute, _relative_gap
 
 pytestmark = pytest.mark.skipif(not all(is_fetched(name) for name in KNOWN_PAIRS["qwen-coder"]),
                                 reason="run `ddte fetch qwen-coder` first (CI does)")
 
-# As for SmolLM2 (tests/decode/test_smollm2.py): bf16 keeps 8 bits of mantissa and a cached tree pass may sum in
-# another order than a recompute; the gap is relative to the row's largest |logit|. A wrong parent moves a row far
-# more (the negative control below).
-BF16_TOL = 0.03
+# BF16_TOL and the recompute helpers are SmolLM2's (tests/decode/test_smollm2.py): bf16 keeps 8 bits of mantissa
+# and a cached tree pass may sum in another order than a recompute. A wrong parent moves a row far more.
 PROMPT_TEXT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
 
@@ -35,15 +33,6 @@ def pair():
 @pytest.fixture(scope="module")
 def prompt(pair) -> list[int]:
     return list(pair.tokenizer(PROMPT_TEXT)["input_ids"])
-
-
-def _recompute(lm: CachedLM, ids: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return lm.model(torch.tensor([ids])).logits[0, -1].float()
-
-
-def _relative_gap(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got - want).abs().max() / want.abs().max().clamp_min(1.0))
 
 
 def test_the_pair_runs_bf16_models_with_an_int8_draft(pair):
@@ -68,19 +57,6 @@ def test_tree_attention_and_rollback_match_a_recompute_in_bf16(pair, prompt):
     lm.crop(len(prompt))
     again = lm.extend([b], commit=True)[-1]
     assert _relative_gap(again, _recompute(lm, prompt + [b])) < BF16_TOL
-
-
-def _greedy_by_recompute(lm: CachedLM, ids: list[int], n: int) -> list[int]:
-    """Up to n greedy tokens by plain recomputes, cut before the first near-tie (there bf16 rounding makes the
-    reference itself a coin flip)."""
-    out: list[int] = []
-    for _ in range(n):
-        logits = _recompute(lm, ids + out)
-        top = logits.topk(2).values
-        if float(top[0] - top[1]) <= 1e-3 * float(top[0].abs()):
-            break
-        out.append(int(logits.argmax()))
-    return out
 
 
 @pytest.mark.parametrize("verifier", ["specinfer", "traversal"])
