@@ -58,7 +58,7 @@ def test_a_selector_trained_for_another_pair_is_refused(tiny, tmp_path, capsys):
     [
         (["--policy", "adaptive", "--action", "4,4,4"], "--policy adaptive does not use it"),
         (["--policy", "entropy", "--max-draft", "0"], "--max-draft must be >= 1"),
-        (["--entropy-threshold", "0", "--policy", "entropy"], "--entropy-threshold must be > 0"),
+        (["--entropy-threshold", "0", "--policy", "entropy"], "--entropy-threshold must be a finite number > 0"),
         (["--selector", "x.onnx", "--action", "1,2,0"], "--selector chooses the tree"),
         (["--verifier", "bogus"], "--verifier: unknown verifier 'bogus'"),
         (["--action", "99,99,99"], "--action: (99,99,99) is beyond the action grid"),
