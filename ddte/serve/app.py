@@ -31,7 +31,6 @@ class Served:
     Attributes:
         model: the name clients give as ``model`` (``GET /v1/models`` lists it).
         method: the decoding method as ``ddte bench`` spells it (reported in every response's ``ddte`` object).
-        policy_note: which latency table the policy's step-time model uses, for ``/health``.
     """
 
     model: str
@@ -41,7 +40,6 @@ class Served:
     method: str
     max_queue: int = 16
     default_max_tokens: int = 256
-    policy_note: str = ""
 
 
 def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:
@@ -98,8 +96,7 @@ def create_app(served: Served):
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": served.model, "method": served.method, "queue_depth": worker.depth(),
-                "latency": served.policy_note}
+        return {"status": "ok", "model": served.model, "method": served.method, "queue_depth": worker.depth()}
 
     @app.get("/v1/models")
     async def models():
