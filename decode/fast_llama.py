@@ -24,7 +24,8 @@ pass streams its weights once and reads half the bytes), or every pass (``all``)
 embeddings stay in the model's dtype. A quantized pass gives another q, not an approximation the verifier has to
 correct for: the drafting loop samples from that q and hands the same q to the verifier, so decoding stays exactly
 lossless (tests/decode/exact/test_int8_draft.py, with a negative control). Which mode pays is the CPU's business
-(measured by ``ddte pair-card``): never use it for a target, whose values must stay its own.
+(``ddte pair-card`` reports the draft's passes under the pair's setting; run it once per setting to compare): never
+use it for a target, whose values must stay its own.
 """
 
 from __future__ import annotations
