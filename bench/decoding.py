@@ -23,8 +23,9 @@ from tqdm import tqdm
 from bench.method import AR, Method
 from ddte_core.machine import cpu_model
 from ddte_core.quiet import quiet_transformers
-from decode.deployment import Deployment, load_deployment
+from decode.deployment import POLICY_FILES, Deployment, load_policy
 from decode.engine import SpeculativeDecoder
+from decode.latency import LatencyTable
 from decode.pair import LoadedPair
 from decode.policies import Policy, PolicyOptions, StaticPolicy, make_policy
 from decode.rng import TorchRandom
@@ -144,28 +145,25 @@ class _Runner:
         return self.decoder.generate(ids, max_new, self.policy, TorchRandom(seed), sampling).stats
 
 
-def method_policy(method: Method, pair: LoadedPair, deployments: dict[str, Deployment]) -> Policy:
+def method_policy(method: Method, pair: LoadedPair, deployments: dict[str, Deployment],
+                  machine: LatencyTable | None = None) -> Policy:
     """The policy of a ddte method, checked against the pair (ValueError for a file that does not fit). A policy
-    file is read once: ``deployments`` holds those already read, by path, and gains the ones read here."""
-    if method.kind == "selector":
-        from decode.selector_policy import OnnxSelectorPolicy
-
-        return OnnxSelectorPolicy.for_pair(method.path, method.verifier, pair)
-    if method.kind == "expander":
-        from decode.expander_policy import ExpanderPolicy
-
-        return ExpanderPolicy.for_pair(method.path, method.verifier, pair)
-    if method.kind == "policy":
-        if method.path not in deployments:
-            deployments[method.path] = load_deployment(method.path)
-        return deployments[method.path].policy_for(method.verifier, pair)
+    file is read once: ``deployments`` holds those already read, by path, and gains the ones read here.
+    ``machine``: the running machine's latency table for files' fallbacks (decode/guard.py)."""
+    if method.kind in POLICY_FILES:
+        return load_policy(method.kind, method.path, method.verifier, pair, machine, deployments)
     if method.is_static:
         return StaticPolicy(method.action)
     return make_policy(method.kind, PolicyOptions())
 
 
-def make_runners(methods: list[Method], pair: LoadedPair,
-                 deployments: dict[str, Deployment] | None = None) -> list[_Runner]:
+def needs_latency(methods: list[Method]) -> bool:
+    """Whether any method runs a policy file (whose fallback the running machine's latency table picks)."""
+    return any(method.kind in POLICY_FILES for method in methods)
+
+
+def make_runners(methods: list[Method], pair: LoadedPair, deployments: dict[str, Deployment] | None = None,
+                 machine: LatencyTable | None = None) -> list[_Runner]:
     """A ready runner per method, the methods of one verifier sharing one decoder (ValueError for a selector or
     policy file that does not fit). ``deployments``: policy files already read, by path (each other is read once)."""
     from decode.pair import load_other_draft
@@ -183,8 +181,8 @@ def make_runners(methods: list[Method], pair: LoadedPair,
         key = (method.verifier, method.draft)
         if key not in decoders:
             decoders[key] = SpeculativeDecoder(pair.target, drafts[method.draft], get_verifier(method.verifier),
-                                               pair.eos_token_id)
-        runners.append(_Runner(method, pair, decoders[key], method_policy(method, pair, deployments)))
+                                               pair.eos_token_id, latency=machine if method.draft is None else None)
+        runners.append(_Runner(method, pair, decoders[key], method_policy(method, pair, deployments, machine)))
     return runners
 
 
@@ -226,10 +224,11 @@ def bench_methods(runners: list[_Runner], prompts, settings: BenchSettings, samp
 
 
 def run_bench(methods: list[Method], pair, prompts: list[list[int]], settings: BenchSettings,
-              temperatures: list[float], deployments: dict[str, Deployment] | None = None) -> list[dict]:
+              temperatures: list[float], deployments: dict[str, Deployment] | None = None,
+              machine: LatencyTable | None = None) -> list[dict]:
     """Every method at every temperature (one interleaved block per temperature); the rows of all of them.
-    ``deployments``: policy files already read, by path (:func:`make_runners`)."""
-    runners = make_runners(methods, pair, deployments)
+    ``deployments``: policy files already read, by path; ``machine``: the latency table (:func:`make_runners`)."""
+    runners = make_runners(methods, pair, deployments, machine)
     rows = []
     for temperature in temperatures:
         sampling = settings.sampling(temperature)

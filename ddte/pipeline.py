@@ -251,7 +251,7 @@ def _run_stages(plan: PipelinePlan, out: Path, tracking: _Tracking) -> PipelineR
     choices = decide(bench["rows"], candidates, metadata, selectors, out, kept, benched_expanders)
     best_verifier = max(choices, key=lambda c: c.tokens_per_s or 0.0).verifier
     deployment = Deployment(choices, best_verifier, bench["pair_fingerprint"],
-                            {"bench": "bench.json", "data": _beside(data_dir, out)})
+                            {"bench": "bench.json", "data": _beside(data_dir, out), "machine": bench["machine"]})
     path = deployment.write(out / "policy.json")
     text = results_markdown(bench, trained, candidates, kept, choices, timings, data_dir, tracking.parent)
     (out / "results.md").write_text(text + "\n", encoding="utf-8")
@@ -370,6 +370,7 @@ def _bench(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dic
 def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dict[str, dict[float, list[str]]],
                 selectors: dict[str, Path], expanders: dict[str, Path]) -> dict:
     """The bench itself: its rows, printed and written to bench.json and bench.png; the payload of bench.json."""
+    from decode.latency import machine_identity
     from decode.pair import load_pair_config
 
     if stage.threads:
@@ -395,7 +396,8 @@ def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates
     print(title)
     print(format_table(rows))
     payload = {"settings": {"bench": stage.__dict__, "candidates": candidates}, "rows": rows,
-               "environment": environment(pair.target.device), "pair_fingerprint": pair.fingerprint()}
+               "environment": environment(pair.target.device), "pair_fingerprint": pair.fingerprint(),
+               "machine": machine_identity(pair.target, pair.draft)}
     (out / "bench.json").write_text(json.dumps(payload, indent=2, default=str))
     plot(rows, out / "bench.png", title)
     return payload
@@ -448,6 +450,7 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
                 str(path.relative_to(out)) if policy == "selector" else None,
                 chosen["tokens_per_s"], static["tokens_per_s"], reason,
                 str(expanders[verifier].relative_to(out)) if policy == "expander" else None,
+                metadata[verifier].fallback_for(temperature, 1.0).profile if policy == "static" else None,
             ))
     return choices
 

@@ -10,6 +10,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def cache_root() -> Path:
+    """Where ddte keeps what it fetched or measured once per machine: ``$DDTE_CACHE``, else ``~/.cache/ddte``."""
+    env = os.environ.get("DDTE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "ddte"
+
+
+def latency_cache() -> Path:
+    """Where the running machine's latency tables are kept (decode/latency.py ``machine_table``):
+    ``$DDTE_LATENCY_CACHE``, else ``<cache_root>/latency``."""
+    env = os.environ.get("DDTE_LATENCY_CACHE")
+    return Path(env).expanduser() if env else cache_root() / "latency"
+
+
 def refuse_file_in_the_way(path: str | Path, what: str = "output", folder: bool = True) -> Path:
     """``path`` as a Path; ValueError when a folder above it (or, for a ``folder`` output, ``path`` itself) is an
     existing file, so the output could never be written there. Nothing is created."""

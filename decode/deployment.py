@@ -15,6 +15,8 @@ from pathlib import Path
 
 from ddte_core.paths import staged_file
 from decode.actions import Action
+from decode.guard import StaticProfile
+from decode.latency import LatencyTable
 from decode.policies import Policy, StaticPolicy
 from decode.sampling import SamplingConfig, nearest_note
 
@@ -34,6 +36,8 @@ class Choice:
         expander: the expander file, relative to the policy file (``expander`` only).
         tokens_per_s, static_tokens_per_s: measured in the deciding bench (same run, interleaved).
         reason: one sentence on why this policy was chosen.
+        profile: for ``static``, what every static tree earned on the collection's roots (decode/guard.py
+            ``StaticProfile``): under the running machine's latency table it re-picks the static tree there.
     """
 
     verifier: str
@@ -46,6 +50,7 @@ class Choice:
     static_tokens_per_s: float | None = None
     reason: str = ""
     expander: str | None = None
+    profile: dict | None = None
 
 
 @dataclass
@@ -74,9 +79,11 @@ class Deployment:
         """The choice of this verifier at the nearest measured sampling configuration."""
         return min(self.choices_of(verifier), key=lambda c: (abs(c.temperature - temperature), abs(c.top_p - top_p)))
 
-    def policy_for(self, verifier: str, pair) -> DeployedPolicy:
+    def policy_for(self, verifier: str, pair, machine: LatencyTable | None = None) -> DeployedPolicy:
         """The policy this file chooses for ``verifier`` on ``pair``, at any sampling configuration; every choice's
-        selector is loaded (once per file) and checked against the pair here."""
+        selector is loaded (once per file) and checked against the pair here. ``machine``: the running machine's
+        latency table, which picks every static tree and fallback where the file carries profiles (a static tree
+        benched on this very machine, ``source["machine"]``, stays: a measurement beats the model)."""
         from decode.expander_policy import ExpanderPolicy  # onnxruntime and numpy: only where a file names one
         from decode.selector_policy import OnnxSelectorPolicy
 
@@ -92,8 +99,12 @@ class Deployment:
                     raise ValueError(f"{self.path}: a {choice.policy} choice without its file")
                 if (choice.policy, name) not in loaded:
                     kind = OnnxSelectorPolicy if choice.policy == "selector" else ExpanderPolicy
-                    loaded[choice.policy, name] = kind.for_pair(base / name, verifier, pair)
+                    loaded[choice.policy, name] = kind.for_pair(base / name, verifier, pair, machine)
                 policies[choice.temperature, choice.top_p] = loaded[choice.policy, name]
+            elif machine is not None and choice.profile is not None and machine.machine != self.source.get("machine"):
+                # another machine than the one whose bench chose this tree: its own table re-picks it
+                best = StaticProfile.from_dict(choice.profile).best(machine)
+                policies[choice.temperature, choice.top_p] = StaticPolicy(best)
             else:
                 policies[choice.temperature, choice.top_p] = StaticPolicy(Action.parse(choice.action))
         return DeployedPolicy(self, verifier, policies)
@@ -155,3 +166,29 @@ def load_deployment(path: str | Path) -> Deployment:
                           dict(data.get("source", {})), path)
     except (KeyError, TypeError) as err:
         raise ValueError(f"{path}: malformed policy file ({err})") from err
+
+
+POLICY_FILES = ("selector", "expander", "policy")  # what --selector, --expander and --policy-file load
+
+
+def load_policy(kind: str, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None,
+                deployments: dict[str, Deployment] | None = None) -> Policy:
+    """The one way a command turns a policy file into a policy for ``verifier`` on ``pair``: a ``selector`` or an
+    ``expander`` (ONNX) or a ``policy`` file (policy.json), checked against the pair (ValueError for one that does not
+    fit). ``machine``: the running machine's latency table (decode/guard.py). ``deployments``: policy files already
+    read, by path; a policy file read here joins it."""
+    if kind == "selector":
+        from decode.selector_policy import OnnxSelectorPolicy
+
+        return OnnxSelectorPolicy.for_pair(path, verifier, pair, machine)
+    if kind == "expander":
+        from decode.expander_policy import ExpanderPolicy
+
+        return ExpanderPolicy.for_pair(path, verifier, pair, machine)
+    if kind != "policy":
+        raise ValueError(f"unknown policy file kind {kind!r} (one of {', '.join(POLICY_FILES)})")
+    deployments = {} if deployments is None else deployments
+    key = str(path)
+    if key not in deployments:
+        deployments[key] = load_deployment(path)
+    return deployments[key].policy_for(verifier, pair, machine)

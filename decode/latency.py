@@ -22,16 +22,19 @@ sampling work ~0.07 ms of each draft pass; both made the model favour other tree
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import time
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from ddte_core.paths import staged_file
 from decode.actions import Action
 from decode.models import CachedLM
 from decode.rng import TorchRandom
@@ -50,6 +53,8 @@ class LatencyTable:
     target_ms: list[list[float]]
     device: str = "cpu"
     step_extra_ms: list[float] = field(default_factory=list)
+    pair: str = ""  # the fingerprint of the pair it timed ("" in tables that did not record it)
+    machine: str = ""  # what it was measured on: the CPU model (or GPU name), torch threads, the models' dtypes
 
     def __post_init__(self) -> None:
         """ValueError, in user terms, for a table that cannot be read: the grids must be increasing integers (sizes
@@ -118,13 +123,19 @@ class LatencyTable:
         if not isinstance(data, dict):
             raise ValueError("latency table: expected a JSON object")
         needed = {"lengths", "sizes", "draft_ms", "target_ms"}
-        known = needed | {"device", "step_extra_ms"}
+        known = needed | {"device", "step_extra_ms", "pair", "machine"}
         if not needed <= set(data) or not set(data) <= known:
             missing, unknown = sorted(needed - set(data)), sorted(set(data) - known)
             raise ValueError("latency table: " + "; ".join(
                 part for part in (f"missing {', '.join(missing)}" if missing else "",
                                   f"unknown {', '.join(unknown)}" if unknown else "") if part))
         return cls(**data)
+
+    def check_pair(self, fingerprint: str, where: str = "latency table") -> None:
+        """ValueError when the table records another pair than ``fingerprint`` (a table that records none passes)."""
+        if self.pair and self.pair != fingerprint:
+            raise ValueError(f"{where}: measured on another pair (fingerprint {self.pair[:12]}…, this pair's "
+                             f"{fingerprint[:12]}…)")
 
 
 def _bracket(xs: list[int], x: float) -> tuple[int, int, float]:
@@ -223,6 +234,7 @@ def measure_latency(
     repeats: int = 5,
     warmup: int = 1,
     max_size: int = 41,
+    pair: str = "",
 ) -> LatencyTable:
     """Time the passes of both models per (context length, block size), as the decoding loop runs them.
 
@@ -268,7 +280,55 @@ def measure_latency(
     draft.reset()
     grids = {name: [[statistics.median(t) for t in row] for row in times[name]] for name in times}
     extra = [max(0.0, statistics.median(d)) for d in cold_minus_warm]
-    return LatencyTable(list(lengths), list(sizes), grids["draft"], grids["target"], str(target.device), extra)
+    return LatencyTable(list(lengths), list(sizes), grids["draft"], grids["target"], str(target.device), extra,
+                        pair, machine_identity(target, draft))
+
+
+# The running machine's table (decode/guard.py): one-token passes and every small block, then a sparser grid up to
+# the largest default tree (1 + 8 + 4·8), at a short and a long context. Measured once per machine and cached.
+MACHINE_LENGTHS = (64, 512)
+MACHINE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 25, 32, 41)
+
+
+def machine_identity(target: CachedLM, draft: CachedLM) -> str:
+    """What a table's times depend on besides the pair: the processor, torch's threads, both models' dtypes and the
+    draft's int8 layers. Tables are cached under this (with the pair's fingerprint)."""
+    from ddte_core.machine import cpu_model
+
+    processor = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else cpu_model()
+    int8 = getattr(draft, "int8", "none")
+    return (f"{processor}; {torch.get_num_threads()} torch threads; target {str(target.dtype).removeprefix('torch.')}"
+            f", draft {str(draft.dtype).removeprefix('torch.')}" + (f" int8 {int8}" if int8 != "none" else ""))
+
+
+def machine_table_path(fingerprint: str, identity: str, cache: Path) -> Path:
+    """Where the table of this pair on this machine is cached: ``<cache>/<digest>.json``."""
+    digest = hashlib.sha256(f"{fingerprint}\n{identity}".encode()).hexdigest()[:20]
+    return cache / f"{digest}.json"
+
+
+def machine_table(target: CachedLM, draft: CachedLM, fingerprint: str, cache: Path,
+                  announce: Callable[[str], None] | None = None) -> tuple[LatencyTable, Path]:
+    """The latency table of this pair on the running machine: read from ``cache`` or measured once and cached there
+    (written whole, decode/guard.py). ``announce`` hears one line before a measurement (it takes minutes for a 1.5B
+    target on a CPU). A cached file that does not read as a table of this pair and machine is measured again."""
+    identity = machine_identity(target, draft)
+    path = machine_table_path(fingerprint, identity, cache)
+    if path.is_file():
+        try:
+            table = LatencyTable.from_json(path.read_text(encoding="utf-8"))
+            if table.pair == fingerprint and table.machine == identity:
+                return table, path
+        except (OSError, ValueError):
+            pass  # unreadable or another table: measure again below
+    if announce is not None:
+        announce(f"measuring this machine's latency table once ({identity}); cached at {path}")
+    table = measure_latency(target, draft, lengths=list(MACHINE_LENGTHS), sizes=list(MACHINE_SIZES), repeats=3,
+                            pair=fingerprint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with staged_file(path) as tmp:
+        tmp.write_text(table.to_json(), encoding="utf-8")
+    return table, path
 
 
 _TIMING_LAW = SamplingConfig(temperature=1.0)  # the temperature only rescales logits: the cost is the same at any T

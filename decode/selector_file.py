@@ -23,6 +23,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 from decode.features import FEATURE_SCHEMA_VERSION, HIDDEN_NAMES, SCALAR_NAMES
+from decode.guard import StaticProfile
 from decode.sampling import SamplingConfig
 
 INPUT_NAMES = (*HIDDEN_NAMES, "scalars")
@@ -41,13 +42,16 @@ class SelectorFileError(ValueError):
 class Fallback:
     """The guard of one sampling configuration: the static action and the relative margin needed to leave it.
 
-    ``margin`` None: never leave the fallback (the selector did not beat it on validation prompts).
+    ``margin`` None: never leave the fallback (the selector did not beat it on validation prompts). ``profile``:
+    what every static tree earned on the training roots (decode/guard.py ``StaticProfile``), so that the running
+    machine's latency table picks the fallback; None in files written before it (then ``action`` is used).
     """
 
     temperature: float
     top_p: float
     action: str
     margin: float | None
+    profile: dict | None = None
 
 
 @dataclass
@@ -151,6 +155,13 @@ class SelectorMetadata:
                 raise SelectorFileError(f"{where}: fallback action {fallback.action} is not one of its actions")
             if fallback.margin is not None and not (math.isfinite(fallback.margin) and fallback.margin >= 0):
                 raise SelectorFileError(f"{where}: bad margin {fallback.margin!r}")
+            if fallback.profile is not None:
+                try:
+                    profile = StaticProfile.from_dict(fallback.profile)
+                except ValueError as err:
+                    raise SelectorFileError(f"{where}: {err}") from err
+                if not set(profile.actions) <= set(self.actions):
+                    raise SelectorFileError(f"{where}: its static profile names actions it does not have")
 
 
 def _json(props: dict[str, str], name: str, where: str):

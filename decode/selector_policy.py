@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from decode.actions import Action
-from decode.latency import draft_passes
+from decode.guard import StaticProfile, machine_note
+from decode.latency import LatencyTable, draft_passes
 from decode.policies import Policy, RootState, StaticPolicy, StepOutcome
 from decode.sampling import SamplingConfig, nearest_note
 from decode.selector_file import INPUT_NAMES, SelectorFileError, SelectorMetadata
@@ -101,12 +102,14 @@ class OnnxSelectorPolicy(Policy):
         draft_hidden: int,
         pair_fingerprint: str | None = None,
         use_cuda: bool = False,
+        machine: LatencyTable | None = None,
     ) -> None:
         import onnxruntime as ort
 
         from decode.features import hidden_sizes
 
         self.path = Path(path)
+        self.machine = machine
         providers = ["CPUExecutionProvider"]
         if use_cuda and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
@@ -139,11 +142,13 @@ class OnnxSelectorPolicy(Policy):
         self._call_seconds: list[float] = []
 
     @classmethod
-    def for_pair(cls, path: str | Path, verifier: str, pair) -> OnnxSelectorPolicy:
-        """The selector checked against a loaded pair (hidden sizes, fingerprint), on its device."""
+    def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None
+                 ) -> OnnxSelectorPolicy:
+        """The selector checked against a loaded pair (hidden sizes, fingerprint), on its device; ``machine``: the
+        running machine's latency table, which picks the guard's fallback (decode/guard.py)."""
         return cls(path, verifier=verifier, target_hidden=int(pair.target.config.hidden_size),
                    draft_hidden=int(pair.draft.config.hidden_size), pair_fingerprint=pair.fingerprint(),
-                   use_cuda=pair.target.device.type == "cuda")
+                   use_cuda=pair.target.device.type == "cuda", machine=machine)
 
     def guard(self, sampling: SamplingConfig) -> Guard:
         """The guard of the sampling configuration nearest ``sampling`` (looked up once per configuration)."""
@@ -151,6 +156,8 @@ class OnnxSelectorPolicy(Policy):
         if guard is None:
             nearest = self.metadata.fallback_for(sampling.temperature, sampling.top_p)
             action = Action.parse(nearest.action)
+            if self.machine is not None and nearest.profile is not None:
+                action = StaticProfile.from_dict(nearest.profile).best(self.machine, among=self.actions)
             guard = self._guards[sampling] = Guard(action, self.actions.index(action), nearest.margin)
         return guard
 
@@ -167,7 +174,9 @@ class OnnxSelectorPolicy(Policy):
     def describe(self, sampling: SamplingConfig) -> str:
         guard = self.guard(sampling)
         margin = "never leaves it" if guard.margin is None else f"margin {guard.margin:g}"
-        return f"selector {self.path} (fallback {guard.action.canonical()}, {margin})"
+        profiled = self.metadata.fallback_for(sampling.temperature, sampling.top_p).profile is not None
+        return (f"selector {self.path} (fallback {guard.action.canonical()}"
+                f"{machine_note(self.machine, profiled)}, {margin})")
 
     def network_seconds(self) -> list[float]:
         return self._call_seconds

@@ -112,7 +112,7 @@ def training_text(config: DistillConfig, tokenizer, target) -> tuple[torch.Tenso
     if data.text == "stdlib":
         train_files, heldout_files = corpus_files(data.heldout_fraction, data.max_files)
         return token_stream(tokenizer, train_files), token_stream(tokenizer, heldout_files), {"text": "stdlib"}
-    from decode.fetch import cache_root
+    from ddte_core.paths import cache_root
     from decode.pair import model_fingerprint
     from distill.chat_data import fixed_sequences, stream_of, target_responses
 
@@ -136,7 +136,7 @@ def training_laws(config: DistillConfig, tokenizer, target, log=print):
     ``data.sample_temperatures``, with its laws (:mod:`distill.teacher_cache`): read from the cache, else sampled
     once and cached."""
     from data_gen.chat_prompts import build_chat_prompts
-    from decode.fetch import cache_root
+    from ddte_core.paths import cache_root
     from decode.pair import model_fingerprint, render_chat
     from distill.teacher_cache import TeacherLaws, cache_path, sample_responses
 

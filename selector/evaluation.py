@@ -68,17 +68,21 @@ def deployed_scores(model, arrays) -> Any:
 
 def fit_guard(logger, model, dm) -> dict[str, float]:
     """The never-lose guard (selector/guard.py): per sampling configuration, the fallback (best static action of the
-    training split) and the margin fitted on the validation split, stored in ``model.info.fallbacks``.
+    training split), the training split's static profile (so the running machine's latency table can re-pick the
+    fallback: decode/guard.py) and the margin fitted on the validation split, stored in ``model.info.fallbacks``.
     Logs each margin's validation curve and returns the test metrics of the guarded rule."""
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from decode.features import SCALAR_NAMES
+    from decode.guard import StaticProfile
     from decode.selector_file import Fallback
     from selector.guard import MarginFit, decision_values, fit_margin, guarded_choice, margin_figure
     from selector.metrics import offline_metrics
 
     facts = model.info.data
-    val, test = dm.splits["val"], dm.splits["test"]
+    train, val, test = dm.splits["train"], dm.splits["val"], dm.splits["test"]
+    length = SCALAR_NAMES.index("context_length")
     values = {name: decision_values(deployed_scores(model, arrays), arrays.step_ms, arrays.valid, model.decision)
               for name, arrays in (("val", val), ("test", test))}
     client, run_id = logger.experiment, logger.run_id
@@ -89,7 +93,10 @@ def fit_guard(logger, model, dm) -> dict[str, float]:
         fit = fit_margin(values["val"][rows], val.be[rows], val.step_ms[rows], fallback) if rows.any() \
             else MarginFit(None, [])
         fits[c] = fit
-        fallbacks.append(Fallback(conf.temperature, conf.top_p, facts.actions[fallback], fit.margin))
+        fitted = train.sampling_index == c  # the roots the fallback was chosen on: the profile that re-picks it
+        profile = StaticProfile.from_labels(facts.actions, train.be[fitted], train.scalars[fitted, length]).as_dict() \
+            if fitted.any() else None
+        fallbacks.append(Fallback(conf.temperature, conf.top_p, facts.actions[fallback], fit.margin, profile))
         for step, (_, ratio, share) in enumerate(fit.curve):
             client.log_metric(run_id, f"guard/val_ratio/cfg{c}", ratio, step=step)
             client.log_metric(run_id, f"guard/val_leave_share/cfg{c}", share, step=step)

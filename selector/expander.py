@@ -35,7 +35,9 @@ from selector.expansion import (
     fit_beta_head,
     load_episodes,
     out_of_fold_beta,
+    rule_profile,
     static_best,
+    static_profile,
 )
 
 RULE_SIGNALS = ("learned", "top", "entropy")
@@ -71,13 +73,13 @@ def folded_head(data: EpisodeData) -> tuple[np.ndarray, float]:
     return weight, float(ridge.intercept_ - scaler.mean_ @ weight)
 
 
-def fit_rule(data: EpisodeData, signal: str, l_max: int, k_max: int) -> HaltingRule:
+def fit_rule(data: EpisodeData, signal: str, l_max: int, k_max: int) -> tuple[HaltingRule, np.ndarray]:
     """The best rule of the grid on every episode of ``data`` for ``signal`` (the learned one on out-of-fold β̂,
-    as noisy as at decode time)."""
+    as noisy as at decode time), and the signal ``(N, s, D)`` it was chosen on."""
     values = {"top": data.top, "entropy": -data.entropy}.get(signal)
     if values is None:
         values = out_of_fold_beta(data)
-    return best_rule(data, values, candidate_rules(values, l_max, k_max), _Index(data.actions))
+    return best_rule(data, values, candidate_rules(values, l_max, k_max), _Index(data.actions)), values
 
 
 def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: float = 0.01,
@@ -105,10 +107,13 @@ def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: fl
         offline = {name: float(figures[name]) for name in (*RULE_SIGNALS, "beta", "oracle")}
         signal = choose_signal(offline, min_gain, signals)
         weight[:, column], bias[column] = folded_head(data)
-        rule = None if signal == "static" else fit_rule(data, signal, l_max, k_max)
+        rule, profile = None, None
+        if signal != "static":
+            rule, values = fit_rule(data, signal, l_max, k_max)
+            profile = rule_profile(data, values, rule, min_gain).as_dict()
         fallback = data.actions[static_best(data)].key
         rules.append(NodeRule(float(sampling["temperature"]), float(sampling["top_p"]), signal, fallback, rule,
-                              offline, column))
+                              offline, column, static_profile(data).as_dict(), profile))
         report[f"T{sampling['temperature']:g}"] = figures
         prompts.update(str(p) for p in data.prompts)
         if progress is not None:

@@ -30,7 +30,8 @@ import numpy as np
 
 from data_gen.throughput import best_static, time_per_token
 from decode.actions import Action
-from decode.expander_file import HaltingRule as Rule  # the rule the decoder runs
+from decode.expander_file import HaltingRule as Rule
+from decode.guard import RuleProfile, StaticProfile, length_quantiles  # the rule the decoder runs
 
 
 @dataclass
@@ -45,6 +46,7 @@ class EpisodeData:
         trunk_pass_ms: ``(N,)`` one draft pass at the root's context length (the latency model's t_q(l, 1)): what
             a rule pays for looking at a node it then stops at (:func:`rule_step_ms`).
         actions: the action list (column order of ``be`` and ``step``).
+        lengths: ``(N,)`` the roots' context lengths (what a machine-free profile of the fit keeps: decode/guard.py).
     """
 
     be: np.ndarray
@@ -56,10 +58,12 @@ class EpisodeData:
     features: np.ndarray
     trunk_pass_ms: np.ndarray
     actions: list[Action] = field(default_factory=list)
+    lengths: np.ndarray | None = None
 
     def take(self, rows: np.ndarray) -> EpisodeData:
         return EpisodeData(self.be[rows], self.step[rows], self.prompts[rows], self.top[rows], self.entropy[rows],
-                           self.beta[rows], self.features[rows], self.trunk_pass_ms[rows], self.actions)
+                           self.beta[rows], self.features[rows], self.trunk_pass_ms[rows], self.actions,
+                           None if self.lengths is None else self.lengths[rows])
 
 
 def halting_depth(signal: np.ndarray, theta: float, floor: int, cap: int) -> np.ndarray:
@@ -154,6 +158,28 @@ def _columns(index: _Index, rule: Rule, depth: np.ndarray) -> np.ndarray:
     """The action column each episode drafts: the rule's terminal at its halting depth."""
     lookup = np.array([index(rule.k, d, rule.l2 if rule.k > 1 else 0) for d in range(rule.cap + 1)])
     return lookup[depth]
+
+
+def static_profile(data: EpisodeData) -> StaticProfile:
+    """The machine-free profile of every static action on ``data`` (decode/guard.py): Ê averaged over each root's
+    trees, then over the roots."""
+    return StaticProfile.from_labels([a.key for a in data.actions], np.nanmean(data.be, axis=1), data.lengths)
+
+
+def rule_profile(data: EpisodeData, signal: np.ndarray, rule: Rule, min_gain: float) -> RuleProfile:
+    """The machine-free profile of ``rule`` halting on ``signal`` ``(N, s, D)`` over ``data`` (in-sample): its mean
+    Ê, the share of episodes drafting each tree, and the share paying one draft pass more (:func:`rule_step_ms`)."""
+    index = _Index(data.actions)
+    depth = halting_depth(signal, rule.theta, rule.floor, rule.cap)  # (N, s)
+    columns = _columns(index, rule, depth)
+    rows = np.arange(len(data.be))[:, None]
+    trees = np.arange(data.be.shape[1])[None, :]
+    chosen, counts = np.unique(columns, return_counts=True)
+    shares = {data.actions[int(c)].canonical().key: float(n) / columns.size
+              for c, n in zip(chosen, counts, strict=True)}
+    looked = 0.0 if rule.k > 1 and rule.l2 > 0 else float(((depth >= 1) & (depth < rule.cap)).mean())
+    return RuleProfile(float(np.nanmean(data.be[rows, trees, columns])), shares, looked,
+                       length_quantiles(data.lengths), min_gain)
 
 
 def static_best(data: EpisodeData) -> int:
@@ -321,6 +347,7 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
     top = _list_column(table, TRUNK_STATE_COLUMNS[2]).reshape(n, s_trees, depth).astype(np.float64)
     raw_scalars = _list_column(table, "scalars")
     trunk_pass_ms = raw_scalars[:, SCALAR_NAMES.index("draft_ms")].astype(np.float64)
+    lengths = raw_scalars[:, SCALAR_NAMES.index("context_length")].astype(np.int64)
     scalars = acceptance_scalars(raw_scalars)
     depth_feature = np.broadcast_to(np.arange(depth, dtype=np.float32)[None, None, :, None], (n, s_trees, depth, 1))
     root = np.broadcast_to(scalars[:, None, None, :], (n, s_trees, depth, scalars.shape[1]))
@@ -333,7 +360,7 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
         rows = np.flatnonzero(sampling == c)
         rows_by_config[int(c)] = rows
         episodes[int(c)] = EpisodeData(be[rows], step[rows], prompts[rows], top[rows], entropy[rows], beta[rows],
-                                       features[rows], trunk_pass_ms[rows], actions)
+                                       features[rows], trunk_pass_ms[rows], actions, lengths[rows])
     return metadata, episodes, rows_by_config
 
 

@@ -15,6 +15,8 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="ddte-hf-"))
+# the machine's latency tables that --latency machine measures for the test pairs stay out of the user's cache
+os.environ["DDTE_LATENCY_CACHE"] = tempfile.mkdtemp(prefix="ddte-latency-")
 
 import torch  # noqa: E402
 

@@ -40,11 +40,14 @@ from typing import TYPE_CHECKING
 from ddte.commands.common import (
     MAX_SEED,
     UserError,
+    add_latency_argument,
     add_pair_arguments,
     add_threads_argument,
     apply_threads,
+    check_latency_argument,
     check_output_file,
     load_pair_from_args,
+    policy_latency,
     user_errors,
 )
 
@@ -78,6 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold in (0, 1]")
     parser.add_argument("--seed", type=int, default=0, help="base seed of every prompt's run")
     add_threads_argument(parser)
+    add_latency_argument(parser)
     parser.add_argument("--output", default=None, help="write rows + settings + environment as JSON here")
     parser.add_argument("--plot", default=None, help="figure PNG (default: beside --output)")
 
@@ -96,6 +100,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
     if not 0 <= args.seed <= MAX_SEED - 1000 * args.repeats - args.num_prompts - args.skip_prompts:
         raise UserError(f"--seed must be in [0, {MAX_SEED}] with room for every prompt's and repeat's seed, got "
                         f"{args.seed}")
+    check_latency_argument(args.latency)
     with user_errors():
         methods, dropped = unique_methods(args.methods)
     for method in methods:
@@ -129,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
         category_rows,
         encode_prompts,
         environment,
+        method_policy,
+        needs_latency,
         run_bench,
     )
     from bench.display import format_category_table, format_table, plot
@@ -150,9 +157,16 @@ def run(args: argparse.Namespace) -> int:
               f"{pair.context_limit}-token context leaves beside --max-new-tokens {args.max_new_tokens}: their "
               f"first tokens are cut (prompts {', '.join(str(i) for i in truncated[:5])}"
               f"{', ...' if len(truncated) > 5 else ''})", file=sys.stderr)
+    machine, which = None, None
+    if needs_latency(methods):
+        with user_errors():
+            for method in methods:  # every policy file checked against the pair before a table is measured
+                method_policy(method, pair, deployments)
+        machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
+        print(which, file=sys.stderr)
     with user_errors():
         settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p)
-        rows = run_bench(methods, pair, prompts, settings, args.temperature, deployments)
+        rows = run_bench(methods, pair, prompts, settings, args.temperature, deployments, machine)
     temps = ", ".join(f"{t:g}" for t in args.temperature)
     skipped = f" (after the first {args.skip_prompts})" if args.skip_prompts else ""
     heldout = args.prompts in (None, pair.heldout_prompts) or str(args.prompts).endswith(":heldout")
@@ -174,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
     if output is not None:
         settings_out = {k: v for k, v in vars(args).items() if not k.startswith("_")} | {
             "methods": [m.key for m in methods]}
-        payload = {"settings": settings_out, "environment": environment(pair.target.device), "rows": rows,
+        payload = {"settings": settings_out, "environment": environment(pair.target.device) | {"latency": which},
+                   "rows": rows,
                    "categories": by_category, "comparisons": comparisons}
         tmp = f"{output}.tmp"
         with open(tmp, "w") as f:

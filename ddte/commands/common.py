@@ -138,3 +138,39 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             return text
         shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else default
         return f"{text} (default: {shown})"
+
+
+LATENCY_CHOICES = ("machine", "fitted")
+
+
+def add_latency_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--latency", default="machine", metavar="machine|fitted|FILE",
+        help="the step-time model of a --selector, --expander or --policy-file: 'machine' (default: this machine's "
+             "latency table, measured once and cached under $DDTE_CACHE/latency, or $DDTE_LATENCY_CACHE; it picks "
+             "each file's static fallback), 'fitted' (each file's choices as fitted, on the machine it was fitted "
+             "on), or a latency table JSON of this pair")
+
+
+def check_latency_argument(value: str) -> None:
+    """UserError for a --latency that is neither a choice nor an existing file (before any model loads)."""
+    if value not in LATENCY_CHOICES and not Path(value).is_file():
+        raise UserError(f"--latency: {value!r} is not machine, fitted or an existing latency table file")
+
+
+def policy_latency(value: str, pair, announce=None):
+    """``(table or None, one line saying which)`` for --latency ``value`` on a loaded pair: this machine's table
+    (cached, or measured once with ``announce`` told first), none ('fitted'), or a file checked against the pair."""
+    from ddte_core.paths import latency_cache
+    from decode.latency import LatencyTable, machine_table
+
+    if value == "fitted":
+        return None, "step times: each policy file's fallback as fitted (--latency fitted)"
+    if value == "machine":
+        with user_errors(OSError, ValueError, prefix="--latency machine: "):
+            table, path = machine_table(pair.target, pair.draft, pair.fingerprint(), latency_cache(), announce)
+        return table, f"step times: this machine's latency table ({table.machine}), {path}"
+    with user_errors(OSError, ValueError, prefix=f"--latency {value}: "):
+        table = LatencyTable.from_json(Path(value).read_text(encoding="utf-8"))
+        table.check_pair(pair.fingerprint())
+    return table, f"step times: latency table {value}" + (f" ({table.machine})" if table.machine else "")

@@ -23,11 +23,14 @@ import sys
 from ddte.commands.common import (
     MAX_SEED,
     UserError,
+    add_latency_argument,
     add_pair_arguments,
     add_threads_argument,
     apply_threads,
+    check_latency_argument,
     check_output_file,
     load_pair_from_args,
+    policy_latency,
     user_errors,
 )
 from decode.policies import POLICIES
@@ -57,6 +60,7 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy-file", default=None, metavar="policy.json",
                         help="the deployment choice `ddte pipeline` wrote (sets --verifier unless given, and the "
                         "policy for this temperature)")
+    add_latency_argument(parser)
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold in (0, 1]")
 
@@ -94,6 +98,7 @@ def check_arguments(args: argparse.Namespace) -> list[int] | None:
         raise UserError(f"--action is the static policy's shape; --policy {args.policy} does not use it")
     if args.max_draft < 1:
         raise UserError(f"--max-draft must be >= 1, got {args.max_draft}")
+    check_latency_argument(args.latency)
     if not 0 < args.entropy_threshold < math.inf:
         raise UserError(f"--entropy-threshold must be a finite number > 0, got {args.entropy_threshold}")
     if not 0 <= args.temperature < math.inf:
@@ -131,14 +136,12 @@ def run(args: argparse.Namespace) -> int:
     whole."""
     from ddte_core.paths import staged_file
     from decode.actions import Action, check_in_grid
-    from decode.deployment import load_deployment
+    from decode.deployment import load_deployment, load_policy
     from decode.engine import SpeculativeDecoder, check_action
-    from decode.expander_policy import ExpanderPolicy
     from decode.pair import render_chat
     from decode.policies import PolicyOptions, make_policy
     from decode.rng import TorchRandom
     from decode.sampling import SamplingConfig
-    from decode.selector_policy import OnnxSelectorPolicy
     from decode.stats import GenerationStats
     from decode.verifiers import get_verifier
 
@@ -150,14 +153,18 @@ def run(args: argparse.Namespace) -> int:
     with user_errors(prefix="--policy-file: "):
         deployment = load_deployment(args.policy_file) if args.policy_file else None
         verifier = get_verifier(args.verifier or (deployment.verifier if deployment else DEFAULT_VERIFIER))
-        policy = deployment.policy_for(verifier.name, pair) if deployment else None
-    if args.selector:
-        with user_errors():
-            policy = OnnxSelectorPolicy.for_pair(args.selector, verifier.name, pair)
-    elif args.expander:
-        with user_errors():
-            policy = ExpanderPolicy.for_pair(args.expander, verifier.name, pair)
-    elif policy is None:
+    kind, path = next(((kind, path) for kind, path in (("policy", args.policy_file), ("selector", args.selector),
+                                                       ("expander", args.expander)) if path), (None, None))
+    machine = None
+    if kind is not None:
+        read = {str(path): deployment} if deployment else {}
+        with user_errors(prefix="--policy-file: " if kind == "policy" else ""):
+            policy = load_policy(kind, path, verifier.name, pair, None, read)  # checked before a table is measured
+        machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
+        print(which, file=sys.stderr)
+        if machine is not None:
+            policy = load_policy(kind, path, verifier.name, pair, machine, read)
+    else:
         with user_errors(prefix="--action: "):
             action = Action.parse(args.action or DEFAULT_ACTION)
             check_in_grid(action)
@@ -179,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(note, file=sys.stderr)
     with user_errors():
-        decoder = SpeculativeDecoder(pair.target, pair.draft, verifier, pair.eos_token_id)
+        decoder = SpeculativeDecoder(pair.target, pair.draft, verifier, pair.eos_token_id, latency=machine)
     total = GenerationStats()
     lines = []
     for i in range(args.num_samples):

@@ -27,10 +27,13 @@ import sys
 
 from ddte.commands.common import (
     UserError,
+    add_latency_argument,
     add_pair_arguments,
     add_threads_argument,
     apply_threads,
+    check_latency_argument,
     load_pair_from_args,
+    policy_latency,
     user_errors,
 )
 
@@ -53,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-max-tokens", type=int, default=256,
                         help="max_tokens of a request that gives none (capped by the context)")
     add_threads_argument(parser)
+    add_latency_argument(parser)
 
 
 def check_arguments(args: argparse.Namespace):
@@ -66,6 +70,7 @@ def check_arguments(args: argparse.Namespace):
     if not args.model_name.strip():
         raise UserError("--model-name must not be empty")
     check_port(args.host, args.port)
+    check_latency_argument(args.latency)
     if args.policy_file and args.method:
         raise UserError("--policy-file chooses the method: do not combine it with --method")
     if args.verifier and not args.policy_file:
@@ -94,7 +99,7 @@ def check_arguments(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from bench.decoding import method_policy
+    from bench.decoding import method_policy, needs_latency
     from ddte.serve.app import Served, create_app
     from decode.engine import SpeculativeDecoder
     from decode.verifiers import get_verifier
@@ -104,9 +109,16 @@ def run(args: argparse.Namespace) -> int:
     pair = load_pair_from_args(args)
     if pair.tokenizer is None:
         raise UserError("the pair has no tokenizer: pass --tokenizer DIR")
+    machine = None
+    if needs_latency([method]):
+        with user_errors():
+            method_policy(method, pair, deployments)  # checked against the pair before a table is measured
+        machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
+        print(which, file=sys.stderr)
     with user_errors():
-        policy = method_policy(method, pair, deployments)
-        decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(method.verifier), pair.eos_token_id)
+        policy = method_policy(method, pair, deployments, machine)
+        decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(method.verifier), pair.eos_token_id,
+                                     latency=machine)
     served = Served(args.model_name, pair, decoder, policy, method.key, args.max_queue, args.default_max_tokens)
     app = create_app(served)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on",

@@ -4,6 +4,7 @@ whole job end to end on a tiny pair: data, selectors, bench, a policy file that 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -59,7 +60,8 @@ def test_the_pipeline_runs_end_to_end_and_its_choice_deploys(tiny, tmp_path, cap
                  "results.md"):
         assert (out / name).exists(), name
     policy = json.loads((out / "policy.json").read_text())
-    assert policy["source"] == {"bench": "bench.json", "data": "data"}  # both beside policy.json
+    assert {k: policy["source"][k] for k in ("bench", "data")} == {"bench": "bench.json", "data": "data"}  # beside it
+    assert "torch threads" in policy["source"]["machine"]  # the machine whose bench chose the static trees
     assert {(c["verifier"], c["temperature"]) for c in policy["choices"]} == {
         (v, t) for v in ("specinfer", "traversal") for t in (0.6, 1.0)}
     bench_file = json.loads((out / "bench.json").read_text())
@@ -98,9 +100,9 @@ def _bench_row(method: str, temperature: float, seconds: float, prompts: int = 4
 
 
 def _selector_metadata(fallback: str, margin: float | None):
-    from types import SimpleNamespace
+    from decode.selector_file import Fallback
 
-    return SimpleNamespace(fallback_for=lambda t, p: SimpleNamespace(action=fallback, margin=margin))
+    return SimpleNamespace(fallback_for=lambda t, p: Fallback(t, p, fallback, margin))
 
 
 def test_static_candidates_are_the_fallback_then_the_training_split_runners_up():

@@ -69,7 +69,7 @@ class _RecordingLM:
     (``ms_per_token`` per token, plus ``cold_ms`` when another model ran last, as after the loop's target pass)."""
 
     def __init__(self, name: str, clock: _FakeClock, ms_per_token: float = 1.0, cold_ms: float = 0.0) -> None:
-        self.device = torch.device("cpu")
+        self.device, self.dtype = torch.device("cpu"), torch.float32
         self.vocab_size, self.length, self.blocks, self.prefills = 16, 0, [], []
         self.context_limit = 128
         self.name, self.clock, self.ms_per_token, self.cold_ms = name, clock, ms_per_token, cold_ms
@@ -220,3 +220,24 @@ def test_a_table_that_cannot_be_read_is_refused_in_user_terms(change, words):
             "target_ms": [[5.0, 6.0], [7.0, 9.0]], **change}
     with pytest.raises(ValueError, match=words):
         LatencyTable.from_json(json.dumps(data))
+
+
+def test_the_machines_table_is_measured_once_per_pair_and_machine(monkeypatch, tmp_path):
+    """`--latency machine`: the first call measures and caches (saying so first), the next reads the cache; another
+    pair, or a cached file that is not a table of this pair and machine, is measured anew."""
+    from decode.latency import MACHINE_SIZES, machine_identity, machine_table
+
+    target, draft = _recording_pair(monkeypatch)
+    heard = []
+    table, path = machine_table(target, draft, "f" * 64, tmp_path, heard.append)
+    assert len(heard) == 1 and str(path) in heard[0] and path.parent == tmp_path
+    assert table.pair == "f" * 64 and table.machine == machine_identity(target, draft)
+    assert table.sizes == list(MACHINE_SIZES)
+    passes = len(target.blocks)
+    again, same = machine_table(target, draft, "f" * 64, tmp_path, heard.append)
+    assert (again, same, len(heard), len(target.blocks)) == (table, path, 1, passes)  # read, not measured
+    other, other_path = machine_table(target, draft, "0" * 64, tmp_path, heard.append)
+    assert other_path != path and len(heard) == 2 and other.pair == "0" * 64
+    path.write_text("{not json", encoding="utf-8")
+    machine_table(target, draft, "f" * 64, tmp_path, heard.append)
+    assert len(heard) == 3 and LatencyTable.from_json(path.read_text(encoding="utf-8")).pair == "f" * 64

@@ -4,10 +4,8 @@ file, and keeps the decoding loop lossless (χ² on the first two tokens, as tes
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 
 from decode.engine import SpeculativeDecoder
@@ -17,62 +15,15 @@ from decode.sampling import SamplingConfig
 from decode.selector_file import INPUT_NAMES
 from decode.selector_policy import Guard, OnnxSelectorPolicy, SelectorError
 from decode.verifiers import get_verifier
+from tests.decode.selectors import HIDDEN, selector_policy, with_guard, with_metadata
 from tests.decode.test_lossless import P_VALUE, PROMPT, SAMPLES, chi2_p_value, exact_first_two
 from tests.factories import tiny_llama
-
-TINY_TRAIN = Path(__file__).resolve().parents[2] / "configs" / "train" / "tiny.yaml"
-HIDDEN = 32  # tiny_llama's hidden size, for both models
-
-
-@pytest.fixture(scope="module")
-def selector_file(tmp_path_factory) -> Path:
-    """A small selector trained on synthetic data with the tiny models' hidden sizes, exported to ONNX."""
-    from selector.export import export_selector
-    from selector.synthetic import write_synthetic_dataset
-    from selector.train import train_selector
-
-    root = tmp_path_factory.mktemp("selector")
-    data = write_synthetic_dataset(root / "data", n_prompts=10, roots_per_prompt=6, seed=1,
-                                   verifiers=("specinfer",), k_max=4, l_max=2, hidden=(HIDDEN, HIDDEN))
-    result = train_selector(TINY_TRAIN, [f"data.data_dir={data}", f"run.output_dir={root / 'runs'}",
-                                         f"run.tracking_uri=sqlite:///{root / 'mlflow.db'}",
-                                         "trainer.max_epochs=2"], verbose=False)
-    exported = export_selector(result.checkpoint_path, root / "specinfer.onnx", log_mlflow=False).path
-    return _with_guard(exported, root / "guarded.onnx", margin=0.0)  # leave the fallback whenever it is beaten
-
-
-def _policy(path, **changes):
-    kwargs = {"verifier": "specinfer", "target_hidden": HIDDEN, "draft_hidden": HIDDEN} | changes
-    return OnnxSelectorPolicy(path, **kwargs)
-
-
-def _with_metadata(path: Path, out: Path, key: str, value: str | None) -> Path:
-    """A copy of the file with one metadata value replaced (None: the key removed)."""
-    model = onnx.load(str(path))
-    kept = [p for p in model.metadata_props if p.key != key or value is not None]
-    del model.metadata_props[:]
-    model.metadata_props.extend(kept)
-    for prop in model.metadata_props:
-        if prop.key == key:
-            prop.value = value
-    onnx.save(model, str(out))
-    return out
-
-
-def _with_guard(path: Path, out: Path, margin: float | None, action: str | None = None) -> Path:
-    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
-    fallbacks = json.loads(props["ddte.fallbacks"])
-    for f in fallbacks:
-        f["margin"] = margin
-        f["action"] = action or f["action"]
-    return _with_metadata(path, out, "ddte.fallbacks", json.dumps(fallbacks))
-
 
 T1 = SamplingConfig(1.0)
 
 
 def test_selector_loads_and_reports_its_provider(selector_file):
-    policy = _policy(selector_file)
+    policy = selector_policy(selector_file)
     assert policy.provider == "CPUExecutionProvider"
     assert len(policy.actions) == 4 * 3 * 3
 
@@ -85,7 +36,7 @@ def test_bound_buffers_give_the_session_scores(selector_file):
 
     from decode.features import SCALAR_NAMES, RootFeatures
 
-    policy = _policy(selector_file)
+    policy = selector_policy(selector_file)
     assert policy._bound is not None
     session = ort.InferenceSession(str(selector_file), providers=["CPUExecutionProvider"])
     generator = torch.Generator().manual_seed(0)
@@ -107,25 +58,25 @@ def test_bound_buffers_give_the_session_scores(selector_file):
 )
 def test_mismatched_selector_is_refused(selector_file, changes, message):
     with pytest.raises(SelectorError, match=message):
-        _policy(selector_file, **changes)
+        selector_policy(selector_file, **changes)
 
 
 def test_other_feature_schema_is_refused(selector_file, tmp_path):
     names = json.dumps(["entropy_p_prev", "something_else"])
-    odd = _with_metadata(selector_file, tmp_path / "odd.onnx", "ddte.scalar_names", names)
+    odd = with_metadata(selector_file, tmp_path / "odd.onnx", "ddte.scalar_names", names)
     with pytest.raises(SelectorError, match="scalar features"):
-        _policy(odd)
-    old = _with_metadata(selector_file, tmp_path / "old.onnx", "ddte.feature_schema", "0")
+        selector_policy(odd)
+    old = with_metadata(selector_file, tmp_path / "old.onnx", "ddte.feature_schema", "0")
     with pytest.raises(SelectorError, match="feature schema 0"):
-        _policy(old)
+        selector_policy(old)
 
 
 def test_a_file_without_the_guard_metadata_is_refused_with_a_clear_message(selector_file, tmp_path):
     """Files exported before the never-lose guard (metadata version 1: no fallback, no margin) are refused."""
-    v1 = _with_metadata(selector_file, tmp_path / "v1.onnx", "ddte.metadata_version", None)
-    v1 = _with_metadata(v1, v1, "ddte.fallbacks", None)
+    v1 = with_metadata(selector_file, tmp_path / "v1.onnx", "ddte.metadata_version", None)
+    v1 = with_metadata(v1, v1, "ddte.fallbacks", None)
     with pytest.raises(SelectorError, match="metadata version 1.*retrain and re-export"):
-        _policy(v1)
+        selector_policy(v1)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "missing"])
@@ -137,7 +88,7 @@ def test_broken_file_gives_a_clear_error(selector_file, tmp_path, damage):
     elif damage == "garbage":
         bad.write_bytes(b"not an onnx file at all")
     with pytest.raises(SelectorError, match="bad.onnx"):
-        _policy(bad)
+        selector_policy(bad)
 
 
 def test_generate_cli_refuses_a_broken_selector(tmp_path, capsys):
@@ -155,7 +106,7 @@ def test_loop_with_the_selector_is_lossless(selector_file, name):
     target = tiny_llama(seed=11, vocab=8, layers=2, logit_scale=6.0)
     draft = tiny_llama(seed=12, vocab=8, layers=1, logit_scale=6.0)
     sampling = SamplingConfig(1.0)
-    policy = _policy(selector_file, verifier="specinfer")
+    policy = selector_policy(selector_file, verifier="specinfer")
     decoder = SpeculativeDecoder(CachedLM(target), CachedLM(draft), get_verifier(name))
     counts: dict[tuple[int, int], int] = {}
     chosen = set()
@@ -180,9 +131,9 @@ def test_throughput_decision_calibrates_the_unmodelled_step_time(selector_file, 
     from decode.policies import RootState, StepOutcome
 
     small, large = Action(1, 1, 0), Action(2, 1, 2)  # T̂ 6 and 10 ms
-    path = _with_metadata(selector_file, tmp_path / "throughput.onnx", "ddte.objective", "be")
-    path = _with_guard(path, path, margin=0.0, action=small.key)
-    policy = _policy(path)
+    path = with_metadata(selector_file, tmp_path / "throughput.onnx", "ddte.objective", "be")
+    path = with_guard(path, path, margin=0.0, action=small.key)
+    policy = selector_policy(path)
     scores = np.full(len(policy.actions), -1e9, dtype=np.float32)
     scores[policy.actions.index(small)], scores[policy.actions.index(large)] = 1.5, 2.0
     monkeypatch.setattr(OnnxSelectorPolicy, "scores", lambda self, features: scores)
@@ -204,8 +155,8 @@ def test_the_guard_keeps_the_fallback_unless_the_margin_is_met(selector_file, tm
     from decode.policies import RootState
 
     fallback, other = Action(1, 1, 0), Action(2, 1, 2)
-    path = _with_guard(selector_file, tmp_path / "guard.onnx", margin=0.25, action=fallback.key)
-    policy = _policy(path)
+    path = with_guard(selector_file, tmp_path / "guard.onnx", margin=0.25, action=fallback.key)
+    policy = selector_policy(path)
     assert policy.guard(T1) == Guard(fallback, policy.actions.index(fallback), 0.25)
     run = policy.start(T1)
     assert isinstance(run, OnnxSelectorPolicy) and run is not policy and run.needs_root_features
@@ -223,8 +174,8 @@ def test_a_guard_that_never_leaves_the_fallback_costs_nothing(selector_file, tmp
     from decode.actions import Action
     from decode.policies import RootState, StaticPolicy
 
-    path = _with_guard(selector_file, tmp_path / "off.onnx", margin=None, action="2,1,2")
-    policy = _policy(path)
+    path = with_guard(selector_file, tmp_path / "off.onnx", margin=None, action="2,1,2")
+    policy = selector_policy(path)
     run = policy.start(T1)
     assert type(run) is StaticPolicy and run.action == Action(2, 1, 2) and not run.needs_root_features
 
@@ -243,7 +194,7 @@ def test_one_selector_serves_every_temperature_with_its_own_guard(selector_file,
 
     guards = [{"temperature": 0.6, "top_p": 1.0, "action": "1,0,2", "margin": None},  # spelled as (1,2,0) is
               {"temperature": 1.0, "top_p": 1.0, "action": "2,1,2", "margin": 0.1}]
-    policy = _policy(_with_metadata(selector_file, tmp_path / "two.onnx", "ddte.fallbacks", json.dumps(guards)))
+    policy = selector_policy(with_metadata(selector_file, tmp_path / "two.onnx", "ddte.fallbacks", json.dumps(guards)))
     cool, warm = policy.start(SamplingConfig(0.5)), policy.start(SamplingConfig(0.9))
     assert type(cool) is StaticPolicy and cool.action.canonical() == Action(1, 2, 0)
     assert isinstance(warm, OnnxSelectorPolicy) and warm.guard(SamplingConfig(0.9)).action == Action(2, 1, 2)

@@ -127,3 +127,23 @@ def test_a_policy_file_can_deploy_an_expander(learned_file, tiny_pair, tmp_path)
     Deployment(broken, "traversal").write(tmp_path / "broken.json")
     with pytest.raises(ValueError, match="without its file"):
         load_deployment(tmp_path / "broken.json").policy_for("traversal", pair)
+
+
+def test_each_rule_carries_machine_free_profiles_of_its_fitting_roots(learned_file, tiny_collected):
+    """What lets the running machine's table re-pick the fallback (decode/guard.py): the static profile is the mean
+    Ê of every labelled action over the fitting episodes, and the rule profile's tree shares sum to one."""
+    from decode.guard import RuleProfile, StaticProfile
+    from selector.expansion import load_episodes
+
+    fitted, _ = learned_file
+    _, episodes, _ = load_episodes(tiny_collected, "traversal")
+    for rule, (_, data) in zip(fitted.metadata.rules, sorted(episodes.items()), strict=True):
+        static = StaticProfile.from_dict(rule.profile)
+        labelled = np.isfinite(data.be).all(axis=(0, 1))
+        want = np.nanmean(data.be, axis=1)[:, labelled].mean(axis=0)
+        assert static.actions == [a.key for a, keep in zip(data.actions, labelled, strict=True) if keep]
+        assert np.allclose(static.be, want)
+        assert min(static.lengths) >= data.lengths.min() and max(static.lengths) <= data.lengths.max()
+        ruled = RuleProfile.from_dict(rule.rule_profile)
+        assert abs(sum(ruled.trees.values()) - 1.0) < 1e-9 and ruled.min_gain == -1.0
+        assert set(ruled.trees) <= {rule.rule.tree_at(d).canonical().key for d in range(rule.rule.cap + 1)}

@@ -1,0 +1,153 @@
+"""The never-lose guard's machine half: what each static tree and each halting rule earns, free of any machine's
+times, so that the running machine's latency table picks the fallback.
+
+A selector, an expander or a policy file is fitted on one machine, but the best static tree depends on the machine:
+on a CPU where a target pass over 8 tokens costs 1.15× one pass, a 4-wide delayed tree wins; on one where it costs 5×,
+drafting nothing does. Ê[τ+1] of an action depends on the pair, the verifier, the sampling and the context, never
+on the machine; only T̂ does (algorithms.md §3.5). A policy file therefore carries, per sampling configuration, a
+:class:`StaticProfile` (mean Ê of every action over its fitting roots and those roots' context lengths) and, for
+a halting rule, a :class:`RuleProfile` (the rule's mean Ê and the trees it drafted there). Under the latency table
+of the machine it runs on, :meth:`StaticProfile.best` names that machine's best static tree and
+:meth:`RuleProfile.tokens_per_ms` says whether the rule still beats it.
+
+Throughput of a static action a over the fitting roots: Ē_a / mean over the roots' lengths l of T̂(l, a). This is
+the ratio of means, the throughput of a stream of such steps; it is computed from ≤ 16 length quantiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from decode.actions import Action
+from decode.latency import LatencyTable, draft_passes
+
+LENGTH_QUANTILES = 16
+
+
+def length_quantiles(lengths: np.ndarray) -> list[int]:
+    """≤ 16 context lengths standing for the fitting roots' ``(N,)`` lengths (their quantiles, distinct)."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    if lengths.size == 0:
+        raise ValueError("no root lengths to profile")
+    points = np.quantile(lengths, (np.arange(LENGTH_QUANTILES) + 0.5) / LENGTH_QUANTILES)
+    return sorted({int(round(p)) for p in points})
+
+
+def mean_step_ms(table: LatencyTable, lengths: Sequence[int], actions: Sequence[Action]) -> np.ndarray:
+    """``(A,)`` T̂ of each action averaged over ``lengths`` under ``table``."""
+    passes = draft_passes(list(actions))
+    return np.mean([table.step_ms_many(int(length), passes) for length in lengths], axis=0)
+
+
+@dataclass(frozen=True)
+class StaticProfile:
+    """What each static tree earned on the fitting roots of one verifier at one sampling configuration.
+
+    Attributes:
+        actions: ``"K,L1,L2"`` of every action labelled at every fitting root.
+        be: ``(A,)`` mean Ê[τ+1] over those roots, in ``actions`` order.
+        lengths: the roots' context lengths (:func:`length_quantiles`).
+    """
+
+    actions: list[str]
+    be: list[float]
+    lengths: list[int]
+
+    def __post_init__(self) -> None:
+        if not self.actions or len(self.actions) != len(self.be):
+            raise ValueError("a static profile needs one Ê per action")
+        if not all(np.isfinite(v) and v >= 1.0 for v in self.be):
+            raise ValueError("a static profile's Ê[τ+1] must be finite and >= 1")
+        if not self.lengths or not all(isinstance(v, int) and v >= 1 for v in self.lengths):
+            raise ValueError("a static profile needs its roots' context lengths (integers >= 1)")
+        for text in self.actions:
+            Action.parse(text)
+
+    @classmethod
+    def from_labels(cls, actions: Sequence[str], be: np.ndarray, lengths: np.ndarray) -> StaticProfile:
+        """The profile of ``be`` ``(N, A)`` (Ê per root and action, NaN where unlabelled) at roots of ``(N,)``
+        context lengths; actions unlabelled at any root are left out."""
+        be = np.asarray(be, dtype=np.float64)
+        labelled = np.isfinite(be).all(axis=0)
+        mean = be[:, labelled].mean(axis=0)
+        kept = [a for a, keep in zip(actions, labelled, strict=True) if keep]
+        return cls(kept, [float(v) for v in mean], length_quantiles(lengths))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StaticProfile:
+        try:
+            return cls(list(data["actions"]), [float(v) for v in data["be"]], [int(v) for v in data["lengths"]])
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"malformed static profile ({err})") from err
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def tokens_per_ms(self, table: LatencyTable) -> np.ndarray:
+        """``(A,)`` each action's throughput under ``table``."""
+        parsed = [Action.parse(a) for a in self.actions]
+        return np.asarray(self.be) / mean_step_ms(table, self.lengths, parsed)
+
+    def best(self, table: LatencyTable, among: Sequence[Action] | None = None) -> Action:
+        """The static tree with the highest throughput under ``table`` (``among``: only these actions)."""
+        rates = self.tokens_per_ms(table)
+        if among is not None:
+            allowed = {a.key for a in among}
+            rates = np.where([a in allowed for a in self.actions], rates, -np.inf)
+            if not np.isfinite(rates).any():
+                raise ValueError("none of the allowed actions is in the static profile")
+        return Action.parse(self.actions[int(np.argmax(rates))])
+
+
+@dataclass(frozen=True)
+class RuleProfile:
+    """What a halting rule earned on its fitting roots (in-sample).
+
+    Attributes:
+        be: its mean Ê[τ+1] over the episodes.
+        trees: the fraction of episodes that drafted each tree (``"K,L1,L2"`` → fraction, summing to 1).
+        looked: the fraction of episodes that paid one draft pass more than their tree's T̂ (a chain stopped at
+            1 ≤ d < cap: the loop ran node d's forward to look at it; selector/expansion.py ``rule_step_ms``).
+        lengths: the roots' context lengths (:func:`length_quantiles`).
+    """
+
+    be: float
+    trees: dict[str, float]
+    looked: float
+    lengths: list[int]
+    min_gain: float = field(default=0.0)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RuleProfile:
+        try:
+            return cls(float(data["be"]), {str(k): float(v) for k, v in data["trees"].items()},
+                       float(data["looked"]), [int(v) for v in data["lengths"]], float(data.get("min_gain", 0.0)))
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"malformed rule profile ({err})") from err
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def tokens_per_ms(self, table: LatencyTable) -> float:
+        """The rule's throughput under ``table``: Ê over the mean step time of the trees it drafted."""
+        actions = [Action.parse(a) for a in self.trees]
+        weights = np.asarray(list(self.trees.values()))
+        step = float(weights @ mean_step_ms(table, self.lengths, actions))
+        look = self.looked * float(np.mean([table.draft(length, 1) for length in self.lengths]))
+        return self.be / (step + look)
+
+    def beats(self, static: StaticProfile, table: LatencyTable) -> bool:
+        """Whether the rule's throughput under ``table`` clears the best static tree's by ``min_gain``."""
+        return self.tokens_per_ms(table) >= (1.0 + self.min_gain) * float(static.tokens_per_ms(table).max())
+
+
+def machine_note(table: LatencyTable | None, has_profile: bool) -> str:
+    """Where a fallback came from, for ``describe`` lines ("" where nothing could have changed it)."""
+    if table is not None and has_profile:
+        return ", best on this machine's latency table"
+    if table is not None:
+        return ", the fitting machine's: the file carries no static profile"
+    return ", as fitted" if has_profile else ""
