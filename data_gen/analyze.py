@@ -13,7 +13,7 @@ import numpy as np
 
 from data_gen.headroom import head_room
 from data_gen.schema import SHARD_GLOB, acceptance_column, label_column, trees_column
-from data_gen.throughput import harmonic_block_efficiency, stream_throughput
+from data_gen.throughput import best_static, harmonic_block_efficiency, stream_throughput
 
 
 def load_columns(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -58,11 +58,37 @@ def per_tree_labels(metadata: dict, columns: dict[str, np.ndarray], verifier: st
     return columns[name].reshape(len(columns[name]), int(metadata["trees_per_root"]), len(metadata["actions"]))
 
 
-def analyze(metadata: dict, columns: dict[str, np.ndarray], trees: int | None = None) -> dict:
+def prompt_categories(metadata: dict) -> dict[str, str] | None:
+    """Each prompt id's category where the collection's prompts came from a chat or mixed set (their records name
+    one: code, math, writing, ...); None for any other source."""
+    from data_gen.chat_prompts import build_chat_prompts, split_source
+    from decode.pair import read_pair_config, resolve_pair_path
+
+    config = metadata.get("config") or {}
+    prompts = config.get("prompts") or {}
+    source = prompts.get("source")
+    if source is None and config.get("pair"):
+        try:
+            source = read_pair_config(resolve_pair_path(config["pair"])).train_prompts
+        except ValueError:  # the pair config is gone: no categories to report
+            return None
+    parsed = split_source(str(source)) if source else None
+    if parsed is None:
+        return None
+    workload, chat_set = parsed
+    records = build_chat_prompts(chat_set, count=prompts.get("limit"), workload=workload)
+    return {str(i): record["category"] for i, record in enumerate(records)}
+
+
+def analyze(metadata: dict, columns: dict[str, np.ndarray], trees: int | None = None,
+            categories: dict[str, str] | None = None) -> dict:
     """Per sampling configuration: depth profiles, best static actions and the honest head-room.
 
     ``trees``: use only each root's first ``trees`` union trees (schema 2), as if the data set had been collected
     with that many: how the same-tree oracle's bias and the labels' noise shrink with ``trees_per_root``.
+    ``categories``: each prompt id's category (:func:`prompt_categories`): then also, per category, its roots'
+    mean 1 − TV at the root, its own best static tree and what that tree gains there over the overall best
+    (same-tree, biased), and the cross-fitted per-category static overall.
     """
     out = {"roots": int(len(columns["seed"])), "by_sampling": [], "trees": trees or metadata.get("trees_per_root")}
     actions = metadata["actions"]
@@ -78,6 +104,10 @@ def analyze(metadata: dict, columns: dict[str, np.ndarray], trees: int | None = 
             "best_static": {},
             "head_room": {},
         }
+        groups = None if categories is None else np.array(
+            [categories.get(str(p), "?") for p in columns["prompt_id"][rows]], dtype=object)
+        if groups is not None:
+            entry["by_category"] = {}
         for v in metadata["verifiers"]:
             if acceptance_column(v) in columns:
                 entry["accept_by_depth"][v] = columns[acceptance_column(v)][rows].mean(0).round(4).tolist()
@@ -86,7 +116,8 @@ def analyze(metadata: dict, columns: dict[str, np.ndarray], trees: int | None = 
             if per_tree is not None and trees is not None:
                 per_tree = per_tree[:, :trees]
                 be = per_tree[rows].mean(axis=1)
-            room = head_room(None if per_tree is None else per_tree[rows], be, step, columns["prompt_id"][rows])
+            room = head_room(None if per_tree is None else per_tree[rows], be, step, columns["prompt_id"][rows],
+                             groups)
             best = room.best_static
             throughput = stream_throughput(be, step, np.full(len(be), best))
             entry["best_static"][v] = {
@@ -94,7 +125,36 @@ def analyze(metadata: dict, columns: dict[str, np.ndarray], trees: int | None = 
                 "block_efficiency": round(harmonic_block_efficiency(be[:, best]), 3),  # tokens per step in the loop
             }
             entry["head_room"][v] = room.as_dict()
+            if groups is not None:
+                beta = _root_beta(metadata, columns)
+                entry["by_category"][v] = category_table(be, step, groups, best, actions,
+                                                         None if beta is None else beta[rows])
         out["by_sampling"].append(entry)
+    return out
+
+
+def _root_beta(metadata: dict, columns: dict[str, np.ndarray]) -> np.ndarray | None:
+    """``(N,)`` 1 − TV(p, q) at each root (trunk depth 0), averaged over its trees; None without trunk columns."""
+    if "trunk_beta" not in columns:
+        return None
+    per_tree = columns["trunk_beta"].reshape(len(columns["trunk_beta"]), int(metadata["trees_per_root"]), -1)
+    return per_tree[:, :, 0].mean(axis=1)
+
+
+def category_table(be: np.ndarray, step: np.ndarray, groups: np.ndarray, overall: int, actions: list[str],
+                   beta: np.ndarray | None) -> list[dict]:
+    """Per category of ``groups`` ``(N,)``: roots, mean root 1 − TV, the category's own best static tree and its
+    throughput there as a ratio to the overall best static tree ``overall`` (chosen and scored on the same roots:
+    biased up, the cross-fitted per-category figure is in the head-room)."""
+    out = []
+    for category in sorted(set(groups)):
+        rows = groups == category
+        own = best_static(be[rows], step[rows])
+        ratio = stream_throughput(be[rows], step[rows], np.full(rows.sum(), own)) / stream_throughput(
+            be[rows], step[rows], np.full(rows.sum(), overall))
+        out.append({"category": str(category), "roots": int(rows.sum()),
+                    "root_beta": None if beta is None else round(float(beta[rows].mean()), 3),
+                    "best_static": actions[own], "ratio_to_overall_static": round(float(ratio), 3)})
     return out
 
 
@@ -118,6 +178,16 @@ def format_report(result: dict) -> str:
                          f"{best['tokens_per_s']:.1f} | "
                          f"{room['same_tree_oracle']:.3f}× | {_ratio(room['cross_fitted_oracle'])} | "
                          f"{_ratio(room['cross_fitted_prompt_static'])} |")
+        for v, table in entry.get("by_category", {}).items():
+            room = entry["head_room"][v]
+            lines.append(f"\n{v} by category (cross-fitted per-category static overall: "
+                         f"{_ratio(room.get('cross_fitted_group_static'))}):")
+            lines.append("| category | roots | root 1 − TV | its best static | vs the overall best there (biased) |")
+            lines.append("|---|---:|---:|---|---:|")
+            for row in table:
+                beta = "n/a" if row["root_beta"] is None else f"{row['root_beta']:.3f}"
+                lines.append(f"| {row['category']} | {row['roots']} | {beta} | {_tree(row['best_static'])} | "
+                             f"{row['ratio_to_overall_static']:.3f}× |")
     lines.append("\nHead-room columns are per-root (or per-prompt) choices as a ratio to the best static action. The "
                  "same-tree oracle chooses and scores on the same trees, so label noise inflates it; the cross-fitted "
                  "figures choose on one half of each root's trees and score on the other, both ways, averaged.")
@@ -170,3 +240,102 @@ def plot(result: dict, folder: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
     return paths
+
+
+def paper_findings(metadata: dict, columns: dict[str, np.ndarray]) -> list[dict]:
+    """The paper's four findings, measured on this data set, per sampling configuration (each needs the verifiers it
+    compares; a missing one leaves its entry out):
+
+    1. Traversal's block efficiency against the OT verifiers' (SpecInfer, NSS) on the same static trees: the share of
+       multi-path trees (K > 1, L2 > 0) where it is at least as high, and each verifier's best tree;
+    2. acceptance and ‖p − q‖₁ by trunk depth (first against last depth);
+    3. delayed trees (L1 >= 1) against root branching (L1 = 0) for the OT verifiers: per tree size L1 + K·L2 that
+       both shapes reach, the best block efficiency of each, and the share of sizes the delayed tree wins;
+    4. SpecInfer with a per-root choice against Traversal's best static tree under the data set's step times: the
+       cross-fitted per-root oracle (chosen on one half of each root's trees, scored on the other), the ceiling of
+       any SpecInfer selector.
+    """
+    from decode.actions import Action
+
+    actions = [Action.parse(a) for a in metadata["actions"]]
+    multipath = np.array([a.k > 1 and a.l2 > 0 for a in actions])
+    out = []
+    for s, conf in enumerate(metadata["sampling"]):
+        rows = columns["sampling_index"] == s
+        if not rows.any():
+            continue
+        be = {v: columns[label_column(v)][rows] for v in metadata["verifiers"] if label_column(v) in columns}
+        efficiency = {v: np.array([harmonic_block_efficiency(b[:, a]) if np.isfinite(b[:, a]).all() else np.nan
+                                   for a in range(len(actions))]) for v, b in be.items()}
+        entry = {"sampling": conf}
+        if "traversal" in efficiency:
+            entry["traversal_vs_ot"] = {
+                v: {"share_at_least": round(float(np.mean(efficiency["traversal"][multipath]
+                                                          >= efficiency[v][multipath] - 1e-9)), 3),
+                    "best": {name: (metadata["actions"][int(np.nanargmax(efficiency[name]))],
+                                    round(float(np.nanmax(efficiency[name])), 3)) for name in (v, "traversal")}}
+                for v in ("specinfer", "nss") if v in efficiency}
+        entry["depth"] = {"l1_first_last": [round(float(x), 3) for x in columns["l1_by_depth"][rows].mean(0)[[0, -1]]]}
+        for v in be:
+            if acceptance_column(v) in columns:
+                entry["depth"][f"accept_{v}_first_last"] = [
+                    round(float(x), 3) for x in columns[acceptance_column(v)][rows].mean(0)[[0, -1]]]
+        entry["delayed_vs_root"] = {}
+        for v in ("specinfer", "nss"):
+            if v not in efficiency:
+                continue
+            wins, sizes = 0, []
+            for size in sorted({a.l1 + a.k * a.l2 for a in actions if a.k > 1 and a.l2 > 0}):
+                delayed = [efficiency[v][i] for i, a in enumerate(actions)
+                           if a.k > 1 and a.l2 > 0 and a.l1 >= 1 and a.l1 + a.k * a.l2 == size]
+                rooted = [efficiency[v][i] for i, a in enumerate(actions)
+                          if a.k > 1 and a.l2 > 0 and a.l1 == 0 and a.k * a.l2 == size]
+                if delayed and rooted and np.isfinite(delayed).any() and np.isfinite(rooted).any():
+                    sizes.append((size, round(float(np.nanmax(delayed)), 3), round(float(np.nanmax(rooted)), 3)))
+                    wins += np.nanmax(delayed) > np.nanmax(rooted)
+            entry["delayed_vs_root"][v] = {"sizes": sizes, "share_delayed_wins": round(wins / max(len(sizes), 1), 3)}
+        per_tree = {v: per_tree_labels(metadata, columns, v) for v in ("specinfer", "traversal")}
+        if all(t is not None and t.shape[1] >= 2 for t in per_tree.values()):
+            step = columns["step_ms"][rows]
+            spec, trav = per_tree["specinfer"][rows], per_tree["traversal"][rows]
+            half = spec.shape[1] // 2
+            ratios = []
+            for choose, score in ((slice(0, half), slice(half, 2 * half)), (slice(half, 2 * half), slice(0, half))):
+                chosen = per_root_best_masked(spec[:, choose].mean(axis=1), step)
+                static = np.full(len(step), best_static(trav[:, choose].mean(axis=1), step))
+                ratios.append(stream_throughput(spec[:, score].mean(axis=1), step, chosen)
+                              / stream_throughput(trav[:, score].mean(axis=1), step, static))
+            entry["specinfer_oracle_vs_traversal_static"] = round(float(np.mean(ratios)), 3)
+        out.append(entry)
+    return out
+
+
+def per_root_best_masked(be: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """``(N,)`` each root's argmax of Ê / T̂ over its labelled actions."""
+    return np.argmax(np.where(np.isfinite(be), be / step, -np.inf), axis=1)
+
+
+def format_findings(findings: list[dict]) -> str:
+    """The four findings as short lines per sampling configuration."""
+    lines = ["\n## The paper's four findings on this data set"]
+    for entry in findings:
+        conf = entry["sampling"]
+        lines.append(f"\nT = {conf['temperature']}, top-p = {conf['top_p']}:")
+        for v, f in entry.get("traversal_vs_ot", {}).items():
+            (ot_tree, ot_be), (tr_tree, tr_be) = f["best"][v], f["best"]["traversal"]
+            lines.append(f"1. Traversal >= {v} in block efficiency on {100 * f['share_at_least']:.0f} % of multi-path "
+                         f"trees; best trees: {v} {_tree(ot_tree)} {ot_be:.2f}, traversal {_tree(tr_tree)} "
+                         f"{tr_be:.2f} tokens/step")
+        depth = entry["depth"]
+        parts = [f"‖p−q‖₁ {depth['l1_first_last'][0]:.2f} → {depth['l1_first_last'][1]:.2f}"] + [
+            f"{k.removeprefix('accept_').removesuffix('_first_last')} acceptance {a:.2f} → {b:.2f}"
+            for k, (a, b) in depth.items() if k.startswith("accept_")]
+        lines.append("2. first → last trunk depth: " + "; ".join(parts))
+        for v, f in entry.get("delayed_vs_root", {}).items():
+            shown = ", ".join(f"{n}: {d:.2f} vs {r:.2f}" for n, d, r in f["sizes"][:6])
+            lines.append(f"3. {v}: delayed beats root branching at {100 * f['share_delayed_wins']:.0f} % of tree sizes "
+                         f"(size: delayed vs root, tokens/step: {shown})")
+        if "specinfer_oracle_vs_traversal_static" in entry:
+            lines.append(f"4. SpecInfer's cross-fitted per-root oracle / Traversal's best static tree: "
+                         f"{entry['specinfer_oracle_vs_traversal_static']:.3f}× (the ceiling of a SpecInfer selector)")
+    return "\n".join(lines)

@@ -11,6 +11,8 @@ Each root r has, per sampled union tree t, the exact Ê[τ+1] of every action a:
   The choice never sees the trees it is scored on, so noise cannot inflate it. The static baseline of each half is
   chosen on the other half the same way.
 * **per-prompt static, cross-fitted**: one action per prompt, chosen and scored the same cross-fitted way.
+* **per-group static, cross-fitted**: one action per group of prompts (a workload's categories: code, writing, ...),
+  chosen and scored the same way: what a selector that only knew the task could win.
 
 Every figure is a ratio to the best static action scored on the same trees. Roots need at least two trees for the
 cross-fitted figures (a schema-1 data set keeps only the mean: they are then unavailable, and say so).
@@ -49,12 +51,14 @@ class HeadRoom:
     same_tree_oracle: float
     cross_fitted_oracle: float | None
     cross_fitted_prompt_static: float | None
+    cross_fitted_group_static: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def head_room(be_trees: np.ndarray | None, be_mean: np.ndarray, step: np.ndarray, prompts: np.ndarray) -> HeadRoom:
+def head_room(be_trees: np.ndarray | None, be_mean: np.ndarray, step: np.ndarray, prompts: np.ndarray,
+              groups: np.ndarray | None = None) -> HeadRoom:
     """All the figures for one set of roots (one verifier, one sampling configuration).
 
     Args:
@@ -62,6 +66,7 @@ def head_room(be_trees: np.ndarray | None, be_mean: np.ndarray, step: np.ndarray
         be_mean: ``(N, A)`` the mean over trees (NaN: no label).
         step: ``(N, A)`` step times.
         prompts: ``(N,)`` prompt id of each root.
+        groups: ``(N,)`` each root's prompt group (category), or None.
     """
     static = best_static(be_mean, step)
     static_rows = np.full(len(be_mean), static)
@@ -72,10 +77,14 @@ def head_room(be_trees: np.ndarray | None, be_mean: np.ndarray, step: np.ndarray
         return HeadRoom(len(be_mean), trees, static, same, None, None)
     half = trees // 2
     first, second = be_trees[:, :half].mean(axis=1), be_trees[:, half : 2 * half].mean(axis=1)
-    oracle, prompt_static = [], []
+    oracle, prompt_static, group_static = [], [], []
     for choose_on, score_on in ((first, second), (second, first)):
         static_here = np.full(len(be_mean), best_static(choose_on, step))
         reference = stream_throughput(score_on, step, static_here)
         oracle.append(stream_throughput(score_on, step, per_root_best(choose_on, step)) / reference)
         prompt_static.append(stream_throughput(score_on, step, per_group_static(choose_on, step, prompts)) / reference)
-    return HeadRoom(len(be_mean), trees, static, same, float(np.mean(oracle)), float(np.mean(prompt_static)))
+        if groups is not None:
+            group_static.append(stream_throughput(score_on, step, per_group_static(choose_on, step, groups))
+                                / reference)
+    return HeadRoom(len(be_mean), trees, static, same, float(np.mean(oracle)), float(np.mean(prompt_static)),
+                    float(np.mean(group_static)) if group_static else None)

@@ -36,7 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from data_gen.analyze import analyze, format_report, load_columns, plot
+    from data_gen.analyze import (
+        analyze,
+        format_findings,
+        format_report,
+        load_columns,
+        paper_findings,
+        plot,
+        prompt_categories,
+    )
 
     data = args.data
     if data is None:
@@ -51,8 +59,12 @@ def run(args: argparse.Namespace) -> int:
         metadata, columns = load_columns(folder)
     if args.trees is not None and not 1 <= args.trees <= int(metadata.get("trees_per_root", 1)):
         raise UserError(f"--trees must be in 1..{metadata.get('trees_per_root', 1)} (the data set's trees per root)")
-    result = analyze(metadata, columns, args.trees)
+    with user_errors():
+        categories = prompt_categories(metadata)
+    result = analyze(metadata, columns, args.trees, categories)
+    result["findings"] = paper_findings(metadata, columns)
     print(format_report(result))
+    print(format_findings(result["findings"]))
     out = Path(args.output) if args.output else folder / "analysis"
     with user_errors(OSError, prefix=f"cannot write to {out}: "):
         out.mkdir(parents=True, exist_ok=True)

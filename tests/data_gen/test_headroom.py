@@ -65,3 +65,22 @@ def test_actions_without_labels_are_never_static_or_chosen():
     trees = np.repeat(mu[:, None, :], 2, axis=1)
     room = head_room(trees, mu, np.ones_like(mu), np.arange(40))
     assert room.best_static == 1 and np.isfinite(room.cross_fitted_oracle)
+
+
+def test_a_per_category_static_recovers_categories_with_their_own_best_tree():
+    """Two categories whose best actions differ: one action per category wins what one action for all cannot; on
+    categories that share their best action it wins nothing."""
+    step = np.ones((ROOTS, ACTIONS))
+    category = np.arange(ROOTS) % 2
+    mu = np.full((ROOTS, ACTIONS), 2.0)
+    mu[category == 0, 3] = 3.0
+    mu[category == 1, 7] = 3.0
+    trees = _noisy(mu, 0.1, 4)
+    room = head_room(trees, trees.mean(axis=1), step, np.arange(ROOTS) // 6, groups=category)
+    assert room.cross_fitted_group_static == pytest.approx(3.0 / 2.4, rel=0.03)  # vs 1.5 of the roots at 3.0
+    shared = np.full((ROOTS, ACTIONS), 2.0)
+    shared[:, 3] = 3.0
+    trees = _noisy(shared, 0.1, 5)
+    same = head_room(trees, trees.mean(axis=1), step, np.arange(ROOTS) // 6, groups=category)
+    assert same.cross_fitted_group_static == pytest.approx(1.0, abs=0.01)
+    assert head_room(trees, trees.mean(axis=1), step, np.arange(ROOTS) // 6).cross_fitted_group_static is None
