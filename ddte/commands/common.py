@@ -162,7 +162,7 @@ def policy_latency(value: str, pair, announce=None):
     """``(table or None, one line saying which)`` for --latency ``value`` on a loaded pair: this machine's table
     (cached, or measured once with ``announce`` told first), none ('fitted'), or a file checked against the pair."""
     from ddte_core.paths import latency_cache
-    from decode.latency import LatencyTable, machine_table
+    from decode.policies.latency import LatencyTable, machine_table
 
     if value == "fitted":
         return None, "step times: each policy file's fallback as fitted (--latency fitted)"

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from decode.actions import Action
-from decode.deployment import Choice, Deployment, load_deployment
-from decode.policies import StaticPolicy
-from decode.sampling import SamplingConfig
+from decode.drafting.actions import Action
+from decode.drafting.sampling import SamplingConfig
+from decode.policies.base import StaticPolicy
+from decode.policies.deployment import Choice, Deployment, load_deployment
 
 PAIR = SimpleNamespace(fingerprint=lambda: "f" * 64)
 

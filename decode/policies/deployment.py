@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ddte_core.paths import staged_file
-from decode.actions import Action
-from decode.guard import StaticProfile
-from decode.latency import LatencyTable
-from decode.policies import Policy, StaticPolicy
-from decode.sampling import SamplingConfig, nearest_note
+from decode.drafting.actions import Action
+from decode.drafting.sampling import SamplingConfig, nearest_note
+from decode.policies.base import Policy, StaticPolicy
+from decode.policies.guard import StaticProfile
+from decode.policies.latency import LatencyTable
 
 FORMAT = "ddte-deployment/1"
 POLICY_KINDS = ("static", "selector", "expander")
@@ -36,7 +36,7 @@ class Choice:
         expander: the expander file, relative to the policy file (``expander`` only).
         tokens_per_s, static_tokens_per_s: measured in the deciding bench (same run, interleaved).
         reason: one sentence on why this policy was chosen.
-        profile: for ``static``, what every static tree earned on the collection's roots (decode/guard.py
+        profile: for ``static``, what every static tree earned on the collection's roots (decode/policies/guard.py
             ``StaticProfile``): under the running machine's latency table it re-picks the static tree there.
     """
 
@@ -84,8 +84,8 @@ class Deployment:
         selector is loaded (once per file) and checked against the pair here. ``machine``: the running machine's
         latency table, which picks every static tree and fallback where the file carries profiles (a static tree
         benched on this very machine, ``source["machine"]``, stays: a measurement beats the model)."""
-        from decode.expander_policy import ExpanderPolicy  # onnxruntime and numpy: only where a file names one
-        from decode.selector_policy import OnnxSelectorPolicy
+        from decode.policies.expander import ExpanderPolicy  # onnxruntime and numpy: only where a file names one
+        from decode.policies.selector import OnnxSelectorPolicy
 
         if self.pair_fingerprint and self.pair_fingerprint != pair.fingerprint():
             raise ValueError(f"{self.path}: measured on another pair (fingerprint {self.pair_fingerprint[:12]}…)")
@@ -175,14 +175,14 @@ def load_policy(kind: str, path: str | Path, verifier: str, pair, machine: Laten
                 deployments: dict[str, Deployment] | None = None) -> Policy:
     """The one way a command turns a policy file into a policy for ``verifier`` on ``pair``: a ``selector`` or an
     ``expander`` (ONNX) or a ``policy`` file (policy.json), checked against the pair (ValueError for one that does not
-    fit). ``machine``: the running machine's latency table (decode/guard.py). ``deployments``: policy files already
-    read, by path; a policy file read here joins it."""
+    fit). ``machine``: the running machine's latency table (decode/policies/guard.py). ``deployments``: policy files
+    already read, by path; a policy file read here joins it."""
     if kind == "selector":
-        from decode.selector_policy import OnnxSelectorPolicy
+        from decode.policies.selector import OnnxSelectorPolicy
 
         return OnnxSelectorPolicy.for_pair(path, verifier, pair, machine)
     if kind == "expander":
-        from decode.expander_policy import ExpanderPolicy
+        from decode.policies.expander import ExpanderPolicy
 
         return ExpanderPolicy.for_pair(path, verifier, pair, machine)
     if kind != "policy":

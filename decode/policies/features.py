@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from decode.sampling import SamplingConfig
+from decode.drafting.sampling import SamplingConfig
 
 FEATURE_SCHEMA_VERSION = 1  # bump when a name, its order or its meaning changes: old selectors are then refused
 HIDDEN_NAMES = ("target_hidden_prev", "draft_hidden_prev", "draft_hidden_root")

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from decode.actions import Action
-from decode.latency import LatencyTable, draft_passes
+from decode.drafting.actions import Action
+from decode.policies.latency import LatencyTable, draft_passes
 
 LENGTH_QUANTILES = 16
 
