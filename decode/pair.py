@@ -223,7 +223,7 @@ class PairSpec:
         draft_int8: the draft passes that read int8 weight-only layers (:data:`decode.models.fast_llama.INT8_MODES`).
         train_prompts, heldout_prompts: the prompt sources that fit this pair (``builtin:*`` for the stdlib pair,
             ``chat:*`` for a chat model), the defaults of collect and bench.
-        fetch: the registry models (:mod:`decode.fetch`) the target and the draft come from, if any.
+        fetch: the registry models (:mod:`decode.models.registry`) the target and the draft come from, if any.
     """
 
     source: Path
@@ -239,7 +239,7 @@ class PairSpec:
 
     def check_available(self) -> None:
         """ValueError naming the command that makes a missing fetched model available."""
-        from decode.fetch import require_fetched
+        from decode.models.registry import require_fetched
 
         for name in self.fetch:
             try:
@@ -290,7 +290,7 @@ def read_pair_config(path: str | Path) -> PairSpec:
     """
     import yaml
 
-    from decode.fetch import fetch_name, fetched_model_dir
+    from decode.models.registry import fetch_name, fetched_model_dir
 
     path = resolve_pair_path(path)
     data = yaml.safe_load(path.read_text()) or {}

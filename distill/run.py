@@ -45,7 +45,7 @@ def check_output(config: DistillConfig) -> Path:
 
 def resolve_target(target: str) -> Path:
     """The target's folder or GGUF file: ``fetch:NAME`` is the folder ``ddte fetch NAME`` writes."""
-    from decode.fetch import fetch_name, require_fetched
+    from decode.models.registry import fetch_name, require_fetched
 
     name = fetch_name(target)
     return require_fetched(name) if name is not None else Path(target)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from ddte.cli import main
-from decode.fetch import is_fetched
 from decode.models.cached_lm import CachedLM
+from decode.models.registry import is_fetched
 from decode.pair import read_pair_config
 
 pytestmark = pytest.mark.skipif(not is_fetched("smollm2"), reason="run `ddte fetch smollm2` first (CI does)")
