@@ -23,9 +23,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from decode.drafting.sampling import SamplingConfig, distributions
+from decode.drafting.sampling import SamplingConfig, distributions, entropy, law_entropy
 from decode.models.cached_lm import CachedLM
-from decode.policies.features import entropy, law_entropy
 
 
 def _law(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:

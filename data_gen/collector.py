@@ -25,11 +25,11 @@ from data_gen.labels import label_forest
 from data_gen.schema import TRUNK_COLUMNS, TRUNK_STATE_COLUMNS, acceptance_column, label_column, trees_column
 from data_gen.union import UnionForest, grow_union_forest
 from decode.drafting.actions import Action
-from decode.drafting.sampling import SamplingConfig, distributions
+from decode.drafting.sampling import SamplingConfig, distributions, entropy
 from decode.drafting.tree import ROOT
 from decode.models.cached_lm import CachedLM
 from decode.pair import LoadedPair, load_pair_config
-from decode.policies.features import HIDDEN_NAMES, entropy, root_features
+from decode.policies.features import HIDDEN_NAMES, root_features
 from decode.policies.latency import LatencyTable, draft_passes
 from decode.verifiers import Verifier
 

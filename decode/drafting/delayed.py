@@ -25,10 +25,9 @@ import torch
 
 from decode.drafting.actions import Action
 from decode.drafting.rng import RandomSource
-from decode.drafting.sampling import SamplingConfig, distributions
+from decode.drafting.sampling import SamplingConfig, distributions, law_entropy
 from decode.drafting.tree import ROOT, DraftTree, Regime, TreeBuilder
 from decode.models.cached_lm import CachedLM
-from decode.policies.features import law_entropy
 
 
 @dataclass

@@ -21,7 +21,7 @@ import torch
 
 from decode.drafting.actions import Action
 from decode.drafting.delayed import TrunkNode
-from decode.drafting.sampling import SamplingConfig, nearest_note
+from decode.drafting.sampling import SamplingConfig, law_entropy, nearest_note
 from decode.policies.base import Policy, RootState, StaticPolicy
 from decode.policies.expander_file import (
     INPUT_NAME,
@@ -31,7 +31,6 @@ from decode.policies.expander_file import (
     NodeRule,
     node_feature_width,
 )
-from decode.policies.features import law_entropy
 from decode.policies.guard import machine_note
 from decode.policies.latency import LatencyTable
 

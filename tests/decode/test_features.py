@@ -7,11 +7,11 @@ import torch
 
 from decode.drafting.actions import Action
 from decode.drafting.rng import TorchRandom
-from decode.drafting.sampling import SamplingConfig, distributions
+from decode.drafting.sampling import SamplingConfig, distributions, entropy, law_entropy
 from decode.engine import SpeculativeDecoder
 from decode.models.cached_lm import CachedLM
 from decode.policies.base import StaticPolicy
-from decode.policies.features import SCALAR_NAMES, entropy, kl_divergence, law_entropy, root_features
+from decode.policies.features import SCALAR_NAMES, kl_divergence, root_features
 from decode.policies.latency import LatencyTable
 from tests.factories import tiny_llama
 

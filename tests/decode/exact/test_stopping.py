@@ -8,8 +8,8 @@ import functools
 
 import pytest
 
+from decode.drafting.sampling import entropy as _entropy
 from decode.drafting.tree import single_path
-from decode.policies.features import entropy as _entropy
 from decode.verifiers import get_verifier, verifier_names
 from tests.decode.exact.harness import ToyPair, emitted_law, stream_error
 
