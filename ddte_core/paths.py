@@ -9,6 +9,19 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+INSTALL_ROOT = Path(__file__).resolve().parents[1]  # the folder holding ddte's packages and its configs/
+
+
+def bundled(path: str | Path) -> Path:
+    """``path`` where it exists; else, for a relative path such as ``configs/pair/shipped.yaml``, the same path under
+    ddte's own folder when it is there. So the shipped configs, and the config paths written inside them, resolve from
+    any working folder; a user's own file always wins."""
+    path = Path(path)
+    if path.exists() or path.is_absolute():
+        return path
+    installed = INSTALL_ROOT / path
+    return installed if installed.exists() else path
+
 
 def cache_root() -> Path:
     """Where ddte keeps what it fetched or measured once per machine: ``$DDTE_CACHE``, else ``~/.cache/ddte``."""

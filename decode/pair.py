@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ddte_core.paths import INSTALL_ROOT, bundled
+
 if TYPE_CHECKING:
     import torch
 
     from decode.models.cached_lm import CachedLM
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
-CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS_DIR = INSTALL_ROOT / "configs"
 DEFAULT_TARGET = MODELS_DIR / "target"
 DEFAULT_DRAFT = MODELS_DIR / "draft"
 DEFAULT_TOKENIZER = MODELS_DIR / "tokenizer"
@@ -269,7 +271,7 @@ class PairSpec:
 
 def resolve_pair_path(name: str | Path) -> Path:
     """A pair YAML's path: ``name`` itself when it is a file, else ``configs/pair/NAME.yaml`` of this checkout."""
-    path = Path(name)
+    path = bundled(name)
     if path.is_file():
         return path
     named = CONFIGS_DIR / "pair" / f"{name}.yaml"
