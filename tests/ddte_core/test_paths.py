@@ -22,3 +22,21 @@ def test_shipped_configs_resolve_from_any_working_folder(tmp_path, monkeypatch):
     assert bundled("configs/collect/default.yaml") == Path("configs/collect/default.yaml")
     assert load_collect_config("configs/collect/default.yaml").pair == "smollm2"
     assert bundled("no/such/file.yaml") == Path("no/such/file.yaml")  # reported as missing by its reader
+
+
+def test_a_deprecation_warned_from_our_own_code_fails_the_suite():
+    """pyproject's filterwarnings: a DeprecationWarning or FutureWarning issued from a ddte package is an error in
+    the suite; one issued from a third-party module stays a warning."""
+    import warnings
+
+    import pytest
+
+    source = compile("import warnings\nwarnings.warn('old', DeprecationWarning)", "<ddte code>", "exec")
+    with pytest.raises(DeprecationWarning):
+        exec(source, {"__name__": "decode.drafting.rng"})
+    with pytest.raises(FutureWarning):
+        exec(compile("import warnings\nwarnings.warn('soon', FutureWarning)", "<x>", "exec"),
+             {"__name__": "selector.train"})
+    with warnings.catch_warnings(record=True) as seen:
+        exec(source, {"__name__": "transformers.modeling_utils"})
+    assert [w.category for w in seen] == [DeprecationWarning]
