@@ -307,7 +307,7 @@ def measure_collect_latency(config: CollectConfig, pair: LoadedPair) -> LatencyT
     grid = config.latency
     largest_tree = 1 + config.l_max + config.k_max * config.l_max  # the root, a full trunk and K full branches
     return measure_latency(pair.target, pair.draft, lengths=grid.lengths, sizes=grid.sizes, repeats=grid.repeats,
-                           max_size=largest_tree)
+                           max_size=largest_tree, pair=pair.fingerprint())
 
 
 def pair_facts(pair: LoadedPair, config: CollectConfig, measure: bool) -> dict:
