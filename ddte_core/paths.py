@@ -47,6 +47,22 @@ def refuse_file_in_the_way(path: str | Path, what: str = "output", folder: bool 
     return path
 
 
+def check_output_folder(path: str | Path, what: str = "--output", own: str | None = None,
+                        overwrite: bool = False) -> Path:
+    """The one rule for a command that writes a folder: the folder may be new or empty; one holding this command's
+    own earlier output (its ``own`` file) is replaced only with ``overwrite``; any other non-empty folder is refused,
+    so a data set or another run's files are never written into. ValueError names the way out; nothing is created."""
+    path = refuse_file_in_the_way(path, what)
+    if not path.is_dir() or not any(path.iterdir()):
+        return path
+    if own is not None and (path / own).is_file():
+        if overwrite:
+            return path
+        raise ValueError(f"{what} {path} holds an earlier run ({own}): pass --overwrite to replace it, or choose "
+                         "another folder")
+    raise ValueError(f"{what} {path} is not empty and holds no earlier run of this command: choose a new folder")
+
+
 @contextlib.contextmanager
 def staged_file(path: str | Path) -> Iterator[Path]:
     """Write ``path`` whole or not at all: yields a temporary path in the same folder (created if missing) for the
