@@ -31,7 +31,7 @@ import numpy as np
 from data_gen.throughput import best_static, time_per_token
 from decode.drafting.actions import Action
 from decode.policies.expander_file import HaltingRule as Rule  # the rule the decoder runs
-from decode.policies.guard import RuleProfile, StaticProfile, length_quantiles
+from decode.policies.guard import RuleProfile, StaticProfile, harmonic_mean, length_quantiles
 
 
 @dataclass
@@ -163,7 +163,7 @@ def _columns(index: _Index, rule: Rule, depth: np.ndarray) -> np.ndarray:
 
 def static_profile(data: EpisodeData) -> StaticProfile:
     """The machine-free profile of every static action on ``data`` (decode/policies/guard.py): Ê averaged over each
-    root's trees, then over the roots."""
+    root's trees, then over the roots (harmonically: tokens per step)."""
     return StaticProfile.from_labels([a.key for a in data.actions], np.nanmean(data.be, axis=1), data.lengths)
 
 
@@ -179,8 +179,8 @@ def rule_profile(data: EpisodeData, signal: np.ndarray, rule: Rule, min_gain: fl
     shares = {data.actions[int(c)].canonical().key: float(n) / columns.size
               for c, n in zip(chosen, counts, strict=True)}
     looked = 0.0 if rule.k > 1 and rule.l2 > 0 else float(((depth >= 1) & (depth < rule.cap)).mean())
-    return RuleProfile(float(np.nanmean(data.be[rows, trees, columns])), shares, looked,
-                       length_quantiles(data.lengths), min_gain)
+    per_root = np.nanmean(data.be[rows, trees, columns], axis=1)
+    return RuleProfile(float(harmonic_mean(per_root)), shares, looked, length_quantiles(data.lengths), min_gain)
 
 
 def static_best(data: EpisodeData) -> int:

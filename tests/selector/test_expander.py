@@ -140,7 +140,8 @@ def test_each_rule_carries_machine_free_profiles_of_its_fitting_roots(learned_fi
     for rule, (_, data) in zip(fitted.metadata.rules, sorted(episodes.items()), strict=True):
         static = StaticProfile.from_dict(rule.profile)
         labelled = np.isfinite(data.be).all(axis=(0, 1))
-        want = np.nanmean(data.be, axis=1)[:, labelled].mean(axis=0)
+        per_root = np.nanmean(data.be, axis=1)[:, labelled]
+        want = len(per_root) / (1.0 / per_root).sum(axis=0)  # tokens per step: the harmonic mean over roots
         assert static.actions == [a.key for a, keep in zip(data.actions, labelled, strict=True) if keep]
         assert np.allclose(static.be, want)
         assert min(static.lengths) >= data.lengths.min() and max(static.lengths) <= data.lengths.max()
