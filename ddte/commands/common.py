@@ -85,9 +85,9 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     """--pair / --target / --draft / --tokenizer / --device / --dtype: which models, on what."""
     from decode.pair import DEFAULT_DRAFT, DEFAULT_TARGET
 
-    parser.add_argument("--pair", default=None, help="a pair: a name under configs/pair/ (shipped, smollm2, qwen-coder) or a "
-                        "YAML with keys target, draft, tokenizer, target_dtype, draft_dtype (instead of "
-                        "--target/--draft/--tokenizer)")
+    parser.add_argument("--pair", default=None, help="a pair: a name under configs/pair/ (shipped, smollm2, "
+                        "qwen-coder) or a YAML with keys target, draft, tokenizer, target_dtype, draft_dtype (instead "
+                        "of --target/--draft/--tokenizer)")
     parser.add_argument("--target", default=str(DEFAULT_TARGET), help="target model: an HF folder or a .gguf file")
     parser.add_argument("--draft", default=str(DEFAULT_DRAFT), help="draft model: an HF folder or a .gguf file")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the target)")

@@ -503,7 +503,7 @@ def check_same_vocab(
     if not allow_padded_tail:
         raise ValueError(
             f"vocabulary mismatch: target vocab_size={vt}, draft vocab_size={vd}; speculative decoding needs one "
-            "shared vocabulary (pass allow_padded_tail=True if one embedding matrix is only padded)"
+            "shared vocabulary (a draft of the target's own family and tokenizer)"
         )
     usable = min(vt, vd)
     if tokenizer_sizes is not None and tokenizer_sizes[0] > usable:

@@ -68,7 +68,8 @@ class Deployment:
         mine = [c for c in self.choices if c.verifier == verifier]
         if not mine:
             known = sorted({c.verifier for c in self.choices})
-            raise ValueError(f"no choice for verifier '{verifier}' (the file has {', '.join(known)})")
+            held = f"it has choices for {', '.join(known)}" if known else "it holds no choices"
+            raise ValueError(f"no choice for verifier '{verifier}' ({held})")
         return mine
 
     def measured_sampling(self, verifier: str) -> list[SamplingConfig]:
@@ -157,6 +158,16 @@ def load_deployment(path: str | Path) -> Deployment:
         raise ValueError(f"{path}: not JSON ({err.msg})") from err
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path}: not a ddte policy file (format {FORMAT!r} expected)")
+    fields_known = set(Choice.__dataclass_fields__)
+    for i, c in enumerate(data.get("choices") or [], start=1):
+        if not isinstance(c, dict):
+            raise ValueError(f"{path}: choice {i} is not an object")
+        unknown, missing = sorted(set(c) - fields_known), sorted({"verifier", "temperature", "top_p", "policy",
+                                                                  "action"} - set(c))
+        if unknown or missing:
+            raise ValueError(f"{path}: choice {i} " + "; ".join(
+                part for part in (f"has unknown keys {', '.join(unknown)}" if unknown else "",
+                                  f"lacks {', '.join(missing)}" if missing else "") if part))
     try:
         choices = [Choice(**c) for c in data["choices"]]
         unknown = sorted({c.policy for c in choices} - set(POLICY_KINDS))
