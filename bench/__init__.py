@@ -3,5 +3,5 @@
 Modules: ``method`` (the method contract: what a bench row runs, parsed once), ``decoding`` (methods side by side
 in the loop, interleaved), ``compare`` (policy rows against the best static row; which static candidate to keep),
 ``display`` (the table, the figure, the MLflow metrics of bench rows), ``verifiers`` (every verifier on synthetic
-trees, drafted from ``decode/synthetic_pair.py``).
+trees, drafted from ``bench/synthetic_pair.py``).
 """

@@ -23,13 +23,13 @@ from tqdm import tqdm
 from bench.method import AR, Method
 from ddte_core.machine import cpu_model
 from ddte_core.quiet import quiet_transformers
-from decode.deployment import POLICY_FILES, Deployment, load_policy
+from decode.drafting.rng import TorchRandom
+from decode.drafting.sampling import SamplingConfig
 from decode.engine import SpeculativeDecoder
-from decode.latency import LatencyTable
 from decode.pair import LoadedPair
-from decode.policies import Policy, PolicyOptions, StaticPolicy, make_policy
-from decode.rng import TorchRandom
-from decode.sampling import SamplingConfig
+from decode.policies.base import Policy, PolicyOptions, StaticPolicy, make_policy
+from decode.policies.deployment import POLICY_FILES, Deployment, load_policy
+from decode.policies.latency import LatencyTable
 from decode.stats import GenerationStats
 from decode.verifiers import get_verifier
 
@@ -149,7 +149,7 @@ def method_policy(method: Method, pair: LoadedPair, deployments: dict[str, Deplo
                   machine: LatencyTable | None = None) -> Policy:
     """The policy of a ddte method, checked against the pair (ValueError for a file that does not fit). A policy
     file is read once: ``deployments`` holds those already read, by path, and gains the ones read here.
-    ``machine``: the running machine's latency table for files' fallbacks (decode/guard.py)."""
+    ``machine``: the running machine's latency table for files' fallbacks (decode/policies/guard.py)."""
     if method.kind in POLICY_FILES:
         return load_policy(method.kind, method.path, method.verifier, pair, machine, deployments)
     if method.is_static:

@@ -3,12 +3,13 @@
 A method is ``ar`` (the target alone, HF ``generate``), ``hf-assisted`` (HF assisted generation with the same
 draft) or ``VERIFIER@SPEC``, a ddte decoder with a policy: SPEC is a static shape ``K,L1,L2``, a named policy
 (``adaptive``, ``entropy``), ``selector=FILE``, ``policy=FILE`` or ``expander=FILE``. Static shapes that draft the
-same tree are one method: :meth:`Method.parse` keeps the canonical shape (:meth:`decode.actions.Action.canonical`), so
-``specinfer@1,0,2`` and ``specinfer@2,2,0`` are both ``specinfer@1,2,0``. A ddte method may name another draft for the
-same target, ``+draft=FOLDER`` (``traversal@2,0,1+draft=runs/distill/steered``): two drafts (a steered one and its
-parent, say) then compare inside one interleaved run. The bench writes each row's method as
-:attr:`Method.key`; the pipeline builds its methods with :meth:`Method.static` and :meth:`Method.selector`, and
-finds their rows again through :func:`by_method`, never by spelling a string.
+same tree are one method: :meth:`Method.parse` keeps the canonical shape
+(:meth:`decode.drafting.actions.Action.canonical`), so ``specinfer@1,0,2`` and ``specinfer@2,2,0`` are both
+``specinfer@1,2,0``. A ddte method may name another draft for the same target, ``+draft=FOLDER``
+(``traversal@2,0,1+draft=runs/distill/steered``): two drafts (a steered one and its parent, say) then compare inside
+one interleaved run. The bench writes each row's method as :attr:`Method.key`; the pipeline builds its methods with
+:meth:`Method.static` and :meth:`Method.selector`, and finds their rows again through :func:`by_method`, never by
+spelling a string.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from decode.actions import Action, check_in_grid
+from decode.drafting.actions import Action, check_in_grid
 from decode.engine import check_action
 from decode.verifiers import get_verifier
 

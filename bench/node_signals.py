@@ -1,6 +1,6 @@
 """What a per-node halting signal costs in the drafting loop, and what a cheaper one would give up offline.
 
-An expander decides at every trunk node from the draft's law there (decode/expander_policy.py). Two measurements:
+An expander decides at every trunk node from the draft's law there (decode/policies/expander.py). Two measurements:
 
 * **Cost** (:func:`time_after_forward`): each variant turns one draft forward's logits ``(1, Vs)`` into the law and
   the signal, timed right after that forward, as the loop runs it. A forward streams the draft's weights through
@@ -23,9 +23,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from decode.features import entropy, law_entropy
-from decode.models import CachedLM
-from decode.sampling import SamplingConfig, distributions
+from decode.drafting.sampling import SamplingConfig, distributions, entropy, law_entropy
+from decode.models.cached_lm import CachedLM
 
 
 def _law(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Every verifier on synthetic trees: microseconds per verification round and per exact-expectation call.
 
-Trees are drafted from a synthetic pair with realistic, peaked distributions (decode/synthetic_pair.py) at each
+Trees are drafted from a synthetic pair with realistic, peaked distributions (bench/synthetic_pair.py) at each
 vocabulary size; p and q are passed in the dtype a decoder would use (float32 by default). Each figure is
 the median over the sampled trees and repeats, after a warm-up. Verifiers that are not lossless on a tree's
 regime get no figure.
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from decode.rng import TorchRandom
-from decode.synthetic_pair import SyntheticPair, draft_delayed, draft_without_replacement
-from decode.tree import DraftTree
+from bench.synthetic_pair import SyntheticPair, draft_delayed, draft_without_replacement
+from decode.drafting.rng import TorchRandom
+from decode.drafting.tree import DraftTree
 from decode.verifiers import get_verifier
 
 GOAL_MS = 2.0  # issue goal: every verifier <= 2 ms per verification at V = 32000 on the 2-core CPU

@@ -200,7 +200,7 @@ def _ratio(value: float | None) -> str:
 
 def _tree(key: str) -> str:
     """An action as the tree it drafts: (1,0,7) and (1,7,0) are one path of 7 and print the same, (1,7,0)."""
-    from decode.actions import Action
+    from decode.drafting.actions import Action
 
     return str(Action.parse(key).canonical())
 

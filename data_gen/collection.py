@@ -16,6 +16,7 @@ worker of shard 0, while the other shards wait for its ``dataset.json``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -46,9 +47,9 @@ from data_gen.store import (
 from data_gen.workers import InProcess, Processes, WorkPlan, run_plan
 from ddte_core.paths import refuse_file_in_the_way
 from ddte_core.signals import sigterm_as_interrupt
-from decode.actions import action_grid
-from decode.features import SCALAR_NAMES
-from decode.latency import LatencyTable
+from decode.drafting.actions import action_grid
+from decode.policies.features import SCALAR_NAMES
+from decode.policies.latency import LatencyTable
 
 METADATA_WAIT_S = 1800.0  # how long a shard waits for shard 0's dataset.json (and its latency table)
 
@@ -115,7 +116,9 @@ def collect(
         return CollectSummary(out, 0, 0, len(mine), time.perf_counter() - start)
     latency = read_latency_file(config)
     measure = latency is None and existing is None and shard == 0  # the table is measured once per collection
-    with contextlib.ExitStack() as stack, sigterm_as_interrupt(), open_engine(config, measure) as engine:
+    # a worker per chunk at most: more would each load the pair and find nothing to do
+    engine_config = dataclasses.replace(config, workers=min(config.workers, len(todo)))
+    with contextlib.ExitStack() as stack, sigterm_as_interrupt(), open_engine(engine_config, measure) as engine:
         # a kill stops the workers too; the shard's lock is released last
         facts = engine.facts()
         check_context(config, facts["context_limit"])
@@ -146,7 +149,8 @@ def shard_lock(out: Path, shard: int, num_shards: int) -> Iterator[None]:
     killed or not, so a stale lock file never blocks a later run. Other shards of a split take other locks."""
     import fcntl
 
-    fd = os.open(out / f"{LOCK_PREFIX}shard-{shard}-of-{num_shards}", os.O_CREAT | os.O_RDWR, 0o644)
+    path = out / f"{LOCK_PREFIX}shard-{shard}-of-{num_shards}"
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -156,6 +160,7 @@ def shard_lock(out: Path, shard: int, num_shards: int) -> Iterator[None]:
         except OSError:  # a file system without locks: collect as before, unguarded
             pass
         yield
+        path.unlink(missing_ok=True)  # a finished shard leaves no lock file behind (still held: no one else has it)
     finally:
         os.close(fd)
 

@@ -3,7 +3,7 @@
 Cache discipline. Both models run the trajectory as committed tokens. At a root r (the last context token)
 both caches hold positions 0..r.
 
-A steered draft (decode.steering) sees what the loop gives it: the prompt prefill (all but the root) unsteered,
+A steered draft (decode.models.steering) sees what the loop gives it: the prompt prefill (all but the root) unsteered,
 and at each root the δ of the target's states at r − 1, under which it runs the root and grows every union tree.
 The trajectory tokens between two roots run under the earlier root's δ (in the loop each ran under the δ of its own
 step, which a collection that takes no steps cannot know); the labels stay exact for the q the trees were drawn
@@ -24,13 +24,13 @@ from data_gen.config import CollectConfig
 from data_gen.labels import label_forest
 from data_gen.schema import TRUNK_COLUMNS, TRUNK_STATE_COLUMNS, acceptance_column, label_column, trees_column
 from data_gen.union import UnionForest, grow_union_forest
-from decode.actions import Action
-from decode.features import HIDDEN_NAMES, entropy, root_features
-from decode.latency import LatencyTable, draft_passes
-from decode.models import CachedLM
+from decode.drafting.actions import Action
+from decode.drafting.sampling import SamplingConfig, distributions, entropy
+from decode.drafting.tree import ROOT
+from decode.models.cached_lm import CachedLM
 from decode.pair import LoadedPair, load_pair_config
-from decode.sampling import SamplingConfig, distributions
-from decode.tree import ROOT
+from decode.policies.features import HIDDEN_NAMES, root_features
+from decode.policies.latency import LatencyTable, draft_passes
 from decode.verifiers import Verifier
 
 
@@ -302,12 +302,12 @@ def load_collect_pair(config: CollectConfig) -> LoadedPair:
 
 def measure_collect_latency(config: CollectConfig, pair: LoadedPair) -> LatencyTable:
     """The config's latency grid measured on ``pair``, up to the largest tree of its action grid."""
-    from decode.latency import measure_latency
+    from decode.policies.latency import measure_latency
 
     grid = config.latency
     largest_tree = 1 + config.l_max + config.k_max * config.l_max  # the root, a full trunk and K full branches
     return measure_latency(pair.target, pair.draft, lengths=grid.lengths, sizes=grid.sizes, repeats=grid.repeats,
-                           max_size=largest_tree)
+                           max_size=largest_tree, pair=pair.fingerprint())
 
 
 def pair_facts(pair: LoadedPair, config: CollectConfig, measure: bool) -> dict:

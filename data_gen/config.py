@@ -38,10 +38,10 @@ class SamplingGrid:
 
 @dataclass
 class LatencyGrid:
-    """The warm-up micro-benchmark behind t_q(l, n), t_p(l, n) (decode.latency.measure_latency)."""
+    """The warm-up micro-benchmark behind t_q(l, n), t_p(l, n) (decode.policies.latency.measure_latency)."""
 
     lengths: list[int] = field(default_factory=lambda: [32, 128, 256, 400])
-    sizes: list[int] | None = None  # None: every block size up to the largest tree (decode.latency.every_size)
+    sizes: list[int] | None = None  # None: every block size up to the largest tree (decode.policies.latency.every_size)
     repeats: int = 5
     file: str | None = None  # a LatencyTable JSON (e.g. measured on the deployment machine) instead of measuring
 

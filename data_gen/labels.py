@@ -22,7 +22,7 @@ import torch
 
 from data_gen.label_traversal import UnionTraversal
 from data_gen.union import UnionForest
-from decode.actions import Action
+from decode.drafting.actions import Action
 from decode.verifiers import LabelRule, Verifier
 from decode.verifiers.gbv import PathNode
 from decode.verifiers.traversal import NodeRows

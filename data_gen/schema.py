@@ -1,7 +1,7 @@
 """The data set contract shared by data_gen (writer) and selector (reader): files, columns and metadata keys.
 
-One parquet row per root (docs/dataset.md). Feature names come from :mod:`decode.features` and the action grid
-from :mod:`decode.actions`; this module names the rest: the folder's files, the label columns and the schema
+One parquet row per root (docs/dataset.md). Feature names come from :mod:`decode.policies.features` and the action grid
+from :mod:`decode.drafting.actions`; this module names the rest: the folder's files, the label columns and the schema
 version.
 """
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from data_gen.schema import METADATA_FILE, READABLE_VERSIONS, SHARD_GLOB
-from decode.features import HIDDEN_NAMES
+from decode.policies.features import HIDDEN_NAMES
 
 # Keys of the resolved config that may change between the runs that build one data set (they change how the
 # work is spread or where it runs, not what a row holds).

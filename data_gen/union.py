@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from decode.actions import Action
-from decode.tree import ROOT, delayed_tree
+from decode.drafting.actions import Action
+from decode.drafting.tree import ROOT, delayed_tree
 
 # expand(nodes) -> (len(nodes), V) draft distributions after each node's prefix; the forest is passed too.
 Expand = Callable[["UnionForest", list[int]], torch.Tensor]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from data_gen.config import CollectConfig
 from data_gen.store import shard_path, write_shard
-from decode.actions import parse_actions
+from decode.drafting.actions import parse_actions
 from decode.pair import LoadedPair
 
 
@@ -191,7 +191,7 @@ class ChunkWorker:
 
     def __init__(self, plan: WorkPlan, pair: LoadedPair) -> None:
         from data_gen.collector import Collector
-        from decode.latency import LatencyTable
+        from decode.policies.latency import LatencyTable
         from decode.verifiers import get_verifier
 
         config, meta = plan.config, plan.metadata
@@ -211,7 +211,7 @@ class ChunkWorker:
         """Collect chunk ``c`` and write its shard (none when it has no rows); ``report(n)`` after each trajectory's
         ``n`` rows. Returns the chunk's rows."""
         from data_gen.collector import TrajectoryJob
-        from decode.sampling import SamplingConfig
+        from decode.drafting.sampling import SamplingConfig
 
         plan = self.plan
         rows = []

@@ -41,8 +41,8 @@ from data_gen.config import CollectConfig, load_collect_config
 from ddte.pipeline_results import results_markdown
 from ddte_core.paths import refuse_file_in_the_way
 from ddte_core.yamlconfig import load_yaml_config
-from decode.sampling import SamplingConfig
-from decode.selector_file import read_selector_metadata
+from decode.drafting.sampling import SamplingConfig
+from decode.policies.selector_file import read_selector_metadata
 from selector.train import TrainConfig, TrainResult, load_train_config, train
 
 
@@ -223,7 +223,7 @@ def run_pipeline(plan: PipelinePlan) -> PipelineResult:
 
 
 def _run_stages(plan: PipelinePlan, out: Path, tracking: _Tracking) -> PipelineResult:
-    from decode.deployment import Deployment
+    from decode.policies.deployment import Deployment
 
     config = plan.config
     timings = {}
@@ -337,7 +337,7 @@ def static_candidates(metadata, sampling: list[SamplingConfig], ranking: dict[in
     static ranking (:class:`selector.info.DataFacts`); the ranking of the configuration nearest each temperature is
     used. Without a ranking, the fallback alone.
     """
-    from decode.actions import distinct_trees
+    from decode.drafting.actions import distinct_trees
 
     out = {}
     for temperature in temperatures:
@@ -370,8 +370,8 @@ def _bench(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dic
 def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dict[str, dict[float, list[str]]],
                 selectors: dict[str, Path], expanders: dict[str, Path]) -> dict:
     """The bench itself: its rows, printed and written to bench.json and bench.png; the payload of bench.json."""
-    from decode.latency import machine_identity
     from decode.pair import load_pair_config
+    from decode.policies.latency import machine_identity
 
     if stage.threads:
         import torch
@@ -418,7 +418,7 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
     those that beat that static beyond this bench's noise: a paired bootstrap interval over prompts wholly above 1, at
     :data:`~bench.compare.SWITCH_LEVEL` split over the rivals. A policy a few per cent ahead inside the noise is not
     deployed: the static tree it would replace cannot lose to itself."""
-    from decode.deployment import Choice
+    from decode.policies.deployment import Choice
 
     kept = keep_statics(rows, candidates) if kept is None else kept
     expanders = expanders or {}

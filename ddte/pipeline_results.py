@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bench.compare import cross_fitted_choice_ratio
 from bench.method import AR, Method, by_method, static_rows
-from decode.actions import Action
+from decode.drafting.actions import Action
 
 
 def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, choices: list,

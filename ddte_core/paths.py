@@ -9,6 +9,19 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+INSTALL_ROOT = Path(__file__).resolve().parents[1]  # the folder holding ddte's packages and its configs/
+
+
+def bundled(path: str | Path) -> Path:
+    """``path`` where it exists; else, for a relative path such as ``configs/pair/shipped.yaml``, the same path under
+    ddte's own folder when it is there. So the shipped configs, and the config paths written inside them, resolve from
+    any working folder; a user's own file always wins."""
+    path = Path(path)
+    if path.exists() or path.is_absolute():
+        return path
+    installed = INSTALL_ROOT / path
+    return installed if installed.exists() else path
+
 
 def cache_root() -> Path:
     """Where ddte keeps what it fetched or measured once per machine: ``$DDTE_CACHE``, else ``~/.cache/ddte``."""
@@ -17,7 +30,7 @@ def cache_root() -> Path:
 
 
 def latency_cache() -> Path:
-    """Where the running machine's latency tables are kept (decode/latency.py ``machine_table``):
+    """Where the running machine's latency tables are kept (decode/policies/latency.py ``machine_table``):
     ``$DDTE_LATENCY_CACHE``, else ``<cache_root>/latency``."""
     env = os.environ.get("DDTE_LATENCY_CACHE")
     return Path(env).expanduser() if env else cache_root() / "latency"
@@ -32,6 +45,22 @@ def refuse_file_in_the_way(path: str | Path, what: str = "output", folder: bool 
     if blocking is not None:
         raise ValueError(f"{what} {path}: {blocking} is a file, not a folder")
     return path
+
+
+def check_output_folder(path: str | Path, what: str = "--output", own: str | None = None,
+                        overwrite: bool = False) -> Path:
+    """The one rule for a command that writes a folder: the folder may be new or empty; one holding this command's
+    own earlier output (its ``own`` file) is replaced only with ``overwrite``; any other non-empty folder is refused,
+    so a data set or another run's files are never written into. ValueError names the way out; nothing is created."""
+    path = refuse_file_in_the_way(path, what)
+    if not path.is_dir() or not any(path.iterdir()):
+        return path
+    if own is not None and (path / own).is_file():
+        if overwrite:
+            return path
+        raise ValueError(f"{what} {path} holds an earlier run ({own}): pass --overwrite to replace it, or choose "
+                         "another folder")
+    raise ValueError(f"{what} {path} is not empty and holds no earlier run of this command: choose a new folder")
 
 
 @contextlib.contextmanager

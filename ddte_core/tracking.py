@@ -150,12 +150,15 @@ def log_environment(client, run_id: str) -> None:
 
 def log_data_set_input(client, run_id: str, folder: str | Path, digest: str, context: str = "training") -> None:
     """Record a collected data set as the run's input (``mlflow.log_input``: name, digest, source folder)."""
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    import json
+
+    from mlflow.data.dataset_source_registry import get_dataset_source_from_json
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput, InputTag
 
-    dataset = MetaDataset(resolve_dataset_source(str(Path(folder).resolve())), name=Path(folder).name,
-                          digest=digest[:36])
+    # named as a local source outright: resolving a bare path matches two registered local sources and warns
+    source = get_dataset_source_from_json(json.dumps({"uri": str(Path(folder).resolve())}), "local")
+    dataset = MetaDataset(source, name=Path(folder).name, digest=digest[:36])
     tags = [InputTag(key="mlflow.data.context", value=context)]
     client.log_inputs(run_id, datasets=[DatasetInput(dataset=dataset._to_mlflow_entity(), tags=tags)])
 

@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from ddte_core.paths import bundled
+
 T = TypeVar("T")
 
 
@@ -87,7 +89,7 @@ def load_yaml_config(cls: type[T], path: str | Path | None, overrides: list[str]
     """Read a YAML file (or start from the defaults when ``path`` is None), apply overrides, build ``cls``."""
     data: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
+        path = bundled(path)
         if not path.is_file():
             raise ValueError(f"config file {str(path)!r} does not exist")
         try:

@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from decode.actions import Action
-from decode.drafting import DraftedTree, TrunkNode, draft_delayed_tree
-from decode.features import RootFeatures, root_features
-from decode.latency import LatencyTable, measure_latency
-from decode.models import CachedLM, check_same_vocab
-from decode.policies import Policy, RootState, StepOutcome
-from decode.rng import RandomSource
-from decode.sampling import SamplingConfig, distributions
+from decode.drafting.actions import Action
+from decode.drafting.delayed import DraftedTree, TrunkNode, draft_delayed_tree
+from decode.drafting.rng import RandomSource
+from decode.drafting.sampling import SamplingConfig, distributions
+from decode.drafting.tree import ROOT, Regime
+from decode.models.cached_lm import CachedLM, check_same_vocab
+from decode.policies.base import Policy, RootState, StepOutcome
+from decode.policies.features import RootFeatures, root_features
+from decode.policies.latency import LatencyTable, measure_latency
 from decode.stats import GenerationStats
-from decode.tree import ROOT, Regime
 from decode.verifiers import UnsupportedTreeError, Verifier, VerifyResult
 
 # (final hidden state (H,), distribution after it (V,)) of one model at one position
@@ -111,7 +111,7 @@ class SpeculativeDecoder:
         self.context_limit = min(target.context_limit, draft.context_limit)
         self.without_replacement = verifier.draft_regime == Regime.WITHOUT_REPLACEMENT
         self.latency = latency  # measured on first use when a policy needs root features
-        # A steered draft (decode.steering) reads the target's states at the steering layers after every pass.
+        # A steered draft (decode.models.steering) reads the target's states at the steering layers after every pass.
         self.steering = draft.steering
         if self.steering is not None:
             target.taps = tuple(self.steering.spec.target_layers)

@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ddte_core.paths import INSTALL_ROOT, bundled
+
 if TYPE_CHECKING:
     import torch
 
-    from decode.models import CachedLM
+    from decode.models.cached_lm import CachedLM
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
-CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS_DIR = INSTALL_ROOT / "configs"
 DEFAULT_TARGET = MODELS_DIR / "target"
 DEFAULT_DRAFT = MODELS_DIR / "draft"
 DEFAULT_TOKENIZER = MODELS_DIR / "tokenizer"
@@ -51,8 +53,8 @@ class LoadedPair:
 
     @property
     def hidden_sizes(self) -> dict[str, int]:
-        """Width of each root-feature hidden block (decode.features.HIDDEN_NAMES)."""
-        from decode.features import hidden_sizes
+        """Width of each root-feature hidden block (decode.policies.features.HIDDEN_NAMES)."""
+        from decode.policies.features import hidden_sizes
 
         return hidden_sizes(self.target.config.hidden_size, self.draft.config.hidden_size)
 
@@ -121,7 +123,7 @@ def load_pair(
     ``target`` (and ``draft``) is an HF folder or a ``.gguf`` file. The tokenizer is looked up at ``tokenizer``,
     else in the target's folder (or its GGUF file), else beside it in ``tokenizer/``. A missing tokenizer is not an
     error: token ids still work. ``dtype`` is the target's (and the draft's, unless ``draft_dtype`` is given). The
-    draft runs through the fast forward of :mod:`decode.fast_llama` when it supports the model (and
+    draft runs through the fast forward of :mod:`decode.models.fast_llama` when it supports the model (and
     ``fast_draft``), with int8 weight-only layers in the passes ``draft_int8`` names (none, single, all); the
     target always through HF's, in its own values.
 
@@ -129,8 +131,8 @@ def load_pair(
         ValueError: a missing directory, weights that are not safetensors or GGUF, an unknown device or dtype, or
             two models that do not share one vocabulary.
     """
-    from decode.fast_llama import cached_lm
-    from decode.models import CachedLM, check_same_vocab, load_causal_lm
+    from decode.models.cached_lm import CachedLM, check_same_vocab, load_causal_lm
+    from decode.models.fast_llama import cached_lm
 
     dev = resolve_device(device)
     target_dtype = resolve_dtype(dtype, dev)
@@ -154,9 +156,9 @@ def load_pair(
 
 def load_draft_model(path: str | Path, device: torch.device, dtype: torch.dtype | None):
     """The draft as decoding runs it: its weights, with its reduced output vocabulary when its folder has one
-    (:mod:`decode.draft_vocab`)."""
-    from decode.draft_vocab import DraftVocab, attach_draft_vocab
-    from decode.models import load_causal_lm
+    (:mod:`decode.models.draft_vocab`)."""
+    from decode.models.cached_lm import load_causal_lm
+    from decode.models.draft_vocab import DraftVocab, attach_draft_vocab
 
     model = load_causal_lm(path, device, dtype)
     vocab = DraftVocab.load(path) if Path(path).is_dir() else None
@@ -172,8 +174,8 @@ def load_other_draft(pair: LoadedPair, path: str | Path) -> CachedLM:
     Raises:
         ValueError: a missing folder, unsafe weights, another vocabulary, or a steering map for another target.
     """
-    from decode.fast_llama import cached_lm
-    from decode.models import check_same_vocab
+    from decode.models.cached_lm import check_same_vocab
+    from decode.models.fast_llama import cached_lm
 
     own = pair.draft
     draft = cached_lm(load_draft_model(path, own.device, own.dtype), own.device, own.dtype,
@@ -184,13 +186,13 @@ def load_other_draft(pair: LoadedPair, path: str | Path) -> CachedLM:
 
 
 def attach_draft_steering(draft: CachedLM, target: CachedLM, draft_path: Path, target_path: Path) -> None:
-    """Attach the steering map a draft folder holds (:mod:`decode.steering`), if any, after checking that it was
+    """Attach the steering map a draft folder holds (:mod:`decode.models.steering`), if any, after checking that it was
     trained with this target; the target then records the states the map reads at every pass.
 
     Raises:
         ValueError: the map is unreadable, does not fit the models, or was trained with another target.
     """
-    from decode.steering import SteeringMap, check_compatible
+    from decode.models.steering import SteeringMap, check_compatible
 
     steering = SteeringMap.load(draft_path) if draft_path.is_dir() else None
     if steering is None:
@@ -220,10 +222,10 @@ class PairSpec:
         target, draft, tokenizer: model folders or GGUF files (``tokenizer`` None: found beside the target).
         target_dtype, draft_dtype: each model's dtype when the command's ``--dtype`` is auto (None: the device's
             default, fp32 on CPU).
-        draft_int8: the draft passes that read int8 weight-only layers (:data:`decode.fast_llama.INT8_MODES`).
+        draft_int8: the draft passes that read int8 weight-only layers (:data:`decode.models.fast_llama.INT8_MODES`).
         train_prompts, heldout_prompts: the prompt sources that fit this pair (``builtin:*`` for the stdlib pair,
             ``chat:*`` for a chat model), the defaults of collect and bench.
-        fetch: the registry models (:mod:`decode.fetch`) the target and the draft come from, if any.
+        fetch: the registry models (:mod:`decode.models.registry`) the target and the draft come from, if any.
     """
 
     source: Path
@@ -239,7 +241,7 @@ class PairSpec:
 
     def check_available(self) -> None:
         """ValueError naming the command that makes a missing fetched model available."""
-        from decode.fetch import require_fetched
+        from decode.models.registry import require_fetched
 
         for name in self.fetch:
             try:
@@ -269,7 +271,7 @@ class PairSpec:
 
 def resolve_pair_path(name: str | Path) -> Path:
     """A pair YAML's path: ``name`` itself when it is a file, else ``configs/pair/NAME.yaml`` of this checkout."""
-    path = Path(name)
+    path = bundled(name)
     if path.is_file():
         return path
     named = CONFIGS_DIR / "pair" / f"{name}.yaml"
@@ -290,7 +292,7 @@ def read_pair_config(path: str | Path) -> PairSpec:
     """
     import yaml
 
-    from decode.fetch import fetch_name, fetched_model_dir
+    from decode.models.registry import fetch_name, fetched_model_dir
 
     path = resolve_pair_path(path)
     data = yaml.safe_load(path.read_text()) or {}
@@ -368,7 +370,7 @@ def find_tokenizer_dir(target: Path, explicit: str | Path | None) -> Path | None
     Raises:
         ValueError: ``explicit`` holds no tokenizer.
     """
-    from decode.gguf import is_gguf
+    from decode.models.gguf import is_gguf
 
     if explicit is None and is_gguf(target):
         return target  # the GGUF file carries its tokenizer
@@ -405,7 +407,7 @@ def render_chat(tokenizer, messages: list[dict[str, str]]) -> str:
 def _load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
-    from decode.gguf import is_gguf, load_gguf_tokenizer
+    from decode.models.gguf import is_gguf, load_gguf_tokenizer
 
     if is_gguf(path):
         return load_gguf_tokenizer(path)

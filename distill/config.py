@@ -75,7 +75,7 @@ class DistillTrainer:
 
 @dataclass
 class Steer:
-    """SD² steering (decode.steering, algorithms.md §9): train a low-rank map from the target's states at token
+    """SD² steering (decode.models.steering, algorithms.md §9): train a low-rank map from the target's states at token
     t − k to a bias on every draft MLP's up projection at token t, k drawn in 1..max_offset per batch, together with
     the draft. Needs a target pass per batch (data.text stdlib or chat, not laws)."""
 

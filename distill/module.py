@@ -28,11 +28,11 @@ class DistillModule(pl.LightningModule):
         super().__init__()
         self.teacher_topk = teacher_topk
         self.draft = draft
-        # SD² steering (decode.steering): the map trains with the draft; its δ enters the draft through hooks
+        # SD² steering (decode.models.steering): the map trains with the draft; its δ enters the draft through hooks
         self.steering = steering
         self._up_bias = None
         if steering is not None:
-            from decode.steering import UpProjectionBias
+            from decode.models.steering import UpProjectionBias
 
             self._up_bias = UpProjectionBias(draft)
         object.__setattr__(self, "_target", target.eval().requires_grad_(False))

@@ -45,7 +45,7 @@ def check_output(config: DistillConfig) -> Path:
 
 def resolve_target(target: str) -> Path:
     """The target's folder or GGUF file: ``fetch:NAME`` is the folder ``ddte fetch NAME`` writes."""
-    from decode.fetch import fetch_name, require_fetched
+    from decode.models.registry import fetch_name, require_fetched
 
     name = fetch_name(target)
     return require_fetched(name) if name is not None else Path(target)
@@ -56,7 +56,7 @@ def load_models(config: DistillConfig):
     ValueError otherwise."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from decode.models import check_same_vocab, load_causal_lm
+    from decode.models.cached_lm import check_same_vocab, load_causal_lm
     from decode.pair import find_tokenizer
     from distill.saving import DTYPES
 
@@ -248,8 +248,8 @@ def _validate(trainer, module, loader) -> dict[str, float]:
 def make_steering(config: DistillConfig, draft, target):
     """A new steering map for this draft and target (zero output: the draft starts as it was), bound to the target's
     fingerprint."""
+    from decode.models.steering import SteeringMap, SteeringSpec, draft_mlp_shape
     from decode.pair import model_fingerprint
-    from decode.steering import SteeringMap, SteeringSpec, draft_mlp_shape
 
     layers, ffn = draft_mlp_shape(draft)
     depth = int(target.config.num_hidden_layers)
@@ -264,7 +264,7 @@ def make_steering(config: DistillConfig, draft, target):
 def _write(draft, tokenizer, config: DistillConfig, output: Path, summary: dict, steering=None) -> None:
     """The draft (safetensors, storage dtype), its tokenizer files, its steering map and draft vocabulary when it has
     them, and distill.json, staged then renamed."""
-    from decode.draft_vocab import DraftVocab
+    from decode.models.draft_vocab import DraftVocab
     from distill.saving import save_model
 
     output.parent.mkdir(parents=True, exist_ok=True)

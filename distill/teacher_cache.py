@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from ddte_core.paths import staged_file
-from decode.draft_vocab import DraftVocab, most_frequent
+from decode.models.draft_vocab import DraftVocab, most_frequent
 
 FORMAT = "ddte-teacher-laws/1"
 

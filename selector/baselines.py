@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from decode.features import HIDDEN_NAMES
+from decode.policies.features import HIDDEN_NAMES
 from selector.data import Normalisation, RootArrays
 from selector.metrics import OfflineMetrics, offline_metrics
 

@@ -32,8 +32,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from data_gen.schema import METADATA_FILE, READABLE_VERSIONS, SHARD_GLOB, label_column, trees_column
 from data_gen.throughput import static_throughputs
-from decode.actions import distinct_trees
-from decode.features import HIDDEN_NAMES, SCALAR_NAMES
+from decode.drafting.actions import distinct_trees
+from decode.policies.features import HIDDEN_NAMES, SCALAR_NAMES
 from selector.info import DataFacts, sampling_configs
 
 # KL divergences have a long right tail (probabilities clamped at 1e-9 under top-p give values of 10-20 nats):
@@ -156,7 +156,8 @@ def inspect_dataset(folder: str | Path, verifier: str) -> DatasetInfo:
         raise ValueError(f"{meta_path}: schema_version {version!r}, this selector reads versions "
                          f"{', '.join(map(str, READABLE_VERSIONS))}")
     if list(metadata.get("scalar_names", [])) != list(SCALAR_NAMES):
-        raise ValueError(f"{meta_path}: scalar_names differ from decode.features.SCALAR_NAMES {list(SCALAR_NAMES)}")
+        raise ValueError(f"{meta_path}: scalar_names differ from decode.policies.features.SCALAR_NAMES "
+                         f"{list(SCALAR_NAMES)}")
     for key in ("actions", "hidden_sizes", "verifiers", "sampling"):
         if key not in metadata:
             raise ValueError(f"{meta_path}: missing key '{key}'")

@@ -12,7 +12,7 @@ def predict(model, arrays) -> Any:
     """Scores (N, A) of the model in eval mode on a whole split (small: one pass)."""
     import torch
 
-    from decode.features import HIDDEN_NAMES
+    from decode.policies.features import HIDDEN_NAMES
 
     model.eval()
     with torch.no_grad():
@@ -59,7 +59,7 @@ def deployed_scores(model, arrays) -> Any:
     """(N, A) outputs of the exported graph (π for the policy objective, predicted Ê for be) on a whole split."""
     import torch
 
-    from decode.features import HIDDEN_NAMES
+    from decode.policies.features import HIDDEN_NAMES
 
     with torch.no_grad():
         inputs = [torch.from_numpy(arrays.hidden[n]) for n in HIDDEN_NAMES] + [torch.from_numpy(arrays.scalars)]
@@ -69,14 +69,14 @@ def deployed_scores(model, arrays) -> Any:
 def fit_guard(logger, model, dm) -> dict[str, float]:
     """The never-lose guard (selector/guard.py): per sampling configuration, the fallback (best static action of the
     training split), the training split's static profile (so the running machine's latency table can re-pick the
-    fallback: decode/guard.py) and the margin fitted on the validation split, stored in ``model.info.fallbacks``.
-    Logs each margin's validation curve and returns the test metrics of the guarded rule."""
+    fallback: decode/policies/guard.py) and the margin fitted on the validation split, stored in
+    ``model.info.fallbacks``. Logs each margin's validation curve and returns the test metrics of the guarded rule."""
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from decode.features import SCALAR_NAMES
-    from decode.guard import StaticProfile
-    from decode.selector_file import Fallback
+    from decode.policies.features import SCALAR_NAMES
+    from decode.policies.guard import StaticProfile
+    from decode.policies.selector_file import Fallback
     from selector.guard import MarginFit, decision_values, fit_margin, guarded_choice, margin_figure
     from selector.metrics import offline_metrics
 
@@ -143,7 +143,7 @@ def canonical_index(actions: list[str]):
     """(canonical action keys, (A,) index of each action's canonical key): equivalent trees merged for plots."""
     import numpy as np
 
-    from decode.actions import Action
+    from decode.drafting.actions import Action
 
     canonical = [Action.parse(a).canonical().key for a in actions]
     keys = list(dict.fromkeys(canonical))

@@ -8,7 +8,8 @@ refitted on every prompt, since the cross-fitted figure is the estimate of what 
 
 The acceptance head is the ridge regression of selector/expansion.py (standardised features, closed form: a gradient
 loop would only approximate it). Its graph is one affine map ``[batch, F] → [batch, C]``, with the standardisation
-folded into the weights, written with ``onnx.helper``; decode/expander_file.py owns the file's names and metadata.
+folded into the weights, written with ``onnx.helper``; decode/policies/expander_file.py owns the file's names and
+metadata.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from decode.expander_file import (
+from decode.policies.expander_file import (
     INPUT_NAME,
     OUTPUT_NAME,
     ExpanderMetadata,

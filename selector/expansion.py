@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from data_gen.throughput import best_static, time_per_token
-from decode.actions import Action
-from decode.expander_file import HaltingRule as Rule
-from decode.guard import RuleProfile, StaticProfile, length_quantiles  # the rule the decoder runs
+from decode.drafting.actions import Action
+from decode.policies.expander_file import HaltingRule as Rule  # the rule the decoder runs
+from decode.policies.guard import RuleProfile, StaticProfile, harmonic_mean, length_quantiles
 
 
 @dataclass
@@ -46,7 +46,8 @@ class EpisodeData:
         trunk_pass_ms: ``(N,)`` one draft pass at the root's context length (the latency model's t_q(l, 1)): what
             a rule pays for looking at a node it then stops at (:func:`rule_step_ms`).
         actions: the action list (column order of ``be`` and ``step``).
-        lengths: ``(N,)`` the roots' context lengths (what a machine-free profile of the fit keeps: decode/guard.py).
+        lengths: ``(N,)`` the roots' context lengths (what a machine-free profile of the fit keeps:
+            decode/policies/guard.py).
     """
 
     be: np.ndarray
@@ -98,7 +99,7 @@ def rule_step_ms(data: EpisodeData, rule: Rule, depth: np.ndarray, columns: np.n
     """``(N, s)`` the step time of each episode under ``rule``, halted at ``depth`` on the trees ``columns``.
 
     It is the halted tree's T̂, plus one draft pass where the rule stops a chain at 1 ≤ d < cap: to look at node d
-    the loop ran its forward (decode/drafting.py), which the static chain (1, d, 0) never runs, since nothing is
+    the loop ran its forward (decode/drafting/delayed.py), which the static chain (1, d, 0) never runs, since nothing is
     drawn from the last node's law. A rule that branches drafts from the halting node's law, as the static tree does,
     and one that stops at the root or at its cap looks at no extra node."""
     rows = np.arange(len(data.be))[:, None]
@@ -161,8 +162,8 @@ def _columns(index: _Index, rule: Rule, depth: np.ndarray) -> np.ndarray:
 
 
 def static_profile(data: EpisodeData) -> StaticProfile:
-    """The machine-free profile of every static action on ``data`` (decode/guard.py): Ê averaged over each root's
-    trees, then over the roots."""
+    """The machine-free profile of every static action on ``data`` (decode/policies/guard.py): Ê averaged over each
+    root's trees, then over the roots (harmonically: tokens per step)."""
     return StaticProfile.from_labels([a.key for a in data.actions], np.nanmean(data.be, axis=1), data.lengths)
 
 
@@ -178,8 +179,8 @@ def rule_profile(data: EpisodeData, signal: np.ndarray, rule: Rule, min_gain: fl
     shares = {data.actions[int(c)].canonical().key: float(n) / columns.size
               for c, n in zip(chosen, counts, strict=True)}
     looked = 0.0 if rule.k > 1 and rule.l2 > 0 else float(((depth >= 1) & (depth < rule.cap)).mean())
-    return RuleProfile(float(np.nanmean(data.be[rows, trees, columns])), shares, looked,
-                       length_quantiles(data.lengths), min_gain)
+    per_root = np.nanmean(data.be[rows, trees, columns], axis=1)
+    return RuleProfile(float(harmonic_mean(per_root)), shares, looked, length_quantiles(data.lengths), min_gain)
 
 
 def static_best(data: EpisodeData) -> int:
@@ -330,7 +331,7 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
     trunk states; ValueError for one without them."""
     from data_gen.schema import TRUNK_COLUMNS, TRUNK_STATE_COLUMNS, trees_column
     from data_gen.store import read_metadata
-    from decode.features import SCALAR_NAMES
+    from decode.policies.features import SCALAR_NAMES
     from selector.data import _list_column
 
     metadata = read_metadata(folder)
@@ -371,7 +372,7 @@ def acceptance_scalars(scalars: np.ndarray) -> np.ndarray:
     """``(N, S)`` root scalars as the acceptance head sees them: the pass times zeroed. β depends on the two models
     and the text, not on how fast this machine ran; a head fitted on them shifts when decoding runs on a slower or
     faster machine than the collection did (a zero column gets a zero weight, so the decoder's values never count)."""
-    from decode.features import SCALAR_NAMES
+    from decode.policies.features import SCALAR_NAMES
 
     out = np.array(scalars, dtype=np.float32, copy=True)
     out[:, [SCALAR_NAMES.index(name) for name in PASS_TIME_SCALARS]] = 0.0
@@ -402,8 +403,8 @@ def selector_root_choices(path, folder, verifier: str) -> np.ndarray:
 
     from data_gen.schema import label_column
     from data_gen.store import read_metadata
-    from decode.features import HIDDEN_NAMES
-    from decode.selector_file import SelectorMetadata
+    from decode.policies.features import HIDDEN_NAMES
+    from decode.policies.selector_file import SelectorMetadata
     from selector.data import _list_column
     from selector.guard import decision_values, guarded_choice
 

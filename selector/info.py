@@ -4,7 +4,8 @@
 :class:`SelectorInfo` adds how the network was trained and its never-lose guard. The model carries one in its
 checkpoint (a plain JSON-ready dict under ``checkpoint["ddte"]``: :meth:`SelectorInfo.to_dict` and
 :meth:`SelectorInfo.from_dict`, the keys written before these types), the training run reports from it, and the
-exporter turns it into the file's :class:`~decode.selector_file.SelectorMetadata` (:meth:`SelectorInfo.metadata`).
+exporter turns it into the file's :class:`~decode.policies.selector_file.SelectorMetadata`
+(:meth:`SelectorInfo.metadata`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from decode.features import SCALAR_NAMES
-from decode.sampling import SamplingConfig
-from decode.selector_file import OBJECTIVES, Fallback, SelectorMetadata
+from decode.drafting.sampling import SamplingConfig
+from decode.policies.features import SCALAR_NAMES
+from decode.policies.selector_file import OBJECTIVES, Fallback, SelectorMetadata
 
 
 def sampling_configs(values: list[dict[str, Any]]) -> list[SamplingConfig]:

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from decode.features import HIDDEN_NAMES, SCALAR_NAMES
-from decode.selector_file import OBJECTIVES
+from decode.policies.features import HIDDEN_NAMES, SCALAR_NAMES
+from decode.policies.selector_file import OBJECTIVES
 from selector.info import SelectorInfo
 
 # Score given to actions that never had a label for this verifier: finite (ONNX parity compares it exactly, and

@@ -45,7 +45,7 @@ from typing import Any
 from ddte_core.distributed import is_rank_zero
 from ddte_core.tracking import flatten_params, git_commit, lightning_logger, quiet_lightning, resolve_tracking_uri
 from ddte_core.yamlconfig import load_yaml_config
-from decode.selector_file import OBJECTIVES
+from decode.policies.selector_file import OBJECTIVES
 from selector.evaluation import fit_guard, log_head_room, log_plots
 from selector.info import DataFacts, SelectorInfo
 

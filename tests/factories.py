@@ -63,7 +63,7 @@ COLLECT_PROMPTS = [
 
 def save_collect_pair(root: Path) -> Path:
     """A tiny pair for data collection: the pair YAML, a latency table and five prompts (``collect_overrides``)."""
-    from decode.latency import LatencyTable
+    from decode.policies.latency import LatencyTable
 
     save_tiny_pair(root, logit_scale=20.0)
     table = LatencyTable([8, 32], [1, 4], [[1.0, 2.0], [1.5, 2.5]], [[5.0, 6.0], [7.0, 9.0]])

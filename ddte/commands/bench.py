@@ -53,7 +53,7 @@ from ddte.commands.common import (
 
 if TYPE_CHECKING:
     from bench.method import Method
-    from decode.deployment import Deployment
+    from decode.policies.deployment import Deployment
 
 DEFAULT_METHODS = [
     "ar", "hf-assisted", "traversal@adaptive", "traversal@entropy",
@@ -110,7 +110,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
             raise UserError(f"bad method '{method}': draft folder {method.draft!r} does not exist")
     deployments = {}
     if args.policy_file:
-        from decode.deployment import load_deployment
+        from decode.policies.deployment import load_deployment
         from decode.verifiers import get_verifier
 
         with user_errors(prefix="--policy-file: "):
@@ -204,9 +204,9 @@ def run(args: argparse.Namespace) -> int:
 def _note_unmeasured_sampling(args: argparse.Namespace, methods, deployments) -> None:
     """Say once per method and temperature where a selector, expander or policy file has no choice measured there:
     the nearest one stands in."""
-    from decode.expander_file import read_expander_metadata
-    from decode.sampling import SamplingConfig, nearest_note
-    from decode.selector_file import read_selector_metadata
+    from decode.drafting.sampling import SamplingConfig, nearest_note
+    from decode.policies.expander_file import read_expander_metadata
+    from decode.policies.selector_file import read_selector_metadata
 
     readers = {"selector": (read_selector_metadata, "was trained for"),
                "expander": (read_expander_metadata, "was fitted for")}

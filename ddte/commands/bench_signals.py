@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bench.node_signals import cost_table, time_after_forward
-    from decode.sampling import SamplingConfig
+    from decode.drafting.sampling import SamplingConfig
 
     if args.rounds < 1:
         raise UserError("--rounds must be >= 1")
@@ -88,7 +88,7 @@ def _offline_table(pair, data: Path, verifiers: list[str] | None) -> str:
 
     from bench.node_signals import signals_from_hidden
     from data_gen.store import read_metadata
-    from decode.sampling import SamplingConfig
+    from decode.drafting.sampling import SamplingConfig
     from selector.expansion import load_episodes, signal_ratios
 
     head = pair.draft.model.get_output_embeddings().weight  # (Vs, H), or (V, H) without a draft vocabulary

@@ -85,9 +85,9 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     """--pair / --target / --draft / --tokenizer / --device / --dtype: which models, on what."""
     from decode.pair import DEFAULT_DRAFT, DEFAULT_TARGET
 
-    parser.add_argument("--pair", default=None, help="a pair: a name under configs/pair/ (shipped, smollm2) or a "
-                        "YAML with keys target, draft, tokenizer, target_dtype, draft_dtype (instead of "
-                        "--target/--draft/--tokenizer)")
+    parser.add_argument("--pair", default=None, help="a pair: a name under configs/pair/ (shipped, smollm2, "
+                        "qwen-coder) or a YAML with keys target, draft, tokenizer, target_dtype, draft_dtype (instead "
+                        "of --target/--draft/--tokenizer)")
     parser.add_argument("--target", default=str(DEFAULT_TARGET), help="target model: an HF folder or a .gguf file")
     parser.add_argument("--draft", default=str(DEFAULT_DRAFT), help="draft model: an HF folder or a .gguf file")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the target)")
@@ -162,7 +162,7 @@ def policy_latency(value: str, pair, announce=None):
     """``(table or None, one line saying which)`` for --latency ``value`` on a loaded pair: this machine's table
     (cached, or measured once with ``announce`` told first), none ('fitted'), or a file checked against the pair."""
     from ddte_core.paths import latency_cache
-    from decode.latency import LatencyTable, machine_table
+    from decode.policies.latency import LatencyTable, machine_table
 
     if value == "fitted":
         return None, "step times: each policy file's fallback as fitted (--latency fitted)"

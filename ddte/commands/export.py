@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from decode.actions import Action
+    from decode.drafting.actions import Action
     from selector.export import export_selector
 
     if args.parity_rows < 1:

@@ -27,7 +27,7 @@ from ddte.commands.common import user_errors
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from decode.fetch import fetchable_names
+    from decode.models.registry import fetchable_names
 
     parser.add_argument("name", choices=fetchable_names(), help="the model, or the pair's models, to fetch")
     parser.add_argument("--cache", default=None, help="cache folder (default: $DDTE_CACHE, else ~/.cache/ddte)")
@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from decode.fetch import fetch, models_of
+    from ddte.fetch import fetch
+    from decode.models.registry import models_of
 
     bars = []
 

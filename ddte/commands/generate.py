@@ -33,7 +33,7 @@ from ddte.commands.common import (
     policy_latency,
     user_errors,
 )
-from decode.policies import POLICIES
+from decode.policies.base import POLICIES
 from decode.verifiers import VERIFIERS, verifier_names
 
 DEFAULT_ACTION = "2,2,4"
@@ -135,13 +135,13 @@ def run(args: argparse.Namespace) -> int:
     once and the policy built, then every sample runs at this call's sampling settings and the output is written
     whole."""
     from ddte_core.paths import staged_file
-    from decode.actions import Action, check_in_grid
-    from decode.deployment import load_deployment, load_policy
+    from decode.drafting.actions import Action, check_in_grid
+    from decode.drafting.rng import TorchRandom
+    from decode.drafting.sampling import SamplingConfig
     from decode.engine import SpeculativeDecoder, check_action
     from decode.pair import render_chat
-    from decode.policies import PolicyOptions, make_policy
-    from decode.rng import TorchRandom
-    from decode.sampling import SamplingConfig
+    from decode.policies.base import PolicyOptions, make_policy
+    from decode.policies.deployment import load_deployment, load_policy
     from decode.stats import GenerationStats
     from decode.verifiers import get_verifier
 

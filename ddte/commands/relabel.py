@@ -59,9 +59,12 @@ def run(args: argparse.Namespace) -> int:
         print("measuring the latency model on this machine ...", file=sys.stderr, flush=True)
     with user_errors():
         latency = relabel_latency(config)
+        latency.check_pair(metadata.get("pair", {}).get("fingerprint") or latency.pair,
+                           f"latency.file {config.latency.file}")
         if args.save_latency:
             Path(args.save_latency).write_text(latency.to_json(), encoding="utf-8")
         rows = relabel(source, output, metadata, latency, config, progress=not args.no_progress)
     print(f"relabelled {rows} roots into {output} in {time.perf_counter() - start:.1f} s "
-          f"(step times from a {len(latency.lengths)}×{len(latency.sizes)} latency table on {latency.device})")
+          f"(step times from a {len(latency.lengths)}×{len(latency.sizes)} latency table on "
+          f"{latency.machine or latency.device})")
     return 0

@@ -76,7 +76,7 @@ def check_arguments(args: argparse.Namespace):
     if args.verifier and not args.policy_file:
         raise UserError("--verifier goes with --policy-file (a --method names its own verifier)")
     if args.policy_file:
-        from decode.deployment import load_deployment
+        from decode.policies.deployment import load_deployment
         from decode.verifiers import get_verifier
 
         with user_errors(prefix="--policy-file: "):

@@ -26,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=None, help="output folder (overrides the config's out_dir)")
     parser.add_argument("--only", choices=("target", "draft"),
                         help="retrain only this model, keeping the other from a previous run of the same config")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier run in the output folder (one with recipe.json)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,12 +35,20 @@ def run(args: argparse.Namespace) -> int:
 
     from ddte.train_pair.config import load_config
     from ddte.train_pair.recipe import PRODUCTS, run_recipe
+    from ddte_core.paths import bundled, check_output_folder
 
-    if not Path(args.config).is_file():
+    if not bundled(args.config).is_file():
         raise UserError(f"config file not found: {args.config}")
     overrides = list(args.overrides) + ([f"out_dir={args.output}"] if args.output else [])
     with user_errors(prefix="bad config: "):
         config = load_config(args.config, overrides)
+    with user_errors():
+        out = Path(config.out_dir)
+        if args.only:  # it reads the earlier run it keeps the other model of
+            if not (out / "recipe.json").is_file():
+                raise UserError(f"--only {args.only} needs a previous full run in {out} (recipe.json and its models)")
+        else:
+            check_output_folder(out, "output", own="recipe.json", overwrite=args.overwrite)
     with user_errors():
         meta = run_recipe(config, only=args.only)
     for name in ("target", "draft"):

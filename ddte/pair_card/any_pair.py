@@ -2,8 +2,8 @@
 
 For a :class:`~decode.pair.PairSpec` this measures, with both models in the pair's own dtypes on CPU:
   * architecture, parameters and dtype of each model;
-  * pass times in the decoding loop (the decoder's wrappers through :func:`decode.latency.measure_latency`): the
-    target's one-token and tree passes, the draft's one-token pass warm and its cache-cold first pass of a step
+  * pass times in the decoding loop (the decoder's wrappers through :func:`decode.policies.latency.measure_latency`):
+    the target's one-token and tree passes, the draft's one-token pass warm and its cache-cold first pass of a step
     (warm + c(l)), and their ratios to a one-token target pass;
   * acceptance 1 − TV(p, q) at T = 0.6 and 1 on target-sampled continuations of the pair's held-out prompts, for
     the prompts like the training data and those unlike it when the prompts are chat sets (``chat:heldout-like``,
@@ -61,8 +61,8 @@ def prompt_groups(heldout: str, count: int, tokenizer) -> dict[str, list[str]]:
 
 
 class LoopDraft:
-    """The pair's draft as the decoding loop runs it (:class:`~decode.models.CachedLM` or its fast subclass, int8
-    layers included), called like an HF causal LM on one sequence ``(1, n)``: ``.logits`` ``(1, n, V)``, from one
+    """The pair's draft as the decoding loop runs it (:class:`~decode.models.cached_lm.CachedLM` or its fast subclass,
+    int8 layers included), called like an HF causal LM on one sequence ``(1, n)``: ``.logits`` ``(1, n, V)``, from one
     prefill pass."""
 
     def __init__(self, lm) -> None:
@@ -77,8 +77,8 @@ class LoopDraft:
 def measure_pair(settings: PairCardSettings) -> dict[str, Any]:
     """Every figure of the card (see the module docstring) as a JSON-ready dict."""
     from data_gen.prompts import load_prompt_texts
-    from decode.latency import measure_latency
     from decode.pair import read_pair_config
+    from decode.policies.latency import measure_latency
 
     torch.set_num_threads(settings.threads)
     spec = read_pair_config(settings.pair)

@@ -245,9 +245,9 @@ def measure(args: CardSettings) -> dict[str, Any]:
 
 def loop_latency(models_dir: Path, cache_len: int, tree_nodes: int, repeats: int) -> dict[str, Any]:
     """Median pass times (ms) with the decoder's own wrappers: the target's HF forward through CachedLM, the
-    draft's fast forward (FastCachedLM), each timed as the latency model times them (decode.latency)."""
-    from decode.latency import measure_latency
+    draft's fast forward (FastCachedLM), each timed as the latency model times them (decode.policies.latency)."""
     from decode.pair import load_pair
+    from decode.policies.latency import measure_latency
 
     pair = load_pair(models_dir / "target", models_dir / "draft", models_dir / "tokenizer")
     table = measure_latency(pair.target, pair.draft, lengths=[cache_len], sizes=[1, tree_nodes], repeats=repeats)

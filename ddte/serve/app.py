@@ -36,7 +36,7 @@ class Served:
     model: str
     pair: object  # decode.pair.LoadedPair
     decoder: object  # decode.engine.SpeculativeDecoder
-    policy: object  # decode.policies.Policy
+    policy: object  # decode.policies.base.Policy
     method: str
     max_queue: int = 16
     default_max_tokens: int = 256
@@ -49,7 +49,7 @@ def error_body(message: str, status: int, param: str | None = None, code: str | 
 
 def create_app(served: Served):
     """The FastAPI app; its lifespan starts the worker thread and, on shutdown, fails what is still queued."""
-    from decode.rng import TorchRandom
+    from decode.drafting.rng import TorchRandom
 
     pair = served.pair
     metrics_holder: dict = {}

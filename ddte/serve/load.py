@@ -98,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     from bench.method import Method
     from ddte.serve.app import Served, create_app
     from ddte_core.machine import cpu_model
+    from decode.drafting.rng import TorchRandom
+    from decode.drafting.sampling import SamplingConfig
     from decode.engine import SpeculativeDecoder
     from decode.pair import read_pair_config
-    from decode.rng import TorchRandom
-    from decode.sampling import SamplingConfig
     from decode.verifiers import get_verifier
 
     pair = read_pair_config(args.pair).load()

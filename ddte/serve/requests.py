@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from decode.sampling import SamplingConfig
+from decode.drafting.sampling import SamplingConfig
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range
 MAX_STOPS = 4

@@ -16,8 +16,8 @@ from enum import StrEnum
 
 import torch
 
-from decode.rng import RandomSource
-from decode.tree import DraftTree, Regime, probe_tree
+from decode.drafting.rng import RandomSource
+from decode.drafting.tree import DraftTree, Regime, probe_tree
 
 
 class LabelRule(StrEnum):

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import torch
 
-from decode.rng import RandomSource
-from decode.tree import ROOT, DraftTree, Regime
+from decode.drafting.rng import RandomSource
+from decode.drafting.tree import ROOT, DraftTree, Regime
 from decode.verifiers.base import Verifier, make_result
 from decode.verifiers.otlp import as_index, residual, sample_residual
 

@@ -20,7 +20,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from decode.tree import ROOT
+from decode.drafting.tree import ROOT
 from decode.verifiers.base import LabelRule
 from decode.verifiers.block import BlockPlan, BlockVerifier
 from decode.verifiers.otlp import as_index, residual

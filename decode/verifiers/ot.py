@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from decode.tree import ROOT, DraftTree, Regime
+from decode.drafting.tree import ROOT, DraftTree, Regime
 from decode.verifiers.base import LabelRule, Verifier, make_result
 from decode.verifiers.otlp import NaiveSolver, NSSSolver, OTLPSolver, RSDSolver, SpecInferSolver, SpecTrSolver
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from decode.rng import RandomSource
+from decode.drafting.rng import RandomSource
 
 
 def as_index(values) -> torch.Tensor:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from decode.tree import ROOT, DraftTree, Regime
+from decode.drafting.tree import ROOT, DraftTree, Regime
 from decode.verifiers.base import LabelRule, Verifier, make_result
 from decode.verifiers.otlp import as_index, sample_residual
 

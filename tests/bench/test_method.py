@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.method import AR, Method, by_method, static_rows, unique_methods
-from decode.actions import Action
+from decode.drafting.actions import Action
 
 
 def test_equivalent_static_shapes_are_one_method_under_the_canonical_spelling():

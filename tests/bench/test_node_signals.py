@@ -9,8 +9,7 @@ import torch
 
 from bench.node_signals import VARIANTS, signals_from_hidden, time_after_forward
 from ddte.cli import main
-from decode.features import entropy
-from decode.sampling import SamplingConfig, distributions
+from decode.drafting.sampling import SamplingConfig, distributions, entropy
 
 
 @pytest.mark.parametrize("temperature", [0.6, 1.0])

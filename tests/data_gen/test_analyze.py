@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ddte.cli import main
-from decode.actions import Action
+from decode.drafting.actions import Action
 
 
 def test_the_report_spells_each_tree_one_way_and_says_what_a_missing_figure_needs(tiny_collected, tmp_path, capsys):

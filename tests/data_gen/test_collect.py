@@ -16,9 +16,9 @@ import yaml
 from data_gen.collection import collect
 from data_gen.config import load_collect_config
 from ddte.cli import main
-from decode.actions import Action, action_grid
-from decode.latency import LatencyTable
+from decode.drafting.actions import Action, action_grid
 from decode.pair import DEFAULT_TOKENIZER
+from decode.policies.latency import LatencyTable
 from tests.factories import collect_overrides, tiny_llama
 
 
@@ -127,8 +127,8 @@ def test_target_rows_equal_a_prefill_of_each_node(tiny_pair, chunk):
     """The per-sample tree passes (split into chunks) give every internal node the p of its whole prefix."""
     from data_gen.collector import Collector
     from data_gen.union import grow_union_forest
-    from decode.models import CachedLM, load_causal_lm
-    from decode.sampling import SamplingConfig, distributions
+    from decode.drafting.sampling import SamplingConfig, distributions
+    from decode.models.cached_lm import CachedLM, load_causal_lm
     from decode.verifiers import get_verifier
 
     target, draft = (CachedLM(load_causal_lm(tiny_pair / n)) for n in ("target", "draft"))
@@ -159,14 +159,14 @@ def test_target_rows_equal_a_prefill_of_each_node(tiny_pair, chunk):
 @pytest.mark.parametrize("steered", [False, True], ids=["plain", "steered"])
 def test_features_match_the_decoder(tiny_pair, steered):
     """The first root's features: the collector's (full prefill) vs the decoder's (incremental) state. A steered
-    draft (decode.steering) must be steered alike in both: the root under the δ of the token before it."""
+    draft (decode.models.steering) must be steered alike in both: the root under the δ of the token before it."""
     from data_gen.collector import Collector, TrajectoryJob
+    from decode.drafting.rng import TorchRandom
+    from decode.drafting.sampling import SamplingConfig
     from decode.engine import SpeculativeDecoder
-    from decode.models import CachedLM, load_causal_lm
-    from decode.policies import StaticPolicy
-    from decode.rng import TorchRandom
-    from decode.sampling import SamplingConfig
-    from decode.steering import SteeringMap, SteeringSpec, draft_mlp_shape
+    from decode.models.cached_lm import CachedLM, load_causal_lm
+    from decode.models.steering import SteeringMap, SteeringSpec, draft_mlp_shape
+    from decode.policies.base import StaticPolicy
     from decode.verifiers import get_verifier
 
     def pair():

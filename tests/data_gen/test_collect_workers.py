@@ -84,3 +84,22 @@ def test_engine_ray_without_ray_says_how_to_install_it(tiny_pair, tmp_path, monk
     err = capsys.readouterr().err
     assert code == 2 and "pip install 'ddte[ray]'" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_more_workers_than_chunks_start_one_worker_per_chunk_and_leave_no_lock(tiny_pair, tmp_path, monkeypatch):
+    """`workers=8` on one chunk of work starts one worker (each would load the pair for nothing), and the finished
+    shard's lock file is gone."""
+    import data_gen.collection as collection
+
+    started = []
+    real = collection.open_engine
+
+    def spy(config, measure):
+        started.append(config.workers)
+        return real(config, measure)
+
+    monkeypatch.setattr(collection, "open_engine", spy)
+    out = tmp_path / "data"
+    summary = collect(_config(tiny_pair, out, workers=8, **{"prompts.limit": 2}), progress=False)
+    assert started == [1] and summary.shards_written == 1
+    assert not list(out.glob(".lock-*"))

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from bench.synthetic_pair import SyntheticPair
 from data_gen.labels import label_forest, tree_labels
 from data_gen.union import grow_union_forest
-from decode.actions import Action, action_grid
-from decode.synthetic_pair import SyntheticPair
+from decode.drafting.actions import Action, action_grid
 from decode.verifiers import get_verifier
 from tests.decode.exact.harness import ToyPair, enumerate_runs, sample_delayed
 
@@ -182,7 +182,7 @@ def _walk_whole_tree(tree, p, q) -> float:
 
 def test_scalar_traversal_walk_on_without_replacement_trees():
     """The walk on trees with merged prefixes and several children per node, beyond the union trees' shapes."""
-    from decode.tree import Regime, nested_tree
+    from decode.drafting.tree import Regime, nested_tree
 
     rng = np.random.default_rng(0)
     verifier = get_verifier("traversal")

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from ddte.cli import main
-from decode.actions import action_grid
-from decode.features import SCALAR_NAMES
-from decode.latency import LatencyTable
+from decode.drafting.actions import action_grid
+from decode.policies.features import SCALAR_NAMES
+from decode.policies.latency import LatencyTable
 from selector.data import inspect_dataset, load_rows
 from tests.data_gen.test_collect import _rows
 from tests.factories import tiny_llama
@@ -105,3 +105,14 @@ def test_bad_input_is_refused_without_writing(collected, tiny_pair, tmp_path, ca
     assert code == 2 and "not the pair this data set was collected with" in err
     assert "Traceback" not in err
     assert not [p for p in tmp_path.iterdir() if p.name in ("x", "y", "z") or p.name.startswith(".tmp-")]
+
+
+def test_a_latency_table_of_another_pair_is_refused_before_anything_is_written(collected, tmp_path, capsys):
+    from dataclasses import replace
+
+    table_file = tmp_path / "foreign.json"
+    table_file.write_text(replace(OTHER, pair="f" * 64, machine="another box").to_json())
+    out = tmp_path / "relabelled"
+    code, err = _relabel(["--data", str(collected), "--output", str(out), f"latency.file={table_file}"], capsys)
+    assert code == 2 and "another pair" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()

@@ -72,7 +72,7 @@ def test_methods_run_interleaved_in_a_rotating_order():
     """Prompt by prompt, every method in turn, starting one method later each round: drift reaches all alike."""
     from bench import decoding as bench
     from bench.method import Method
-    from decode.sampling import SamplingConfig
+    from decode.drafting.sampling import SamplingConfig
     from decode.stats import GenerationStats
 
     calls = []
@@ -122,9 +122,9 @@ def test_a_method_with_another_draft_runs_that_draft_steered_beside_the_pairs_ow
 
     from bench.decoding import make_runners
     from bench.method import Method
+    from decode.drafting.sampling import SamplingConfig
+    from decode.models.steering import SteeringMap, SteeringSpec
     from decode.pair import load_pair, model_fingerprint
-    from decode.sampling import SamplingConfig
-    from decode.steering import SteeringMap, SteeringSpec
 
     root, prompts = pair_dirs
     other = tmp_path / "steered"
@@ -166,21 +166,21 @@ def test_prompts_come_from_any_source_collect_reads(tmp_path):
 def test_a_policy_file_is_read_once_for_all_its_verifiers(pair_dirs, tmp_path, monkeypatch):
     """--policy-file names two verifiers: the file is read once, to list them and to build both policies."""
     import bench.decoding
-    import decode.deployment
-    from decode.deployment import Choice, Deployment
+    import decode.policies.deployment
+    from decode.policies.deployment import Choice, Deployment
 
     root, prompts = pair_dirs
     policy = Deployment([Choice("traversal", 1.0, 1.0, "static", "2,1,2"), Choice("specinfer", 1.0, 1.0, "static",
                                                                                     "1,3,0")], "traversal")
     path = policy.write(tmp_path / "policy.json")
-    reads, load = [], decode.deployment.load_deployment
+    reads, load = [], decode.policies.deployment.load_deployment
 
     def counted(file):
         reads.append(file)
         return load(file)
 
     monkeypatch.setattr(bench.decoding, "load_deployment", counted)
-    monkeypatch.setattr(decode.deployment, "load_deployment", counted)
+    monkeypatch.setattr(decode.policies.deployment, "load_deployment", counted)
     out = tmp_path / "bench.json"
     assert main(["bench", "--target", str(root / "target"), "--draft", str(root / "draft"), "--tokenizer",
                  str(DEFAULT_TOKENIZER), "--prompts", str(prompts), "--field", "text", "--num-prompts", "1",
@@ -203,7 +203,7 @@ def test_bench_says_when_it_cuts_a_prompt_and_names_its_prompt_file(pair_dirs, t
 
 
 def test_bench_says_when_a_policy_file_stands_in_at_another_temperature(pair_dirs, tmp_path, capsys):
-    from decode.deployment import Choice, Deployment
+    from decode.policies.deployment import Choice, Deployment
 
     root, prompts = pair_dirs
     path = Deployment([Choice("traversal", 0.7, 1.0, "static", "2,1,2")], "traversal").write(tmp_path / "policy.json")

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from ddte.cli import main
-from decode.latency import LatencyTable
+from decode.policies.latency import LatencyTable
 from tests.factories import TINY_TRAIN_CONFIG, save_tiny_pair
 
 
@@ -100,14 +100,14 @@ def _bench_row(method: str, temperature: float, seconds: float, prompts: int = 4
 
 
 def _selector_metadata(fallback: str, margin: float | None):
-    from decode.selector_file import Fallback
+    from decode.policies.selector_file import Fallback
 
     return SimpleNamespace(fallback_for=lambda t, p: Fallback(t, p, fallback, margin))
 
 
 def test_static_candidates_are_the_fallback_then_the_training_split_runners_up():
     from ddte.pipeline import static_candidates
-    from decode.sampling import SamplingConfig
+    from decode.drafting.sampling import SamplingConfig
 
     sampling = [SamplingConfig(0.6), SamplingConfig(1.0)]
     ranking = {0: ["1,3,0", "1,7,0", "1,5,0"], 1: ["1,5,0", "2,1,3", "1,3,0"]}

@@ -283,3 +283,38 @@ def test_ctrl_c_during_a_two_worker_collect_is_one_line(tmp_path):
     assert "interrupted" in err and "Traceback" not in err and "leaked" not in err, err
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
     assert 1 <= len(list(out.glob("shard-*.parquet"))) < 400  # stopped part-way, its finished shards kept
+
+
+@pytest.mark.parametrize("layout, args, message", [
+    ("new", ["--only", "draft"], "needs a previous full run"),
+    ("foreign", [], "not empty and holds no earlier run"),
+    ("earlier run", [], "pass --overwrite"),
+])
+def test_train_pair_writes_only_a_new_folder_or_its_own_run_with_overwrite(tmp_path, capsys, layout, args, message):
+    """The one overwrite rule for folder-writing commands (ddte_core.paths.check_output_folder), on train-pair: a
+    refusal in one line, before any training, and the folder left as it was (a new one not created)."""
+    out = tmp_path / "pair"
+    if layout == "foreign":  # a data set's folder
+        out.mkdir()
+        (out / "dataset.json").write_text("{}")
+    elif layout == "earlier run":
+        out.mkdir()
+        (out / "recipe.json").write_text("{}")
+    before = sorted(p.name for p in out.iterdir()) if out.exists() else None
+    code = main(["train-pair", "--config", str(REPO / "configs" / "train-pair" / "tiny.yaml"), "--output", str(out),
+                 *args])
+    assert code == 2 and message in _one_line(capsys, "train-pair")
+    assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == before
+
+
+def test_the_overwrite_rule_lets_a_new_or_empty_folder_or_an_own_run_with_overwrite_through(tmp_path):
+    from ddte_core.paths import check_output_folder
+
+    assert check_output_folder(tmp_path / "new") == tmp_path / "new" and not (tmp_path / "new").exists()
+    (tmp_path / "empty").mkdir()
+    check_output_folder(tmp_path / "empty")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "recipe.json").write_text("{}")
+    check_output_folder(tmp_path / "run", own="recipe.json", overwrite=True)
+    with pytest.raises(ValueError, match="is a file"):
+        check_output_folder(tmp_path / "run" / "recipe.json" / "x")

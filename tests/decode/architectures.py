@@ -43,7 +43,7 @@ ARCHITECTURES = [
 ]
 # cases whose attention has a sliding window (every layer, or the sliding layers of a hybrid)
 WINDOWED = {"mistral", "qwen2-window", "gemma2", "gemma3_text", "phi3", "starcoder2"}
-# drafts that ddte's fast forward runs (decode.fast_llama); every other falls back to HF's forward
+# drafts that ddte's fast forward runs (decode.models.fast_llama); every other falls back to HF's forward
 FAST_DRAFTS = {"llama", "mistral", "qwen2", "qwen2-window", "qwen3"}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import onnx
 
-from decode.selector_policy import OnnxSelectorPolicy
+from decode.policies.selector import OnnxSelectorPolicy
 
 TINY_TRAIN = Path(__file__).resolve().parents[2] / "configs" / "train" / "tiny.yaml"
 HIDDEN = 32  # tiny_llama's hidden size, for both models

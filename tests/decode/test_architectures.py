@@ -18,13 +18,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ddte.cli import main
-from decode.actions import Action
+from decode.drafting.actions import Action
+from decode.drafting.rng import TorchRandom
+from decode.drafting.sampling import SamplingConfig, distributions
 from decode.engine import SpeculativeDecoder
-from decode.fast_llama import FastCachedLM, cached_lm
-from decode.models import CachedLM, attention_windows, block_parents, load_causal_lm
-from decode.policies import StaticPolicy
-from decode.rng import TorchRandom
-from decode.sampling import SamplingConfig, distributions
+from decode.models.cached_lm import CachedLM, attention_windows, block_parents, load_causal_lm
+from decode.models.fast_llama import FastCachedLM, cached_lm
+from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier
 from tests.decode.architectures import (
     ARCHITECTURES,

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
-from decode.actions import Action
-from decode.deployment import Choice, Deployment, load_deployment
-from decode.policies import StaticPolicy
-from decode.sampling import SamplingConfig
+from decode.drafting.actions import Action
+from decode.drafting.sampling import SamplingConfig
+from decode.policies.base import StaticPolicy
+from decode.policies.deployment import Choice, Deployment, load_deployment
 
 PAIR = SimpleNamespace(fingerprint=lambda: "f" * 64)
 
@@ -49,3 +50,25 @@ def test_a_choice_of_an_unknown_policy_is_refused_on_reading(tmp_path):
     path = Deployment([Choice("traversal", 1.0, 1.0, "expandr", "1,0,0")], "traversal").write(tmp_path / "p.json")
     with pytest.raises(ValueError, match="unknown policy 'expandr'"):
         load_deployment(path)
+
+
+@pytest.mark.parametrize("choice, message", [
+    ({"verifier": "traversal", "temperature": 1.0, "top_p": 1.0, "policy": "static", "action": "1,1,0",
+      "colour": "red"}, "choice 1 has unknown keys colour"),
+    ({"verifier": "traversal", "temperature": 1.0, "policy": "static"}, "choice 1 lacks action, top_p"),
+    ("static", "choice 1 is not an object"),
+])
+def test_a_malformed_choice_is_named_in_user_terms(tmp_path, choice, message):
+    from decode.policies.deployment import FORMAT, load_deployment
+
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"format": FORMAT, "verifier": "traversal", "choices": [choice]}))
+    with pytest.raises(ValueError, match=message):
+        load_deployment(path)
+
+
+def test_a_file_without_choices_says_so(tmp_path):
+    from decode.policies.deployment import Deployment
+
+    with pytest.raises(ValueError, match="it holds no choices"):
+        Deployment([], "traversal").choices_of("traversal")

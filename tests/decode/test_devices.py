@@ -13,13 +13,13 @@ import itertools
 import pytest
 import torch
 
-from decode.actions import Action
+from decode.drafting.actions import Action
+from decode.drafting.rng import TorchRandom
+from decode.drafting.sampling import SamplingConfig
 from decode.engine import SpeculativeDecoder
-from decode.fast_llama import FastCachedLM
-from decode.models import CachedLM
-from decode.policies import StaticPolicy
-from decode.rng import TorchRandom
-from decode.sampling import SamplingConfig
+from decode.models.cached_lm import CachedLM
+from decode.models.fast_llama import FastCachedLM
+from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier, verifier_names
 from tests.factories import tiny_llama
 
@@ -94,7 +94,7 @@ def test_greedy_output_equals_the_targets_own_generate(device, name):
 
 def _exact_joint(lm: CachedLM, prompt: list[int], sampling: SamplingConfig) -> torch.Tensor:
     """``(V, V)`` float64 law of the target's first two sampled tokens: p(x1) · p(x2 | x1)."""
-    from decode.sampling import distributions
+    from decode.drafting.sampling import distributions
 
     first = distributions(_recompute(lm, prompt), sampling).double().cpu()
     rows = [distributions(_recompute(lm, prompt + [x]), sampling).double().cpu() for x in range(lm.vocab_size)]

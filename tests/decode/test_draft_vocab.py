@@ -1,17 +1,17 @@
-"""decode/draft_vocab.py: the reduced output vocabulary's file contract, its head, and decoding with it."""
+"""decode/models/draft_vocab.py: the reduced output vocabulary's file contract, its head, and decoding with it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from decode.actions import Action
-from decode.draft_vocab import FILE, DraftVocab, SubsetHead, attach_draft_vocab, most_frequent
+from decode.drafting.actions import Action
+from decode.drafting.rng import TorchRandom
+from decode.drafting.sampling import SamplingConfig
 from decode.engine import SpeculativeDecoder
+from decode.models.draft_vocab import FILE, DraftVocab, SubsetHead, attach_draft_vocab, most_frequent
 from decode.pair import load_pair
-from decode.policies import StaticPolicy
-from decode.rng import TorchRandom
-from decode.sampling import SamplingConfig
+from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier
 from tests.factories import save_tiny_pair, tiny_llama
 

@@ -7,12 +7,12 @@ import copy
 import pytest
 import torch
 
-from decode.actions import Action, distinct_trees
+from decode.drafting.actions import Action, distinct_trees
+from decode.drafting.rng import TorchRandom
+from decode.drafting.sampling import SamplingConfig
 from decode.engine import SpeculativeDecoder, check_action
-from decode.models import CachedLM
-from decode.policies import AdaptiveLengthPolicy, StaticPolicy
-from decode.rng import TorchRandom
-from decode.sampling import SamplingConfig
+from decode.models.cached_lm import CachedLM
+from decode.policies.base import AdaptiveLengthPolicy, StaticPolicy
 from decode.verifiers import get_verifier, verifier_names
 from tests.factories import tiny_llama
 
@@ -142,7 +142,7 @@ def test_statistics_add_up(target):
 
 def test_adaptive_policy_schedule():
     policy = AdaptiveLengthPolicy(initial=4, minimum=1, maximum=6)
-    from decode.policies import StepOutcome
+    from decode.policies.base import StepOutcome
 
     policy.observe(StepOutcome(Action(1, 4, 0), 4, 5))
     assert policy.length == 6

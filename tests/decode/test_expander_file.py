@@ -1,13 +1,13 @@
-"""The expander's file contract (decode/expander_file.py): the runtime halting rule is the offline one, the metadata
-round-trips, and a file for another verifier, draft, pair or schema is refused."""
+"""The expander's file contract (decode/policies/expander_file.py): the runtime halting rule is the offline one, the
+metadata round-trips, and a file for another verifier, draft, pair or schema is refused."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from decode.expander_file import ExpanderFileError, ExpanderMetadata, HaltingRule, NodeRule
-from decode.sampling import SamplingConfig
+from decode.drafting.sampling import SamplingConfig
+from decode.policies.expander_file import ExpanderFileError, ExpanderMetadata, HaltingRule, NodeRule
 
 
 def metadata(**extra) -> ExpanderMetadata:

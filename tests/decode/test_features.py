@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode.actions import Action
+from decode.drafting.actions import Action
+from decode.drafting.rng import TorchRandom
+from decode.drafting.sampling import SamplingConfig, distributions, entropy, law_entropy
 from decode.engine import SpeculativeDecoder
-from decode.features import SCALAR_NAMES, entropy, kl_divergence, law_entropy, root_features
-from decode.latency import LatencyTable
-from decode.models import CachedLM
-from decode.policies import StaticPolicy
-from decode.rng import TorchRandom
-from decode.sampling import SamplingConfig, distributions
+from decode.models.cached_lm import CachedLM
+from decode.policies.base import StaticPolicy
+from decode.policies.features import SCALAR_NAMES, kl_divergence, root_features
+from decode.policies.latency import LatencyTable
 from tests.factories import tiny_llama
 
 LATENCY = LatencyTable([8, 64], [1, 16], [[0.5, 0.6], [0.7, 0.8]], [[2.0, 3.0], [4.0, 5.0]])

@@ -1,5 +1,5 @@
-"""The never-lose guard on the running machine (decode/guard.py): a policy fitted under one latency table and run
-under another keeps the better static tree of the machine it runs on, for selectors, expanders and policy files."""
+"""The never-lose guard on the running machine (decode/policies/guard.py): a policy fitted under one latency table and
+run under another keeps the better static tree of the machine it runs on, for selectors, expanders and policy files."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from decode.actions import Action
-from decode.expander_file import HaltingRule, NodeRule
-from decode.guard import RuleProfile, StaticProfile, length_quantiles
-from decode.latency import LatencyTable
-from decode.sampling import SamplingConfig
+from decode.drafting.actions import Action
+from decode.drafting.sampling import SamplingConfig
+from decode.policies.expander_file import HaltingRule, NodeRule
+from decode.policies.guard import RuleProfile, StaticProfile, length_quantiles
+from decode.policies.latency import LatencyTable
 
 LENGTHS, SIZES = [64, 512], [1, 2, 4, 8, 16]
 # Where trees are nearly free (a target pass over 8 tokens costs 1.15x one) and where each token costs a pass.
@@ -53,7 +53,7 @@ def test_profiles_round_trip_and_refuse_nonsense():
 
 
 def test_a_selector_fitted_on_a_flat_machine_falls_back_to_this_machines_best(selector_file, tmp_path):
-    from decode.policies import StaticPolicy
+    from decode.policies.base import StaticPolicy
     from tests.decode.selectors import selector_policy, with_metadata
 
     guards = [{"temperature": 1.0, "top_p": 1.0, "action": "2,1,2", "margin": None, "profile": PROFILE.as_dict()}]
@@ -66,7 +66,7 @@ def test_a_selector_fitted_on_a_flat_machine_falls_back_to_this_machines_best(se
 
 
 def test_a_policy_file_re_picks_its_static_tree_on_this_machine(tmp_path):
-    from decode.deployment import Choice, Deployment, load_deployment
+    from decode.policies.deployment import Choice, Deployment, load_deployment
 
     class Pair:
         def fingerprint(self):

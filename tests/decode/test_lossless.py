@@ -13,12 +13,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from decode.actions import Action
+from decode.drafting.actions import Action
+from decode.drafting.rng import TorchRandom
+from decode.drafting.sampling import SamplingConfig, distributions
 from decode.engine import SpeculativeDecoder, check_action
-from decode.models import CachedLM
-from decode.policies import StaticPolicy
-from decode.rng import TorchRandom
-from decode.sampling import SamplingConfig, distributions
+from decode.models.cached_lm import CachedLM
+from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier
 from decode.verifiers.ot import SpecInferVerifier
 from tests.factories import tiny_llama
@@ -142,8 +142,8 @@ def test_the_chi2_test_catches_a_mismatched_q(pair):
 @pytest.mark.parametrize("name", ["specinfer", "traversal", "rsd"])
 @pytest.mark.parametrize("config", ["T1", "T1-top0.9"])
 def test_loop_with_the_fast_draft_forward_is_lossless(pair, name, config):
-    """The decoder's default draft wrapper (decode.fast_llama) keeps the loop exact on delayed trees."""
-    from decode.fast_llama import FastCachedLM
+    """The decoder's default draft wrapper (decode.models.fast_llama) keeps the loop exact on delayed trees."""
+    from decode.models.fast_llama import FastCachedLM
 
     target, draft = pair
     sampling = CONFIGS[config]

@@ -1,6 +1,6 @@
-"""Tests for decode.models.CachedLM and decode.fast_llama.FastCachedLM (the draft's fast forward): tree extension,
-breadth-first drafting, commit/crop rollback and hidden states, each against a plain HF recompute; loading and
-vocabulary checks. Tiny random models built from configs; nothing is downloaded."""
+"""Tests for decode.models.cached_lm.CachedLM and decode.models.fast_llama.FastCachedLM (the draft's fast forward):
+tree extension, breadth-first drafting, commit/crop rollback and hidden states, each against a plain HF recompute;
+loading and vocabulary checks. Tiny random models built from configs; nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, Qwen2Config
 
-from decode.fast_llama import FastCachedLM, cached_lm
-from decode.models import CachedLM, block_parents, check_same_vocab, load_causal_lm
+from decode.models.cached_lm import CachedLM, block_parents, check_same_vocab, load_causal_lm
+from decode.models.fast_llama import FastCachedLM, cached_lm
 
 V = 64
 TOL = 1e-5

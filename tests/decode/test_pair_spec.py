@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from decode.fetch import fetched_model_dir
+from decode.models.registry import fetched_model_dir
 from decode.pair import read_pair_config, render_chat, resolve_pair_path
 from tests.factories import REPO, SHIPPED_TOKENIZER, chat_tokenizer, save_tiny_pair
 

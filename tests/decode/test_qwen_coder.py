@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ddte.cli import main
-from decode.fetch import KNOWN_PAIRS, is_fetched
+from decode.models.registry import KNOWN_PAIRS, is_fetched
 from decode.pair import read_pair_config
 from tests.decode.test_smollm2 import BF16_TOL, _recompute, _relative_gap
 

@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
+from decode.drafting.rng import TorchRandom
+from decode.drafting.sampling import SamplingConfig
 from decode.engine import SpeculativeDecoder
-from decode.models import CachedLM
-from decode.rng import TorchRandom
-from decode.sampling import SamplingConfig
-from decode.selector_file import INPUT_NAMES
-from decode.selector_policy import Guard, OnnxSelectorPolicy, SelectorError
+from decode.models.cached_lm import CachedLM
+from decode.policies.selector import Guard, OnnxSelectorPolicy, SelectorError
+from decode.policies.selector_file import INPUT_NAMES
 from decode.verifiers import get_verifier
 from tests.decode.selectors import HIDDEN, selector_policy, with_guard, with_metadata
 from tests.decode.test_lossless import P_VALUE, PROMPT, SAMPLES, chi2_p_value, exact_first_two
@@ -34,7 +34,7 @@ def test_bound_buffers_give_the_session_scores(selector_file):
     import onnxruntime as ort
     import torch
 
-    from decode.features import SCALAR_NAMES, RootFeatures
+    from decode.policies.features import SCALAR_NAMES, RootFeatures
 
     policy = selector_policy(selector_file)
     assert policy._bound is not None
@@ -127,8 +127,8 @@ class _StubLatency:
 
 
 def test_throughput_decision_calibrates_the_unmodelled_step_time(selector_file, tmp_path, monkeypatch):
-    from decode.actions import Action
-    from decode.policies import RootState, StepOutcome
+    from decode.drafting.actions import Action
+    from decode.policies.base import RootState, StepOutcome
 
     small, large = Action(1, 1, 0), Action(2, 1, 2)  # T̂ 6 and 10 ms
     path = with_metadata(selector_file, tmp_path / "throughput.onnx", "ddte.objective", "be")
@@ -151,8 +151,8 @@ def test_throughput_decision_calibrates_the_unmodelled_step_time(selector_file, 
 
 
 def test_the_guard_keeps_the_fallback_unless_the_margin_is_met(selector_file, tmp_path, monkeypatch):
-    from decode.actions import Action
-    from decode.policies import RootState
+    from decode.drafting.actions import Action
+    from decode.policies.base import RootState
 
     fallback, other = Action(1, 1, 0), Action(2, 1, 2)
     path = with_guard(selector_file, tmp_path / "guard.onnx", margin=0.25, action=fallback.key)
@@ -171,8 +171,8 @@ def test_the_guard_keeps_the_fallback_unless_the_margin_is_met(selector_file, tm
 
 def test_a_guard_that_never_leaves_the_fallback_costs_nothing(selector_file, tmp_path, monkeypatch):
     """Margin None: a generation starts as the static fallback (no root features); the network is never called."""
-    from decode.actions import Action
-    from decode.policies import RootState, StaticPolicy
+    from decode.drafting.actions import Action
+    from decode.policies.base import RootState, StaticPolicy
 
     path = with_guard(selector_file, tmp_path / "off.onnx", margin=None, action="2,1,2")
     policy = selector_policy(path)
@@ -189,8 +189,8 @@ def test_a_guard_that_never_leaves_the_fallback_costs_nothing(selector_file, tmp
 def test_one_selector_serves_every_temperature_with_its_own_guard(selector_file, tmp_path):
     """The guard comes from the generation's sampling (the nearest configuration the file has), not from a
     configuration fixed when the selector was loaded."""
-    from decode.actions import Action
-    from decode.policies import StaticPolicy
+    from decode.drafting.actions import Action
+    from decode.policies.base import StaticPolicy
 
     guards = [{"temperature": 0.6, "top_p": 1.0, "action": "1,0,2", "margin": None},  # spelled as (1,2,0) is
               {"temperature": 1.0, "top_p": 1.0, "action": "2,1,2", "margin": 0.1}]

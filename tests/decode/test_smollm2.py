@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from ddte.cli import main
-from decode.fetch import is_fetched
-from decode.models import CachedLM
+from decode.models.cached_lm import CachedLM
+from decode.models.registry import is_fetched
 from decode.pair import read_pair_config
 
 pytestmark = pytest.mark.skipif(not is_fetched("smollm2"), reason="run `ddte fetch smollm2` first (CI does)")
@@ -100,10 +100,10 @@ def test_greedy_generate_on_a_multipath_tree_equals_greedy_by_full_recompute(pai
 @pytest.mark.parametrize("verifier", ["specinfer", "traversal"])
 def test_the_shipped_expanders_fit_this_pair_and_halt_the_trunk_while_drafting(pair, prompt, verifier):
     """models/expanders/ load against this pair (fingerprint, draft size, verifier) and decide per node in the loop."""
+    from decode.drafting.rng import TorchRandom
+    from decode.drafting.sampling import SamplingConfig
     from decode.engine import SpeculativeDecoder
-    from decode.expander_policy import ExpanderPolicy
-    from decode.rng import TorchRandom
-    from decode.sampling import SamplingConfig
+    from decode.policies.expander import ExpanderPolicy
     from decode.verifiers import get_verifier
     from tests.factories import REPO
 

@@ -1,4 +1,4 @@
-"""The steering plumbing (decode.steering): a new map leaves the draft as it was, the fast forward steers as HF's
+"""The steering plumbing (decode.models.steering): a new map leaves the draft as it was, the fast forward steers as HF's
 does, the target's taps are its hidden states, the file round-trips, and a map meets only its own target."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode.fast_llama import FastCachedLM
-from decode.models import CachedLM
+from decode.models.cached_lm import CachedLM
+from decode.models.fast_llama import FastCachedLM
+from decode.models.steering import FILE, SteeringMap, SteeringSpec
 from decode.pair import load_pair, model_fingerprint
-from decode.steering import FILE, SteeringMap, SteeringSpec
 from tests.factories import save_tiny_pair, tiny_llama
 
 PROMPT = [5, 9, 3, 17, 22, 40, 2, 11]

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode.tree import InvalidTreeError, Regime, delayed_tree, delayed_tree_size, nested_tree, root_paths, single_path
+from decode.drafting.tree import (
+    InvalidTreeError,
+    Regime,
+    delayed_tree,
+    delayed_tree_size,
+    nested_tree,
+    root_paths,
+    single_path,
+)
 
 
 def test_duplicate_draws_share_a_node_and_keep_multiplicity():
@@ -68,7 +76,7 @@ def test_nested_without_replacement_tree():
     ],
 )
 def test_inconsistent_trees_are_refused(tokens, parents, draws, message):
-    from decode.tree import DraftTree
+    from decode.drafting.tree import DraftTree
 
     with pytest.raises(InvalidTreeError, match=message):
         DraftTree(tokens, parents, draws, Regime.IID)

@@ -105,8 +105,8 @@ def test_an_existing_output_is_refused_unless_overwrite(tiny, tmp_path, capsys):
 def test_steered_distillation_trains_the_map_and_writes_a_steered_draft(tiny, tmp_path):
     """steer.enabled: the map leaves zero, the draft folder carries it bound to this target, and the pair loads
     steered; beside another target it is refused."""
+    from decode.models.steering import SteeringMap
     from decode.pair import load_pair
-    from decode.steering import SteeringMap
 
     overrides = _overrides(tiny, tmp_path, **{"steer.enabled": "true", "steer.rank": 4, "steer.max_offset": 3,
                                               "train.steps": 12, "train.val_every": 12})

@@ -11,7 +11,7 @@ import torch
 
 from data_gen.chat_prompts import shared_data_dir
 from ddte.cli import main
-from decode.draft_vocab import DraftVocab
+from decode.models.draft_vocab import DraftVocab
 from distill.teacher_cache import (
     LawBatches,
     TeacherLaws,

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from decode.actions import Action
+from decode.drafting.actions import Action
 from selector.data import (
     SelectorDataModule,
     best_static_actions,

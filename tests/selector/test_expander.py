@@ -30,7 +30,7 @@ def learned_file(tiny_collected, tmp_path_factory):
 def test_the_graph_is_the_fitted_head_and_the_metadata_says_what_chose_it(learned_file, tiny_collected):
     import onnxruntime as ort
 
-    from decode.expander_file import read_expander_metadata
+    from decode.policies.expander_file import read_expander_metadata
     from selector.expansion import fit_beta_head, load_episodes, predict_beta
 
     fitted, path = learned_file
@@ -41,7 +41,7 @@ def test_the_graph_is_the_fitted_head_and_the_metadata_says_what_chose_it(learne
         graph = session.run(None, {"node": nodes})[0][:, column]
         want = predict_beta(fit_beta_head(data), data).reshape(-1)
         assert np.abs(graph - want).max() < 1e-3 * max(1.0, np.abs(want).max())
-    from decode.features import SCALAR_NAMES
+    from decode.policies.features import SCALAR_NAMES
     from selector.expansion import PASS_TIME_SCALARS
 
     root = fitted.weight.shape[0] - len(SCALAR_NAMES)
@@ -54,11 +54,11 @@ def test_the_graph_is_the_fitted_head_and_the_metadata_says_what_chose_it(learne
 
 
 def test_the_file_decodes_on_its_pair_and_halts_while_drafting(learned_file, tiny_pair, tmp_path):
+    from decode.drafting.rng import TorchRandom
+    from decode.drafting.sampling import SamplingConfig
     from decode.engine import SpeculativeDecoder
-    from decode.expander_policy import ExpanderPolicy
     from decode.pair import load_pair_config
-    from decode.rng import TorchRandom
-    from decode.sampling import SamplingConfig
+    from decode.policies.expander import ExpanderPolicy
     from decode.verifiers import get_verifier
 
     fitted, path = learned_file
@@ -92,7 +92,7 @@ def test_generate_takes_an_expander_and_refuses_one_for_another_verifier(learned
 
 def test_the_command_writes_a_static_guard_where_no_rule_wins_and_logs_to_mlflow(tiny_collected, tmp_path, capsys):
     from ddte.cli import main
-    from decode.expander_file import read_expander_metadata
+    from decode.policies.expander_file import read_expander_metadata
 
     out = tmp_path / "e.onnx"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -108,10 +108,10 @@ def test_the_command_writes_a_static_guard_where_no_rule_wins_and_logs_to_mlflow
 def test_a_policy_file_can_deploy_an_expander(learned_file, tiny_pair, tmp_path):
     import shutil
 
-    from decode.deployment import Choice, Deployment, load_deployment
-    from decode.expander_policy import HaltingPolicy
+    from decode.drafting.sampling import SamplingConfig
     from decode.pair import load_pair_config
-    from decode.sampling import SamplingConfig
+    from decode.policies.deployment import Choice, Deployment, load_deployment
+    from decode.policies.expander import HaltingPolicy
 
     _, path = learned_file
     (tmp_path / "expanders").mkdir()
@@ -130,9 +130,9 @@ def test_a_policy_file_can_deploy_an_expander(learned_file, tiny_pair, tmp_path)
 
 
 def test_each_rule_carries_machine_free_profiles_of_its_fitting_roots(learned_file, tiny_collected):
-    """What lets the running machine's table re-pick the fallback (decode/guard.py): the static profile is the mean
-    Ê of every labelled action over the fitting episodes, and the rule profile's tree shares sum to one."""
-    from decode.guard import RuleProfile, StaticProfile
+    """What lets the running machine's table re-pick the fallback (decode/policies/guard.py): the static profile is the
+    mean Ê of every labelled action over the fitting episodes, and the rule profile's tree shares sum to one."""
+    from decode.policies.guard import RuleProfile, StaticProfile
     from selector.expansion import load_episodes
 
     fitted, _ = learned_file
@@ -140,7 +140,8 @@ def test_each_rule_carries_machine_free_profiles_of_its_fitting_roots(learned_fi
     for rule, (_, data) in zip(fitted.metadata.rules, sorted(episodes.items()), strict=True):
         static = StaticProfile.from_dict(rule.profile)
         labelled = np.isfinite(data.be).all(axis=(0, 1))
-        want = np.nanmean(data.be, axis=1)[:, labelled].mean(axis=0)
+        per_root = np.nanmean(data.be, axis=1)[:, labelled]
+        want = len(per_root) / (1.0 / per_root).sum(axis=0)  # tokens per step: the harmonic mean over roots
         assert static.actions == [a.key for a, keep in zip(data.actions, labelled, strict=True) if keep]
         assert np.allclose(static.be, want)
         assert min(static.lengths) >= data.lengths.min() and max(static.lengths) <= data.lengths.max()

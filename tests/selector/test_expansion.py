@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from decode.actions import action_grid
+from decode.drafting.actions import action_grid
 from selector.expansion import (
     EpisodeData,
     Rule,
@@ -82,10 +82,10 @@ def test_the_loop_runs_the_extra_pass_the_offline_charge_counts(tiny_pair):
     :func:`rule_step_ms` charges one: a chain stopped at 1 <= d < cap."""
     import torch
 
-    from decode.drafting import draft_delayed_tree
+    from decode.drafting.delayed import draft_delayed_tree
+    from decode.drafting.rng import TorchRandom
+    from decode.drafting.sampling import SamplingConfig, distributions
     from decode.pair import read_pair_config
-    from decode.rng import TorchRandom
-    from decode.sampling import SamplingConfig, distributions
 
     draft = read_pair_config(tiny_pair / "pair.yaml").load().draft
     sampling = SamplingConfig(temperature=1.0)

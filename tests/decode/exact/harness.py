@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from decode.synthetic_pair import SyntheticPair, draft_delayed, draft_without_replacement
-from decode.tree import DraftTree
+from bench.synthetic_pair import SyntheticPair, draft_delayed, draft_without_replacement
+from decode.drafting.tree import DraftTree
 from decode.verifiers.base import Verifier
 
 
@@ -183,7 +183,7 @@ RealisticPair = SyntheticPair  # peaked, long-tailed logits for realistic vocabu
 def recomputed_law(target, prompt: list[int], length: int, vocab: int, sampling) -> dict[tuple[int, ...], float]:
     """P(first ``length`` tokens = s) under a CachedLM ``target`` after ``prompt``, by plain full recomputes (the
     reference a loop's enumerated law must equal)."""
-    from decode.sampling import distributions
+    from decode.drafting.sampling import distributions
 
     law = {}
     with torch.inference_mode():

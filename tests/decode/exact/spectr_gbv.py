@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from decode.tree import ROOT, DraftTree
+from decode.drafting.tree import ROOT, DraftTree
 from decode.verifiers.base import Verifier, make_result
 from decode.verifiers.otlp import sample_residual
 

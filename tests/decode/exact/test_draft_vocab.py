@@ -1,6 +1,6 @@
-"""A draft with a reduced output vocabulary (FR-Spec, decode/draft_vocab.py) stays exactly lossless.
+"""A draft with a reduced output vocabulary (FR-Spec, decode/models/draft_vocab.py) stays exactly lossless.
 
-The draft's q comes out of the product's own :func:`decode.draft_vocab.expand_logits` (``-inf`` outside the set),
+The draft's q comes out of the product's own :func:`decode.models.draft_vocab.expand_logits` (``-inf`` outside the set),
 so it puts zero mass on the tokens the draft can never propose; the target p puts mass everywhere. Every
 verifier, on every regime it claims, must still emit the target's law (stream criterion): the residual carries
 p's mass on the missing tokens.
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from decode.draft_vocab import DraftVocab, expand_logits
-from decode.tree import Regime
+from decode.drafting.tree import Regime
+from decode.models.draft_vocab import DraftVocab, expand_logits
 from decode.verifiers import get_verifier, verifier_names
 from decode.verifiers.traversal import TraversalVerifier
 from tests.decode.exact.harness import (

@@ -1,6 +1,6 @@
 """A draft with a draft vocabulary, through the real loop: laws over its support stay exactly lossless.
 
-With a draft vocabulary the drafting loop (decode/drafting.py) asks the draft for its ``(n, Vs)`` logits only,
+With a draft vocabulary the drafting loop (decode/drafting/delayed.py) asks the draft for its ``(n, Vs)`` logits only,
 samples from laws of that width, maps each drawn index to its token id and widens the rows to ``(n, V)`` for the
 verifier. Exact enumeration through :meth:`SpeculativeDecoder.generate` (tiny HF models, 3 tokens, the draft's
 vocabulary {0, 2}): every verifier's law of the first three tokens must equal the target's, on a static delayed
@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-import decode.drafting
-from decode.actions import Action
-from decode.draft_vocab import DraftVocab, attach_draft_vocab
+import decode.drafting.delayed
+from decode.drafting.actions import Action
+from decode.drafting.rng import TorchRandom
 from decode.engine import SpeculativeDecoder
-from decode.expander_file import HaltingRule, NodeRule
-from decode.expander_policy import HaltingPolicy
-from decode.fast_llama import cached_lm
-from decode.models import CachedLM
-from decode.policies import StaticPolicy
-from decode.rng import TorchRandom
+from decode.models.cached_lm import CachedLM
+from decode.models.draft_vocab import DraftVocab, attach_draft_vocab
+from decode.models.fast_llama import cached_lm
+from decode.policies.base import StaticPolicy
+from decode.policies.expander import HaltingPolicy
+from decode.policies.expander_file import HaltingRule, NodeRule
 from decode.verifiers import get_verifier, verifier_names
 from tests.decode.exact.test_expander_loop import (
     LATENCY,
@@ -91,7 +91,7 @@ def test_a_loop_that_skips_the_token_map_is_caught(name, monkeypatch):
     """Index i of a law over {0, 2} read as token i: the draft then proposes 0 and 1, while q says 0 and 2."""
     target, draft = reduced_pair()
     decoder = SpeculativeDecoder(target, draft, get_verifier(name), latency=LATENCY)
-    monkeypatch.setattr(decode.drafting, "token_id", lambda support, index: index)
+    monkeypatch.setattr(decode.drafting.delayed, "token_id", lambda support, index: index)
     got, _ = loop_law(decoder, StaticPolicy(Action(1, 1, 0)))
     assert law_error(got, target_law(target)) > 100 * TOL
     monkeypatch.undo()  # the same case with the real map

@@ -1,4 +1,4 @@
-"""Expansion decided while drafting, in the real loop: an expander's halting rule (decode/expander_policy.py) ends the
+"""Expansion decided while drafting, in the real loop: an expander's halting rule (decode/policies/expander.py) ends the
 trunk node by node inside :meth:`SpeculativeDecoder.generate`, and every verifier that accepts the trees it drafts
 stays exactly lossless through several steps.
 
@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 import torch
 
-from decode.actions import Action
-from decode.drafting import DraftedTree
+from decode.drafting.actions import Action
+from decode.drafting.delayed import DraftedTree
+from decode.drafting.sampling import SamplingConfig
+from decode.drafting.tree import Regime, TreeBuilder
 from decode.engine import SpeculativeDecoder
-from decode.expander_file import HaltingRule, NodeRule
-from decode.expander_policy import HaltingPolicy
-from decode.fast_llama import cached_lm
-from decode.latency import LatencyTable
-from decode.models import CachedLM
-from decode.sampling import SamplingConfig
-from decode.tree import Regime, TreeBuilder
+from decode.models.cached_lm import CachedLM
+from decode.models.fast_llama import cached_lm
+from decode.policies.expander import HaltingPolicy
+from decode.policies.expander_file import HaltingRule, NodeRule
+from decode.policies.latency import LatencyTable
 from decode.verifiers import get_verifier, verifier_names
 from tests.decode.exact.harness import enumerate_runs, outcome_law, recomputed_law
 from tests.factories import tiny_llama
@@ -44,7 +44,7 @@ def pair(seed: int = 3) -> tuple[CachedLM, CachedLM]:
 
 
 class LinearHead:
-    """A learned head's interface (decode.expander_policy.AcceptanceHead) over a fixed random linear map."""
+    """A learned head's interface (decode.policies.expander.AcceptanceHead) over a fixed random linear map."""
 
     def __init__(self, width: int, seed: int = 0) -> None:
         self.weight = np.random.default_rng(seed).normal(size=width).astype(np.float32)
@@ -157,7 +157,7 @@ def test_the_drafted_trees_are_what_the_rule_says():
     (Near the token budget the decoder clips a tree to (K, d, 0) shapes, which these checks leave aside.)"""
     target, draft = pair()
     decoder = SpeculativeDecoder(target, draft, get_verifier("traversal"), latency=LATENCY)
-    from decode.rng import TorchRandom
+    from decode.drafting.rng import TorchRandom
 
     runs = {name: decoder.generate(PROMPT, 12, policy("top", rule), TorchRandom(0), SAMPLING).stats.action_counts
             for name, rule in (("never", HaltingRule(-1.0, 0, 2, 2, 1)), ("always", HaltingRule(2.0, 0, 2, 2, 1)),

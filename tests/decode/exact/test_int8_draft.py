@@ -1,4 +1,5 @@
-"""A draft with int8 weight-only layers (decode/fast_llama.py, ``int8=``) stays exactly lossless through the real loop.
+"""A draft with int8 weight-only layers (decode/models/fast_llama.py, ``int8=``) stays exactly lossless through the
+real loop.
 
 A quantized pass is another q: the loop samples from the law of the pass it ran and hands that same law to the
 verifier. Exact enumeration through :meth:`SpeculativeDecoder.generate` (tiny HF models, 3 tokens): every
@@ -13,13 +14,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode.actions import Action
-from decode.drafting import DraftedTree
+from decode.drafting.actions import Action
+from decode.drafting.delayed import DraftedTree
+from decode.drafting.sampling import distributions
 from decode.engine import SpeculativeDecoder
-from decode.fast_llama import FastCachedLM, int8_weight
-from decode.models import CachedLM
-from decode.policies import StaticPolicy
-from decode.sampling import distributions
+from decode.models.cached_lm import CachedLM
+from decode.models.fast_llama import FastCachedLM, int8_weight
+from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier, verifier_names
 from tests.decode.exact.test_expander_loop import LATENCY, TOL, VOCAB, law_error, loop_law, target_law
 from tests.factories import tiny_llama

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from decode.rng import TorchRandom
+from decode.drafting.rng import TorchRandom
 from decode.verifiers import get_verifier
 from tests.decode.exact.harness import RealisticPair, sample_delayed, sample_without_replacement
 

@@ -12,7 +12,7 @@ import functools
 
 import pytest
 
-from decode.tree import Regime
+from decode.drafting.tree import Regime
 from decode.verifiers.gbv import GreedyBlockVerifier
 from decode.verifiers.ot import SpecInferVerifier, SpecTrVerifier
 from decode.verifiers.otlp import SpecInferSolver, SpecTrSolver, spectr_rho

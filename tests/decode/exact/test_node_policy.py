@@ -10,7 +10,7 @@ import functools
 
 import pytest
 
-from decode.tree import ROOT, Regime, TreeBuilder
+from decode.drafting.tree import ROOT, Regime, TreeBuilder
 from tests.decode.exact.harness import ToyPair, emitted_law, stream_error
 
 VERIFIERS = ["nss", "naive", "specinfer", "spectr", "traversal"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from decode.actions import Action
+from decode.drafting.actions import Action
 from decode.engine import SpeculativeDecoder
-from decode.policies import StaticPolicy
+from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier, verifier_names
 from tests.decode.exact.harness import enumerate_runs, outcome_law
 from tests.decode.exact.test_expander_loop import LATENCY, PROMPT, SAMPLING, TOKENS, TOL, pair, target_law

@@ -1,4 +1,4 @@
-"""A steered draft (decode.steering) keeps every verifier that accepts delayed trees exactly lossless through
+"""A steered draft (decode.models.steering) keeps every verifier that accepts delayed trees exactly lossless through
 several steps of the real loop: each step's δ comes from the target's states at the previous step's last accepted
 token, so q depends on where earlier steps ended, not only on the prefix.
 
@@ -13,15 +13,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode.actions import Action
-from decode.drafting import DraftedTree, draft_delayed_tree
+from decode.drafting.actions import Action
+from decode.drafting.delayed import DraftedTree, draft_delayed_tree
+from decode.drafting.sampling import SamplingConfig, distributions
+from decode.drafting.tree import ROOT
 from decode.engine import SpeculativeDecoder
-from decode.fast_llama import cached_lm
-from decode.models import CachedLM
-from decode.policies import StaticPolicy
-from decode.sampling import SamplingConfig, distributions
-from decode.steering import SteeringMap, SteeringSpec
-from decode.tree import ROOT
+from decode.models.cached_lm import CachedLM
+from decode.models.fast_llama import cached_lm
+from decode.models.steering import SteeringMap, SteeringSpec
+from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier, verifier_names
 from tests.decode.exact.harness import enumerate_runs, outcome_law, recomputed_law
 from tests.factories import tiny_llama

@@ -8,8 +8,8 @@ import functools
 
 import pytest
 
-from decode.features import entropy as _entropy
-from decode.tree import single_path
+from decode.drafting.sampling import entropy as _entropy
+from decode.drafting.tree import single_path
 from decode.verifiers import get_verifier, verifier_names
 from tests.decode.exact.harness import ToyPair, emitted_law, stream_error
 
@@ -19,7 +19,8 @@ def entropy(q) -> float:
 
 
 def stopping_path(pair: ToyPair, max_len: int, threshold: float, rng):
-    """The rule of decode.drafting: before each draw, stop if the draft's entropy at the tip exceeds the threshold."""
+    """The rule of decode.drafting.delayed: before each draw, stop if the draft's entropy at the tip exceeds the
+    threshold."""
     tokens: list[int] = []
     while len(tokens) < max_len:
         q = pair.dist(tuple(tokens), "q")

@@ -8,8 +8,8 @@ import functools
 import pytest
 import torch
 
-from decode.rng import TorchRandom
-from decode.tree import Regime, delayed_tree, nested_tree
+from decode.drafting.rng import TorchRandom
+from decode.drafting.tree import Regime, delayed_tree, nested_tree
 from decode.verifiers import UnsupportedTreeError, get_verifier, verifier_names
 from tests.decode.exact.harness import (
     ToyPair,

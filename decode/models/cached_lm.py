@@ -1,7 +1,7 @@
 """Model layer of the decoding engine: one HF causal LM plus a KV cache that holds a tree of speculative slots.
 
 The slot layout (committed prefix, speculative forest, parents as absolute slots or ``-(j + 1)`` for token j of
-the same block) is :mod:`decode.slots`; this class keeps HF's ``DynamicCache`` in step with it.
+the same block) is :mod:`decode.models.slots`; this class keeps HF's ``DynamicCache`` in step with it.
 :meth:`CachedLM.extend_tree` appends a block of speculative tokens, :meth:`CachedLM.commit` keeps the committed
 prefix plus one chain of speculative slots from the committed tip and drops every other speculative slot, and
 :meth:`CachedLM.crop` is the linear rollback.
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PretrainedConfig, PreTrainedModel
 
-from decode.draft_vocab import support_logits
-from decode.slots import SlotForest
+from decode.models.draft_vocab import support_logits
+from decode.models.slots import SlotForest
 
 __all__ = ["CachedLM", "attention_windows", "check_same_vocab", "context_limit", "load_causal_lm"]
 
@@ -58,8 +58,8 @@ class CachedLM:
     to sdpa attention (eager is kept if sdpa is unavailable), moves it to ``device``/``dtype`` and sets eval
     mode, all in place.
 
-    ``forward_name`` is ``"hf"`` (HF's forward; :class:`~decode.fast_llama.FastCachedLM` says ``"fast"``), and
-    ``fast_fallback`` why :func:`~decode.fast_llama.cached_lm` did not take the fast forward (None if not asked).
+    ``forward_name`` is ``"hf"`` (HF's forward; :class:`~decode.models.fast_llama.FastCachedLM` says ``"fast"``), and
+    ``fast_fallback`` why :func:`~decode.models.fast_llama.cached_lm` did not take the fast forward (None if not asked).
 
     Raises:
         ValueError: the model has neither sdpa nor eager attention, or attention this class's masks cannot express
@@ -68,9 +68,9 @@ class CachedLM:
 
     forward_name = "hf"
     fast_fallback: str | None = None
-    # Steering (decode.steering). A target whose states steer a draft records, at every forward, the hidden states
-    # entering the layers ``taps`` (HF hidden_states indices) in ``tapped`` ``(n, len(taps), H)`` float32. A steered
-    # draft holds its map in ``steering`` and adds the step's δ (``steer``, ``(L, d_ff)``) in every forward.
+    # Steering (decode.models.steering). A target whose states steer a draft records, at every forward, the hidden
+    # states entering the layers ``taps`` (HF hidden_states indices) in ``tapped`` ``(n, len(taps), H)`` float32. A
+    # steered draft holds its map in ``steering`` and adds the step's δ (``steer``, ``(L, d_ff)``) in every forward.
     taps: tuple[int, ...] = ()
     tapped: torch.Tensor | None = None
     steering = None
@@ -104,9 +104,10 @@ class CachedLM:
 
     # --- steering -------------------------------------------------------------------------------------
     def attach_steering(self, steering) -> None:
-        """Make this draft steerable by ``steering`` (a :class:`~decode.steering.SteeringMap`): from now on the δ set
-        in :attr:`steer` enters every forward's MLPs. HF's forward takes it through hooks on the up projections."""
-        from decode.steering import UpProjectionBias
+        """Make this draft steerable by ``steering`` (a :class:`~decode.models.steering.SteeringMap`): from now on the
+        δ set in :attr:`steer` enters every forward's MLPs. HF's forward takes it through hooks on the up
+        projections."""
+        from decode.models.steering import UpProjectionBias
 
         self.steering = steering.to(self.device).eval()
         if self._up_bias is None:
@@ -128,7 +129,7 @@ class CachedLM:
     @property
     def support(self) -> torch.Tensor | None:
         """The token ids ``(Vs,)`` where this model's logits can be finite (a draft vocabulary's,
-        :class:`~decode.draft_vocab.SubsetHead`), or None: every id."""
+        :class:`~decode.models.draft_vocab.SubsetHead`), or None: every id."""
         return getattr(self.model.get_output_embeddings(), "token_ids", None)
 
     # --- state ----------------------------------------------------------------------------------------
@@ -230,7 +231,7 @@ class CachedLM:
             parents: for each token, its parent: ``p >= 0`` is an **absolute slot** already in the cache (the
                 committed tip ``committed - 1``, any speculative slot, or an earlier committed slot), and
                 ``p = -(j + 1)`` (so ``-1, -2, ...``) is **token j of this block**, with ``j < i``. To hang a
-                :class:`~decode.tree.DraftTree` (local parents, root = last cached slot) use
+                :class:`~decode.drafting.tree.DraftTree` (local parents, root = last cached slot) use
                 :func:`block_parents`. The cache must not be empty (prefill first).
             output_hidden: also return the final hidden states.
             on_support: return logits ``(n, Vs)`` over :attr:`support` only (column i is token ``support[i]``),
@@ -425,8 +426,8 @@ def block_parents(local_parents: Sequence[int], root_slot: int) -> list[int]:
     """Convert block-local parents (``-1`` = the root ``root_slot``, ``j >= 0`` = token j of the block) into the
     convention of :meth:`CachedLM.extend_tree` (absolute slot, or ``-(j + 1)`` for token j of the block).
 
-    For a :class:`~decode.tree.DraftTree` ``t`` rooted at the last cached slot, the block is ``t.tokens[1:]`` with
-    ``block_parents([p - 1 for p in t.parents[1:]], cached.length - 1)``.
+    For a :class:`~decode.drafting.tree.DraftTree` ``t`` rooted at the last cached slot, the block is ``t.tokens[1:]``
+    with ``block_parents([p - 1 for p in t.parents[1:]], cached.length - 1)``.
     """
     return [root_slot if p < 0 else -(p + 1) for p in local_parents]
 
@@ -446,7 +447,7 @@ def load_causal_lm(
     p = Path(path)
     dev = torch.device(device)
     if p.suffix.lower() == ".gguf":
-        from decode.gguf import load_gguf_model
+        from decode.models.gguf import load_gguf_model
 
         return load_gguf_model(p, _default_dtype(dev, dtype)).to(dev)
     if p.exists() and not p.is_dir():
@@ -502,7 +503,7 @@ def check_same_vocab(
     if not allow_padded_tail:
         raise ValueError(
             f"vocabulary mismatch: target vocab_size={vt}, draft vocab_size={vd}; speculative decoding needs one "
-            "shared vocabulary (pass allow_padded_tail=True if one embedding matrix is only padded)"
+            "shared vocabulary (a draft of the target's own family and tokenizer)"
         )
     usable = min(vt, vd)
     if tokenizer_sizes is not None and tokenizer_sizes[0] > usable:

@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ddte_core.paths import staged_file
-from decode.actions import Action
-from decode.guard import StaticProfile
-from decode.latency import LatencyTable
-from decode.policies import Policy, StaticPolicy
-from decode.sampling import SamplingConfig, nearest_note
+from decode.drafting.actions import Action
+from decode.drafting.sampling import SamplingConfig, nearest_note
+from decode.policies.base import Policy, StaticPolicy
+from decode.policies.guard import StaticProfile
+from decode.policies.latency import LatencyTable
 
 FORMAT = "ddte-deployment/1"
 POLICY_KINDS = ("static", "selector", "expander")
@@ -36,7 +36,7 @@ class Choice:
         expander: the expander file, relative to the policy file (``expander`` only).
         tokens_per_s, static_tokens_per_s: measured in the deciding bench (same run, interleaved).
         reason: one sentence on why this policy was chosen.
-        profile: for ``static``, what every static tree earned on the collection's roots (decode/guard.py
+        profile: for ``static``, what every static tree earned on the collection's roots (decode/policies/guard.py
             ``StaticProfile``): under the running machine's latency table it re-picks the static tree there.
     """
 
@@ -68,7 +68,8 @@ class Deployment:
         mine = [c for c in self.choices if c.verifier == verifier]
         if not mine:
             known = sorted({c.verifier for c in self.choices})
-            raise ValueError(f"no choice for verifier '{verifier}' (the file has {', '.join(known)})")
+            held = f"it has choices for {', '.join(known)}" if known else "it holds no choices"
+            raise ValueError(f"no choice for verifier '{verifier}' ({held})")
         return mine
 
     def measured_sampling(self, verifier: str) -> list[SamplingConfig]:
@@ -84,8 +85,8 @@ class Deployment:
         selector is loaded (once per file) and checked against the pair here. ``machine``: the running machine's
         latency table, which picks every static tree and fallback where the file carries profiles (a static tree
         benched on this very machine, ``source["machine"]``, stays: a measurement beats the model)."""
-        from decode.expander_policy import ExpanderPolicy  # onnxruntime and numpy: only where a file names one
-        from decode.selector_policy import OnnxSelectorPolicy
+        from decode.policies.expander import ExpanderPolicy  # onnxruntime and numpy: only where a file names one
+        from decode.policies.selector import OnnxSelectorPolicy
 
         if self.pair_fingerprint and self.pair_fingerprint != pair.fingerprint():
             raise ValueError(f"{self.path}: measured on another pair (fingerprint {self.pair_fingerprint[:12]}…)")
@@ -157,6 +158,16 @@ def load_deployment(path: str | Path) -> Deployment:
         raise ValueError(f"{path}: not JSON ({err.msg})") from err
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path}: not a ddte policy file (format {FORMAT!r} expected)")
+    fields_known = set(Choice.__dataclass_fields__)
+    for i, c in enumerate(data.get("choices") or [], start=1):
+        if not isinstance(c, dict):
+            raise ValueError(f"{path}: choice {i} is not an object")
+        unknown, missing = sorted(set(c) - fields_known), sorted({"verifier", "temperature", "top_p", "policy",
+                                                                  "action"} - set(c))
+        if unknown or missing:
+            raise ValueError(f"{path}: choice {i} " + "; ".join(
+                part for part in (f"has unknown keys {', '.join(unknown)}" if unknown else "",
+                                  f"lacks {', '.join(missing)}" if missing else "") if part))
     try:
         choices = [Choice(**c) for c in data["choices"]]
         unknown = sorted({c.policy for c in choices} - set(POLICY_KINDS))
@@ -175,14 +186,14 @@ def load_policy(kind: str, path: str | Path, verifier: str, pair, machine: Laten
                 deployments: dict[str, Deployment] | None = None) -> Policy:
     """The one way a command turns a policy file into a policy for ``verifier`` on ``pair``: a ``selector`` or an
     ``expander`` (ONNX) or a ``policy`` file (policy.json), checked against the pair (ValueError for one that does not
-    fit). ``machine``: the running machine's latency table (decode/guard.py). ``deployments``: policy files already
-    read, by path; a policy file read here joins it."""
+    fit). ``machine``: the running machine's latency table (decode/policies/guard.py). ``deployments``: policy files
+    already read, by path; a policy file read here joins it."""
     if kind == "selector":
-        from decode.selector_policy import OnnxSelectorPolicy
+        from decode.policies.selector import OnnxSelectorPolicy
 
         return OnnxSelectorPolicy.for_pair(path, verifier, pair, machine)
     if kind == "expander":
-        from decode.expander_policy import ExpanderPolicy
+        from decode.policies.expander import ExpanderPolicy
 
         return ExpanderPolicy.for_pair(path, verifier, pair, machine)
     if kind != "policy":

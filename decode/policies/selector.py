@@ -1,8 +1,8 @@
 """The neural selector at decode time: an exported ``.onnx`` selector picks the delayed tree at every root.
 
-The file's metadata (:mod:`decode.selector_file`) is checked against the pair and the feature schema before any
+The file's metadata (:mod:`decode.policies.selector_file`) is checked against the pair and the feature schema before any
 decoding: a selector trained for another pair, verifier, feature order or hidden size is refused with a clear
-error. Each step the decoder computes the root features (decode.features, the same code data_gen ran) and the
+error. Each step the decoder computes the root features (decode.policies.features, the same code data_gen ran) and the
 policy runs the network once through onnxruntime. The decision value of an action is its score (``policy``
 selectors) or its predicted Ê[τ+1] over the latency model's step time T̂ (``be`` selectors).
 
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from decode.actions import Action
-from decode.guard import StaticProfile, machine_note
-from decode.latency import LatencyTable, draft_passes
-from decode.policies import Policy, RootState, StaticPolicy, StepOutcome
-from decode.sampling import SamplingConfig, nearest_note
-from decode.selector_file import INPUT_NAMES, SelectorFileError, SelectorMetadata
+from decode.drafting.actions import Action
+from decode.drafting.sampling import SamplingConfig, nearest_note
+from decode.policies.base import Policy, RootState, StaticPolicy, StepOutcome
+from decode.policies.guard import StaticProfile, machine_note
+from decode.policies.latency import LatencyTable, draft_passes
+from decode.policies.selector_file import INPUT_NAMES, SelectorFileError, SelectorMetadata
 
 SelectorError = SelectorFileError  # the name callers catch
 OVERHEAD_WINDOW = 64  # steps in the running median of the unmodelled step time
@@ -106,7 +106,7 @@ class OnnxSelectorPolicy(Policy):
     ) -> None:
         import onnxruntime as ort
 
-        from decode.features import hidden_sizes
+        from decode.policies.features import hidden_sizes
 
         self.path = Path(path)
         self.machine = machine
@@ -145,7 +145,7 @@ class OnnxSelectorPolicy(Policy):
     def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None
                  ) -> OnnxSelectorPolicy:
         """The selector checked against a loaded pair (hidden sizes, fingerprint), on its device; ``machine``: the
-        running machine's latency table, which picks the guard's fallback (decode/guard.py)."""
+        running machine's latency table, which picks the guard's fallback (decode/policies/guard.py)."""
         return cls(path, verifier=verifier, target_hidden=int(pair.target.config.hidden_size),
                    draft_hidden=int(pair.draft.config.hidden_size), pair_fingerprint=pair.fingerprint(),
                    use_cuda=pair.target.device.type == "cuda", machine=machine)

@@ -23,12 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from decode.actions import Action
-from decode.features import law_entropy
-from decode.models import CachedLM
-from decode.rng import RandomSource
-from decode.sampling import SamplingConfig, distributions
-from decode.tree import ROOT, DraftTree, Regime, TreeBuilder
+from decode.drafting.actions import Action
+from decode.drafting.rng import RandomSource
+from decode.drafting.sampling import SamplingConfig, distributions, law_entropy
+from decode.drafting.tree import ROOT, DraftTree, Regime, TreeBuilder
+from decode.models.cached_lm import CachedLM
 
 
 @dataclass

@@ -5,13 +5,13 @@ step went. Choosing from root information only keeps every verifier lossless: th
 the draft samples of this step.
 
 A policy declares what it needs from the decoder on its class, so no caller guesses or tests a name:
-``needs_root_features`` (the root features of decode.features, and with them the latency table), ``stateful``
+``needs_root_features`` (the root features of decode.policies.features, and with them the latency table), ``stateful``
 (it keeps state across the steps of a generation) and ``decides_per_node`` (it also decides while the trunk is
 drafted: the action ``choose`` returns is the widest tree of the step, and ``halts`` may end its trunk early at any
-node, from the draft's own state there; decode/drafting.py). Each generation begins with ``start(sampling)``, which
-returns the policy that serves it: the policy itself, a fresh copy of a stateful one, or the simpler policy it amounts
-to at that sampling configuration; the decoder reads the capabilities of what ``start`` returns. So one policy object
-serves every generation, at any temperature. :data:`POLICIES` names every policy; :func:`make_policy` builds one
+node, from the draft's own state there; decode/drafting/delayed.py). Each generation begins with ``start(sampling)``,
+which returns the policy that serves it: the policy itself, a fresh copy of a stateful one, or the simpler policy it
+amounts to at that sampling configuration; the decoder reads the capabilities of what ``start`` returns. So one policy
+object serves every generation, at any temperature. :data:`POLICIES` names every policy; :func:`make_policy` builds one
 from its name and options.
 """
 
@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ddte_core.registry import Registry
-from decode.actions import Action
+from decode.drafting.actions import Action
 
 if TYPE_CHECKING:  # the interface itself is light: listing policy names must not import torch
     import torch
 
-    from decode.drafting import TrunkNode
-    from decode.sampling import SamplingConfig
+    from decode.drafting.delayed import TrunkNode
+    from decode.drafting.sampling import SamplingConfig
 
 
 @dataclass
@@ -39,8 +39,8 @@ class RootState:
         q_root: ``(V,)`` the draft's distribution after the root.
         max_depth: the deepest tree that still fits the context window and the token budget.
         sampling: the generation's sampling settings (p and q are formed with them).
-        features: the root feature vector (decode.features), for a policy that needs it.
-        latency: the decoder's latency table (decode.latency), when it has one.
+        features: the root feature vector (decode.policies.features), for a policy that needs it.
+        latency: the decoder's latency table (decode.policies.latency), when it has one.
     """
 
     context_length: int
@@ -198,9 +198,9 @@ class EntropyStopPolicy(Policy):
 POLICIES = Registry(
     "policy",
     {
-        "static": "decode.policies:StaticPolicy",
-        "adaptive": "decode.policies:AdaptiveLengthPolicy",
-        "entropy": "decode.policies:EntropyStopPolicy",
+        "static": "decode.policies.base:StaticPolicy",
+        "adaptive": "decode.policies.base:AdaptiveLengthPolicy",
+        "entropy": "decode.policies.base:EntropyStopPolicy",
     },
 )
 

@@ -3,16 +3,17 @@
 Covers the decoder layout Llama, Mistral, Qwen2 and Qwen3 share (RMSNorm, rotary attention with grouped-query heads,
 a SiLU-gated MLP): projection biases where the model has them (Qwen2's QKV, Llama's ``attention_bias``/``mlp_bias``),
 Qwen3's per-head query/key norms, and sliding windows, full or per layer (Mistral, Qwen2 ``use_sliding_window``),
-through :class:`~decode.models.CachedLM`'s masks. Any other draft (Gemma, Phi, GPT-2, OLMo2, Granite, SmolLM3's
-NoPE layers, a rope scaling, ...) runs HF's forward: :func:`cached_lm` falls back to :class:`~decode.models.CachedLM`
-and records why in ``fast_fallback``.
+through :class:`~decode.models.cached_lm.CachedLM`'s masks. Any other draft (Gemma, Phi, GPT-2, OLMo2, Granite,
+SmolLM3's NoPE layers, a rope scaling, ...) runs HF's forward: :func:`cached_lm` falls back to
+:class:`~decode.models.cached_lm.CachedLM` and records why in ``fast_fallback``.
 
 A 0.8 M-parameter draft computes almost nothing per token; HF's forward spends ~0.5 ms per call on framework work
 (cache objects, mask construction, hooks, output dataclasses). :class:`FastCachedLM` reads the HF model's weights
 (QKV and gate/up fused into one matrix each, rotary tables precomputed) and runs a handful of torch ops per layer
-on key/value tensors it owns. The slot layout, tree attention and rollback are :class:`~decode.models.CachedLM`'s
-(shared :mod:`decode.slots` bookkeeping): only the key/value store and the forward differ. Logits equal the HF
-forward's to float rounding (tests: ≤ 1e-5), including after tree blocks, commits and crops.
+on key/value tensors it owns. The slot layout, tree attention and rollback are
+:class:`~decode.models.cached_lm.CachedLM`'s (shared :mod:`decode.models.slots` bookkeeping): only the key/value store
+and the forward differ. Logits equal the HF forward's to float rounding (tests: ≤ 1e-5), including after tree blocks,
+commits and crops.
 
 The target keeps HF's forward: it is where the compute is, and its baseline (HF ``generate``) must see the same
 model code as ddte's loop.
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from decode.models import CachedLM, attention_windows
+from decode.models.cached_lm import CachedLM, attention_windows
 
 _INITIAL_SLOTS = 256
 # model types whose decoder layer the fast forward reproduces (see the module docstring)

@@ -10,8 +10,9 @@ a halting rule, a :class:`RuleProfile` (the rule's mean Ê and the trees it draf
 of the machine it runs on, :meth:`StaticProfile.best` names that machine's best static tree and
 :meth:`RuleProfile.tokens_per_ms` says whether the rule still beats it.
 
-Throughput of a static action a over the fitting roots: Ē_a / mean over the roots' lengths l of T̂(l, a). This is
-the ratio of means, the throughput of a stream of such steps; it is computed from ≤ 16 length quantiles.
+Throughput of a static action a over the fitting roots: Ē_a / mean over the roots' lengths l of T̂(l, a), where Ē_a is
+the harmonic mean of its per-root Ê (the tokens per step the loop makes with it: data_gen/throughput.py) and the
+lengths are ≤ 16 quantiles of the roots'.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from decode.actions import Action
-from decode.latency import LatencyTable, draft_passes
+from decode.drafting.actions import Action
+from decode.policies.latency import LatencyTable, draft_passes
 
 LENGTH_QUANTILES = 16
 
@@ -34,6 +35,11 @@ def length_quantiles(lengths: np.ndarray) -> list[int]:
         raise ValueError("no root lengths to profile")
     points = np.quantile(lengths, (np.arange(LENGTH_QUANTILES) + 0.5) / LENGTH_QUANTILES)
     return sorted({int(round(p)) for p in points})
+
+
+def harmonic_mean(be: np.ndarray) -> np.ndarray:
+    """Over axis 0 of ``be`` ``(N, ...)``: N / Σ 1/Ê, the tokens per step a stream of such roots makes."""
+    return len(be) / (1.0 / be).sum(axis=0)
 
 
 def mean_step_ms(table: LatencyTable, lengths: Sequence[int], actions: Sequence[Action]) -> np.ndarray:
@@ -48,7 +54,7 @@ class StaticProfile:
 
     Attributes:
         actions: ``"K,L1,L2"`` of every action labelled at every fitting root.
-        be: ``(A,)`` mean Ê[τ+1] over those roots, in ``actions`` order.
+        be: ``(A,)`` Ê[τ+1] over those roots (harmonic mean: tokens per step), in ``actions`` order.
         lengths: the roots' context lengths (:func:`length_quantiles`).
     """
 
@@ -72,7 +78,7 @@ class StaticProfile:
         context lengths; actions unlabelled at any root are left out."""
         be = np.asarray(be, dtype=np.float64)
         labelled = np.isfinite(be).all(axis=0)
-        mean = be[:, labelled].mean(axis=0)
+        mean = harmonic_mean(be[:, labelled])
         kept = [a for a, keep in zip(actions, labelled, strict=True) if keep]
         return cls(kept, [float(v) for v in mean], length_quantiles(lengths))
 
@@ -107,7 +113,7 @@ class RuleProfile:
     """What a halting rule earned on its fitting roots (in-sample).
 
     Attributes:
-        be: its mean Ê[τ+1] over the episodes.
+        be: its Ê[τ+1] over the roots (harmonic mean of each root's mean over its trees: tokens per step).
         trees: the fraction of episodes that drafted each tree (``"K,L1,L2"`` → fraction, summing to 1).
         looked: the fraction of episodes that paid one draft pass more than their tree's T̂ (a chain stopped at
             1 ≤ d < cap: the loop ran node d's forward to look at it; selector/expansion.py ``rule_step_ms``).

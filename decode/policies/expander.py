@@ -1,9 +1,9 @@
 """Expansion decided while drafting, at decode time: an exported expander halts the trunk node by node.
 
-The file (decode/expander_file.py) holds, per sampling configuration, a halting rule on one signal of the draft's
-state at each trunk node (its top probability, minus its entropy, or β̂ from the acceptance head in the graph) and
-the static action to fall back on. :class:`ExpanderPolicy` is the loaded file; :meth:`ExpanderPolicy.start` gives each
-generation the policy of its configuration: the static fallback (no features, no network) where the file's guard
+The file (decode/policies/expander_file.py) holds, per sampling configuration, a halting rule on one signal of the
+draft's state at each trunk node (its top probability, minus its entropy, or β̂ from the acceptance head in the graph)
+and the static action to fall back on. :class:`ExpanderPolicy` is the loaded file; :meth:`ExpanderPolicy.start` gives
+each generation the policy of its configuration: the static fallback (no features, no network) where the file's guard
 says so, else a :class:`HaltingPolicy`, which returns the rule's widest tree at the root and answers the drafting
 loop's question at every trunk node.
 
@@ -19,9 +19,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from decode.actions import Action
-from decode.drafting import TrunkNode
-from decode.expander_file import (
+from decode.drafting.actions import Action
+from decode.drafting.delayed import TrunkNode
+from decode.drafting.sampling import SamplingConfig, law_entropy, nearest_note
+from decode.policies.base import Policy, RootState, StaticPolicy
+from decode.policies.expander_file import (
     INPUT_NAME,
     OUTPUT_NAME,
     ExpanderFileError,
@@ -29,11 +31,8 @@ from decode.expander_file import (
     NodeRule,
     node_feature_width,
 )
-from decode.features import law_entropy
-from decode.guard import machine_note
-from decode.latency import LatencyTable
-from decode.policies import Policy, RootState, StaticPolicy
-from decode.sampling import SamplingConfig, nearest_note
+from decode.policies.guard import machine_note
+from decode.policies.latency import LatencyTable
 
 ExpanderError = ExpanderFileError  # the name callers catch
 
@@ -122,7 +121,7 @@ class ExpanderPolicy(Policy):
     @classmethod
     def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None) -> ExpanderPolicy:
         """The expander checked against a loaded pair (draft hidden size, fingerprint); ``machine``: the running
-        machine's latency table, which picks the fallback and whether the rule runs (decode/guard.py)."""
+        machine's latency table, which picks the fallback and whether the rule runs (decode/policies/guard.py)."""
         return cls(path, verifier=verifier, draft_hidden=int(pair.draft.config.hidden_size),
                    pair_fingerprint=pair.fingerprint(), machine=machine)
 

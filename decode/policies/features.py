@@ -20,10 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from decode.sampling import SamplingConfig
+from decode.drafting.sampling import EPS, SamplingConfig
 
 FEATURE_SCHEMA_VERSION = 1  # bump when a name, its order or its meaning changes: old selectors are then refused
 HIDDEN_NAMES = ("target_hidden_prev", "draft_hidden_prev", "draft_hidden_root")
@@ -40,7 +39,6 @@ SCALAR_NAMES = (
     "draft_ms",
     "target_ms",
 )
-EPS = 1e-9
 
 
 @dataclass
@@ -56,22 +54,6 @@ class RootFeatures:
 def hidden_sizes(target_hidden: int, draft_hidden: int) -> dict[str, int]:
     """Width of each hidden block of :data:`HIDDEN_NAMES` for a pair with these hidden sizes."""
     return dict(zip(HIDDEN_NAMES, (int(target_hidden), int(draft_hidden), int(draft_hidden)), strict=True))
-
-
-def entropy(probs: torch.Tensor) -> torch.Tensor:
-    """Shannon entropy in nats over the last axis; zero-probability tokens contribute nothing."""
-    return -(probs * probs.clamp_min(EPS).log()).sum(-1)
-
-
-def law_entropy(q: torch.Tensor) -> float:
-    """:func:`entropy` (nats) of one law ``q`` ``(Vs,)``, as a float: the per-node signal. The drafting loop hands
-    over its laws on the draft's support (a draft vocabulary is a sixth of SmolLM2's). On the CPU numpy's three
-    operations ran about 10 % faster in the loop than :func:`entropy`'s four (89 against 97 µs, SmolLM2), both
-    dominated by the cache refill after each draft forward (docs/selector.md)."""
-    if q.device.type != "cpu":
-        return float(entropy(q))
-    probs = q.numpy()
-    return float(-np.dot(probs, np.log(np.maximum(probs, EPS))))
 
 
 def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

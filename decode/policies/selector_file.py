@@ -2,11 +2,11 @@
 
 After nanoGPT's config-in-the-checkpoint: :class:`SelectorMetadata` is one dataclass that the exporter
 (``selector/export.py``) fills and serialises with :meth:`SelectorMetadata.to_props`, and that the decoder
-(``decode/selector_policy.py``) rebuilds with :meth:`SelectorMetadata.from_props` and checks against its pair. No
+(``decode/policies/selector.py``) rebuilds with :meth:`SelectorMetadata.from_props` and checks against its pair. No
 other module spells a ``ddte.*`` key.
 
-Inputs, float32 with a dynamic batch axis: the three hidden blocks of :data:`decode.features.HIDDEN_NAMES` and the
-RAW scalar vector (standardisation is inside the graph). Output ``scores`` ``[batch, A]``, one per action in
+Inputs, float32 with a dynamic batch axis: the three hidden blocks of :data:`decode.policies.features.HIDDEN_NAMES` and
+the RAW scalar vector (standardisation is inside the graph). Output ``scores`` ``[batch, A]``, one per action in
 ``actions`` order: π(a | root) for the ``policy`` objective, predicted Ê[τ+1] for ``be``.
 
 The never-lose guard (metadata version 2): per sampling configuration, a ``fallback`` action (the best static
@@ -22,9 +22,9 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-from decode.features import FEATURE_SCHEMA_VERSION, HIDDEN_NAMES, SCALAR_NAMES
-from decode.guard import StaticProfile
-from decode.sampling import SamplingConfig
+from decode.drafting.sampling import SamplingConfig
+from decode.policies.features import FEATURE_SCHEMA_VERSION, HIDDEN_NAMES, SCALAR_NAMES
+from decode.policies.guard import StaticProfile
 
 INPUT_NAMES = (*HIDDEN_NAMES, "scalars")
 OUTPUT_NAME = "scores"
@@ -43,8 +43,8 @@ class Fallback:
     """The guard of one sampling configuration: the static action and the relative margin needed to leave it.
 
     ``margin`` None: never leave the fallback (the selector did not beat it on validation prompts). ``profile``:
-    what every static tree earned on the training roots (decode/guard.py ``StaticProfile``), so that the running
-    machine's latency table picks the fallback; None in files written before it (then ``action`` is used).
+    what every static tree earned on the training roots (decode/policies/guard.py ``StaticProfile``), so that the
+    running machine's latency table picks the fallback; None in files written before it (then ``action`` is used).
     """
 
     temperature: float

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -73,3 +74,22 @@ def distributions(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+EPS = 1e-9  # the floor under a probability inside a log
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in nats over the last axis; zero-probability tokens contribute nothing."""
+    return -(probs * probs.clamp_min(EPS).log()).sum(-1)
+
+
+def law_entropy(q: torch.Tensor) -> float:
+    """:func:`entropy` (nats) of one law ``q`` ``(Vs,)``, as a float: the per-node signal. The drafting loop hands
+    over its laws on the draft's support (a draft vocabulary is a sixth of SmolLM2's). On the CPU numpy's three
+    operations ran about 10 % faster in the loop than :func:`entropy`'s four (89 against 97 µs, SmolLM2), both
+    dominated by the cache refill after each draft forward (docs/selector.md)."""
+    if q.device.type != "cpu":
+        return float(entropy(q))
+    probs = q.numpy()
+    return float(-np.dot(probs, np.log(np.maximum(probs, EPS))))

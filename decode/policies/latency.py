@@ -35,10 +35,10 @@ import numpy as np
 import torch
 
 from ddte_core.paths import staged_file
-from decode.actions import Action
-from decode.models import CachedLM
-from decode.rng import TorchRandom
-from decode.sampling import SamplingConfig, distributions
+from decode.drafting.actions import Action
+from decode.drafting.rng import TorchRandom
+from decode.drafting.sampling import SamplingConfig, distributions
+from decode.models.cached_lm import CachedLM
 
 
 @dataclass
@@ -284,8 +284,8 @@ def measure_latency(
                         pair, machine_identity(target, draft))
 
 
-# The running machine's table (decode/guard.py): one-token passes and every small block, then a sparser grid up to
-# the largest default tree (1 + 8 + 4·8), at a short and a long context. Measured once per machine and cached.
+# The running machine's table (decode/policies/guard.py): one-token passes and every small block, then a sparser grid
+# up to the largest default tree (1 + 8 + 4·8), at a short and a long context. Measured once per machine and cached.
 MACHINE_LENGTHS = (64, 512)
 MACHINE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 25, 32, 41)
 
@@ -310,8 +310,8 @@ def machine_table_path(fingerprint: str, identity: str, cache: Path) -> Path:
 def machine_table(target: CachedLM, draft: CachedLM, fingerprint: str, cache: Path,
                   announce: Callable[[str], None] | None = None) -> tuple[LatencyTable, Path]:
     """The latency table of this pair on the running machine: read from ``cache`` or measured once and cached there
-    (written whole, decode/guard.py). ``announce`` hears one line before a measurement (it takes minutes for a 1.5B
-    target on a CPU). A cached file that does not read as a table of this pair and machine is measured again."""
+    (written whole, decode/policies/guard.py). ``announce`` hears one line before a measurement (it takes minutes for a
+    1.5B target on a CPU). A cached file that does not read as a table of this pair and machine is measured again."""
     identity = machine_identity(target, draft)
     path = machine_table_path(fingerprint, identity, cache)
     if path.is_file():

@@ -1,6 +1,6 @@
 """The expander's file contract: the per-node halting rules and the acceptance head, in one ONNX file.
 
-An expander decides the tree while the trunk is drafted (decode/expander_policy.py). At every trunk node d it
+An expander decides the tree while the trunk is drafted (decode/policies/expander.py). At every trunk node d it
 computes one *signal* from the draft's own state there and halts the trunk at the first node where
 ``d >= cap`` or (``d >= floor`` and ``signal < θ``); at the halting depth it drafts its terminal: stop (the single
 path (1, d, 0)) or K i.i.d. branches of L2 tokens (the tree (K, d, L2)). The signals:
@@ -13,8 +13,8 @@ path (1, d, 0)) or K i.i.d. branches of L2 tokens (the tree (K, d, L2)). The sig
 The graph is the acceptance head: input ``node`` ``[batch, F]`` float32, output ``beta`` ``[batch, C]``, one column
 per sampling configuration (each rule names its ``column``), with the standardisation folded into its weights. A
 node's feature vector, in this order (:func:`node_feature_width`): the draft's final hidden state at the node
-(``H_d``), its entropy and top probability, the depth, then the root scalars of decode.features (``SCALAR_NAMES``;
-the head's weights on the pass times are zero: selector/expansion.py ``acceptance_scalars``).
+(``H_d``), its entropy and top probability, the depth, then the root scalars of decode.policies.features
+(``SCALAR_NAMES``; the head's weights on the pass times are zero: selector/expansion.py ``acceptance_scalars``).
 The metadata holds one :class:`NodeRule` per sampling configuration it was fitted at, each with its fallback static
 action and the cross-fitted offline figures that chose it: the never-lose guard is ``signal: static`` wherever no
 rule beat the fallback offline.
@@ -29,11 +29,11 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
-from decode.actions import Action
-from decode.features import FEATURE_SCHEMA_VERSION, SCALAR_NAMES
-from decode.guard import RuleProfile, StaticProfile
-from decode.latency import LatencyTable
-from decode.sampling import SamplingConfig
+from decode.drafting.actions import Action
+from decode.drafting.sampling import SamplingConfig
+from decode.policies.features import FEATURE_SCHEMA_VERSION, SCALAR_NAMES
+from decode.policies.guard import RuleProfile, StaticProfile
+from decode.policies.latency import LatencyTable
 
 INPUT_NAME = "node"
 OUTPUT_NAME = "beta"
@@ -98,7 +98,8 @@ class NodeRule:
         fallback: the best static action of the fitting data (``K,L1,L2``).
         offline: the cross-fitted offline throughput ratios to ``fallback`` that chose the signal, by signal name.
         column: the head's output column fitted at this configuration (``learned`` reads it).
-        profile: what every static tree earned on the fitting roots (decode/guard.py ``StaticProfile``): under the
+        profile: what every static tree earned on the fitting roots (decode/policies/guard.py ``StaticProfile``):
+            under the
             running machine's latency table it names that machine's fallback. None in files fitted before it.
         rule_profile: what the rule earned there (``RuleProfile``): the rule runs only where it beats that
             fallback under the running machine's table.

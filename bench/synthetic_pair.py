@@ -2,7 +2,7 @@
 
 Used by the verifier bench (bench/verifiers.py) and the exact tests: a pair whose next-token distributions depend on the
 prefix through a seeded generator, and samplers that draft delayed and without-replacement trees from any
-``next_q(prefix) -> (V,)`` function through a :class:`~decode.rng.RandomSource`.
+``next_q(prefix) -> (V,)`` function through a :class:`~decode.drafting.rng.RandomSource`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from decode.rng import RandomSource
-from decode.tree import DraftTree, Regime, delayed_tree, nested_tree
+from decode.drafting.rng import RandomSource
+from decode.drafting.tree import DraftTree, Regime, delayed_tree, nested_tree
 
 NextDist = Callable[[tuple[int, ...]], torch.Tensor]
 
