@@ -255,7 +255,7 @@ def paper_findings(metadata: dict, columns: dict[str, np.ndarray]) -> list[dict]
        cross-fitted per-root oracle (chosen on one half of each root's trees, scored on the other), the ceiling of
        any SpecInfer selector.
     """
-    from decode.actions import Action
+    from decode.drafting.actions import Action
 
     actions = [Action.parse(a) for a in metadata["actions"]]
     multipath = np.array([a.k > 1 and a.l2 > 0 for a in actions])
