@@ -210,15 +210,18 @@ class _Tracking:
 
 def run_pipeline(plan: PipelinePlan) -> PipelineResult:
     """Run the stages; returns the results table (also written to ``<output>/results.md``) and the policy file."""
+    from ddte_core.tracking import quiet_lightning
+
     out = Path(plan.config.output)
     out.mkdir(parents=True, exist_ok=True)
-    tracking = _Tracking(out, plan.config)
-    try:
-        result = _run_stages(plan, out, tracking)
-    except BaseException:
-        tracking.finish(tracking.parent, "FAILED")
-        raise
-    tracking.finish(tracking.parent)
+    with quiet_lightning():  # MLflow's store set-up and registry lines, Lightning's tips: the stages print their own
+        tracking = _Tracking(out, plan.config)
+        try:
+            result = _run_stages(plan, out, tracking)
+        except BaseException:
+            tracking.finish(tracking.parent, "FAILED")
+            raise
+        tracking.finish(tracking.parent)
     return result
 
 

@@ -88,15 +88,17 @@ class _DropTips(logging.Filter):
 
 @contextlib.contextmanager
 def quiet_lightning() -> Iterator[None]:
-    """Silence known noise while training: the Tip lines, torch-pytree FutureWarnings, SQLAlchemy deprecations."""
+    """Silence known noise while training: the Tip lines, torch-pytree FutureWarnings, SQLAlchemy deprecations, and
+    MLflow's INFO lines."""
     tip_filter = _DropTips()
     # rank_zero_info logs through these two loggers; a logger-level filter sees records created there.
     loggers = [logging.getLogger(f"lightning.{pkg}.utilities.rank_zero") for pkg in ("pytorch", "fabric")]
     for lg in loggers:
         lg.addFilter(tip_filter)
-    alembic = logging.getLogger("alembic")
-    alembic_level = alembic.level
+    alembic, mlflow_log = logging.getLogger("alembic"), logging.getLogger("mlflow")
+    alembic_level, mlflow_level = alembic.level, mlflow_log.level
     alembic.setLevel(logging.WARNING)  # MLflow's first use of a sqlite store prints a dozen migration lines
+    mlflow_log.setLevel(logging.WARNING)  # and its INFO lines: tables created, a model registered, a version made
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
@@ -111,6 +113,7 @@ def quiet_lightning() -> Iterator[None]:
         for lg in loggers:
             lg.removeFilter(tip_filter)
         alembic.setLevel(alembic_level)
+        mlflow_log.setLevel(mlflow_level)
 
 
 def flatten_params(prefix: str, value: Any) -> dict[str, Any]:

@@ -79,7 +79,8 @@ def random_inputs(module, n: int, seed: int = 0) -> dict[str, Any]:
     z = rng.normal(0.0, 1.5, (n, len(norm["mean"])))
     x = z * np.asarray(norm["std"]) + np.asarray(norm["mean"])
     log_mask = np.array([name in norm["log1p"] for name in norm["scalar_names"]])
-    x = np.where(log_mask, np.expm1(np.maximum(x, 0.0)), x)  # back to raw units, >= 0 where log1p applies
+    # back to raw units, >= 0 where log1p applies; capped at e^60 (a heavy-tailed KL's draw would overflow float32)
+    x = np.where(log_mask, np.expm1(np.clip(x, 0.0, 60.0)), x)
     out = {name: rng.normal(0.0, 1.0, (n, int(facts.hidden_sizes[name]))).astype(np.float32)
            for name in INPUT_NAMES[:3]}
     out["scalars"] = x.astype(np.float32)

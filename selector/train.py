@@ -421,13 +421,13 @@ def _fit_and_report(run: _Run) -> TrainResult | None:
     # loads the best weights into `model`; weights_only: no arbitrary pickled object is ever unpickled
     trainer.test(model, datamodule=dm, ckpt_path=best, verbose=False, weights_only=True)
     if logger is None:  # another rank: rank 0 fits the guard and writes the checkpoint (a collective call)
-        trainer.save_checkpoint(best)
+        trainer.save_checkpoint(best, weights_only=False)  # said outright: Lightning logs its default otherwise
         return None
     test_metrics = {k[len("test/"):]: float(v) for k, v in trainer.callback_metrics.items()
                     if k.startswith("test/")}
     test_metrics.update(fit_guard(logger, model, dm))
     head_room = log_head_room(logger, dm)
-    trainer.save_checkpoint(best)  # the best weights, now with the guard in their ddte metadata
+    trainer.save_checkpoint(best, weights_only=False)  # the best weights, now with the guard in their ddte metadata
     log_plots(logger, model, dm.splits["test"])
     baselines = _run_baselines(run) if run.config.run.baselines else {}
     best_score = float(run.checkpoint.best_model_score or float("nan"))
