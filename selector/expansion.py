@@ -24,7 +24,6 @@ that position could draw), and the roots are combined as N / Σ T̂/Ê; as ratio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -399,21 +398,15 @@ def selector_root_choices(path, folder, verifier: str) -> np.ndarray:
     """``(N,)`` the action an exported selector (with its never-lose guard) picks at every root of a data set (the
     rows of :func:`load_episodes`), on the latency model's T̂ (no online calibration offline); -1 at the roots of
     the prompts it was fitted on (its ``fit_prompts``), which an honest score must leave out."""
-    import onnxruntime as ort
-
     from data_gen.schema import label_column
     from data_gen.store import read_metadata
     from decode.policies.features import HIDDEN_NAMES
+    from decode.policies.onnx_session import policy_session
     from decode.policies.selector_file import SelectorMetadata
     from selector.data import _list_column
     from selector.guard import decision_values, guarded_choice
 
-    if not Path(path).is_file():
-        raise ValueError(f"selector file {str(path)!r} does not exist")
-    try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    except Exception as err:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...) for a bad file
-        raise ValueError(f"{path}: not a readable ONNX selector ({type(err).__name__})") from err
+    session = policy_session(path, "selector")
     meta = SelectorMetadata.from_props(dict(session.get_modelmeta().custom_metadata_map), str(path))
     sampling = read_metadata(folder)["sampling"]
     table = _read_table(folder, [*HIDDEN_NAMES, "scalars", "step_ms", "sampling_index", "prompt_id",

@@ -33,25 +33,9 @@ from decode.policies.expander_file import (
 )
 from decode.policies.guard import machine_note
 from decode.policies.latency import LatencyTable
+from decode.policies.onnx_session import policy_session
 
 ExpanderError = ExpanderFileError  # the name callers catch
-
-
-def _session(path: Path):
-    import onnxruntime as ort
-
-    if not path.is_file():
-        raise ExpanderError(f"expander file {str(path)!r} does not exist")
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1  # one dot product per node: threads only add wake-up latency
-    options.inter_op_num_threads = 1
-    options.enable_cpu_mem_arena = False
-    options.enable_mem_pattern = False
-    options.log_severity_level = 3
-    try:
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    except Exception as err:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...) for a bad file
-        raise ExpanderError(f"{path}: not a readable ONNX expander ({type(err).__name__}: {err})") from err
 
 
 class AcceptanceHead:
@@ -104,7 +88,7 @@ class ExpanderPolicy(Policy):
                  pair_fingerprint: str | None = None, machine: LatencyTable | None = None) -> None:
         self.path = Path(path)
         self.machine = machine
-        self.session = _session(self.path)
+        self.session = policy_session(self.path, "expander", ExpanderError)
         props = dict(self.session.get_modelmeta().custom_metadata_map)
         self.metadata = ExpanderMetadata.from_props(props, str(self.path))
         self.metadata.check_compatible(str(self.path), verifier, draft_hidden, pair_fingerprint)

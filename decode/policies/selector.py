@@ -30,29 +30,11 @@ from decode.drafting.sampling import SamplingConfig, nearest_note
 from decode.policies.base import Policy, RootState, StaticPolicy, StepOutcome
 from decode.policies.guard import StaticProfile, machine_note
 from decode.policies.latency import LatencyTable, draft_passes
+from decode.policies.onnx_session import policy_session
 from decode.policies.selector_file import INPUT_NAMES, SelectorFileError, SelectorMetadata
 
 SelectorError = SelectorFileError  # the name callers catch
 OVERHEAD_WINDOW = 64  # steps in the running median of the unmodelled step time
-
-
-def _session(path: Path, providers: list[str]):
-    import onnxruntime as ort
-
-    if not path.is_file():
-        raise SelectorError(f"selector file {str(path)!r} does not exist")
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1  # a per-step call on a tiny MLP: threads only add wake-up latency
-    options.inter_op_num_threads = 1
-    # The call runs right after the model passes have flushed the caches; the arena and memory-pattern planner
-    # add code and memory to touch per call (docs/selector.md, "At decode time", has the measurement).
-    options.enable_cpu_mem_arena = False
-    options.enable_mem_pattern = False
-    options.log_severity_level = 3
-    try:
-        return ort.InferenceSession(str(path), options, providers=providers)
-    except Exception as err:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...) for a bad file
-        raise SelectorError(f"{path}: not a readable ONNX selector ({type(err).__name__}: {err})") from err
 
 
 @dataclass(frozen=True)
@@ -113,7 +95,7 @@ class OnnxSelectorPolicy(Policy):
         providers = ["CPUExecutionProvider"]
         if use_cuda and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
-        self.session = _session(self.path, providers)
+        self.session = policy_session(self.path, "selector", SelectorError, providers)
         self.provider = self.session.get_providers()[0]
         props = dict(self.session.get_modelmeta().custom_metadata_map)
         self.metadata = SelectorMetadata.from_props(props, str(self.path))
