@@ -110,6 +110,8 @@ def plan_pipeline(config: PipelineConfig, resume: bool = False) -> PipelinePlan:
 
     refuse_file_in_the_way(config.output)
     out = Path(config.output)
+    if resume and not (out / "data").is_dir() and not (out / "mlflow.db").is_file():
+        raise ValueError(f"--resume: {out} holds no pipeline run to continue; drop --resume to start one there")
     if not resume and out.is_dir() and any(out.iterdir()):
         held = ("a finished pipeline run (policy.json)" if (out / "policy.json").is_file()
                 else "an unfinished pipeline run" if (out / "data").is_dir() or (out / "mlflow.db").is_file()

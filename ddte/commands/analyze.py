@@ -45,11 +45,15 @@ def run(args: argparse.Namespace) -> int:
         plot,
         prompt_categories,
     )
+    from ddte_core.paths import refuse_file_in_the_way
 
     data = args.data
     if data is None:
         raise UserError("give --data DIR (a folder written by ddte collect)")
     folder = Path(data)
+    out = Path(args.output) if args.output else folder / "analysis"
+    with user_errors(prefix="--output: "):
+        refuse_file_in_the_way(out)  # before any work: the analysis would be lost at the end
     if args.expansion:  # checked before any work, so a bad one leaves no analysis behind
         if args.folds < 2:
             raise UserError("--folds must be >= 2")
@@ -57,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--selector takes VERIFIER=FILE.onnx")
     with user_errors():
         metadata, columns = load_columns(folder)
+    prompts = len(set(columns["prompt_id"].tolist()))
+    if args.expansion and args.folds > prompts:
+        raise UserError(f"--folds {args.folds}: the data set holds {prompts} prompts; at most that many folds")
     if args.trees is not None and not 1 <= args.trees <= int(metadata.get("trees_per_root", 1)):
         raise UserError(f"--trees must be in 1..{metadata.get('trees_per_root', 1)} (the data set's trees per root)")
     with user_errors():
@@ -65,7 +72,6 @@ def run(args: argparse.Namespace) -> int:
     result["findings"] = paper_findings(metadata, columns)
     print(format_report(result))
     print(format_findings(result["findings"]))
-    out = Path(args.output) if args.output else folder / "analysis"
     with user_errors(OSError, prefix=f"cannot write to {out}: "):
         out.mkdir(parents=True, exist_ok=True)
         (out / "analysis.json").write_text(json.dumps(result, indent=1))

@@ -53,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
             parse_tree_spec(spec)
     if min(args.vocab) < 2 or args.samples < 1 or args.timed_calls < 1:
         raise UserError("--vocab must be >= 2 and --samples, --timed-calls >= 1")
+    for spec in args.shapes:  # distinct children cannot outnumber the vocabulary
+        kind, numbers = parse_tree_spec(spec)
+        if kind == "wor" and max(numbers) > min(args.vocab):
+            raise UserError(f"--shapes {spec}: a without-replacement level draws at most --vocab {min(args.vocab)} "
+                            f"distinct children, not {max(numbers)}")
     output = check_output_file(args.output) if args.output else None
     apply_threads(args.threads)
     dtype = getattr(torch, args.prob_dtype)

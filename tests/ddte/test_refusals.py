@@ -318,3 +318,23 @@ def test_the_overwrite_rule_lets_a_new_or_empty_folder_or_an_own_run_with_overwr
     check_output_folder(tmp_path / "run", own="recipe.json", overwrite=True)
     with pytest.raises(ValueError, match="is a file"):
         check_output_folder(tmp_path / "run" / "recipe.json" / "x")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench-verifiers", "--vocab", "64", "--shapes", "wor:100,1"], "at most --vocab 64 distinct children"),
+    (["pipeline", "--resume", "output={out}"], "holds no pipeline run to continue"),
+    (["analyze", "--data", "{data}", "--output", "{file}"], "is a file, not a folder"),
+    (["analyze", "--data", "{data}", "--expansion", "--folds", "1000"], "at most that many folds"),
+])
+def test_late_checks_now_come_first(argv, message, tiny_collected, tmp_path, capsys):
+    """Refused in one line before any work, nothing written: a tree wider than the vocabulary, --resume of nothing,
+    an --output that is a file, more folds than prompts."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    out = tmp_path / "never"
+    argv = [a.format(out=out, data=tiny_collected, file=blocker) for a in argv]
+    before = sorted(p.name for p in tiny_collected.iterdir())
+    assert main(argv) == 2
+    assert message in _one_line(capsys, argv[0])
+    assert not out.exists() and blocker.read_text() == "x"
+    assert sorted(p.name for p in tiny_collected.iterdir()) == before
