@@ -139,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         run_bench,
     )
     from bench.display import format_category_table, format_table, plot
+    from decode.policies.deployment import POLICY_FILES
 
     methods, deployments = check_arguments(args)
     _note_unmeasured_sampling(args, methods, deployments)
@@ -161,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
     if needs_latency(methods):
         with user_errors():
             for method in methods:  # every policy file checked against the pair before a table is measured
-                method_policy(method, pair, deployments)
+                if method.kind in POLICY_FILES:
+                    method_policy(method, pair, deployments)
         machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
         print(which, file=sys.stderr)
     with user_errors():

@@ -165,7 +165,6 @@ def test_prompts_come_from_any_source_collect_reads(tmp_path):
 
 def test_a_policy_file_is_read_once_for_all_its_verifiers(pair_dirs, tmp_path, monkeypatch):
     """--policy-file names two verifiers: the file is read once, to list them and to build both policies."""
-    import bench.decoding
     import decode.policies.deployment
     from decode.policies.deployment import Choice, Deployment
 
@@ -179,7 +178,6 @@ def test_a_policy_file_is_read_once_for_all_its_verifiers(pair_dirs, tmp_path, m
         reads.append(file)
         return load(file)
 
-    monkeypatch.setattr(bench.decoding, "load_deployment", counted)
     monkeypatch.setattr(decode.policies.deployment, "load_deployment", counted)
     out = tmp_path / "bench.json"
     assert main(["bench", "--target", str(root / "target"), "--draft", str(root / "draft"), "--tokenizer",
