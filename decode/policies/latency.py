@@ -297,7 +297,9 @@ def machine_identity(target: CachedLM, draft: CachedLM) -> str:
 
     processor = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else cpu_model()
     int8 = getattr(draft, "int8", "none")
-    return (f"{processor}; {torch.get_num_threads()} torch threads; target {str(target.dtype).removeprefix('torch.')}"
+    threads = torch.get_num_threads()
+    return (f"{processor}; {threads} torch thread{'' if threads == 1 else 's'}; "
+            f"target {str(target.dtype).removeprefix('torch.')}"
             f", draft {str(draft.dtype).removeprefix('torch.')}" + (f" int8 {int8}" if int8 != "none" else ""))
 
 
