@@ -61,7 +61,7 @@ def test_the_pipeline_runs_end_to_end_and_its_choice_deploys(tiny, tmp_path, cap
         assert (out / name).exists(), name
     policy = json.loads((out / "policy.json").read_text())
     assert {k: policy["source"][k] for k in ("bench", "data")} == {"bench": "bench.json", "data": "data"}  # beside it
-    assert "torch threads" in policy["source"]["machine"]  # the machine whose bench chose the static trees
+    assert "torch thread" in policy["source"]["machine"]  # the machine whose bench chose the static trees
     assert {(c["verifier"], c["temperature"]) for c in policy["choices"]} == {
         (v, t) for v in ("specinfer", "traversal") for t in (0.6, 1.0)}
     bench_file = json.loads((out / "bench.json").read_text())
