@@ -191,9 +191,12 @@ def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = 
     if not rows:
         raise ValueError(f"no prompts in {source}")
     prompts = [_row_text(row, field, tokenizer, f"{source}: row {index}")
-               for index, row in enumerate(rows[:limit] if limit is not None else rows)]
+               for index, row in enumerate(rows[:limit] if limit is not None else rows, start=1)]
     if not any(p.strip() for p in prompts):
         raise ValueError(f"{source}: every {field!r} value is empty")
+    empty = next((index for index, p in enumerate(prompts, start=1) if not p.strip()), None)
+    if empty is not None:  # it would decode from nothing but the start token: refused here as bench refuses it
+        raise ValueError(f"{source}: row {empty} has an empty {field!r}")
     return prompts
 
 

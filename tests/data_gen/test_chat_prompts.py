@@ -50,7 +50,7 @@ def test_prompt_files_may_hold_chat_rows_beside_plain_ones(tmp_path, chat_tokeni
     rows = [{"messages": [{"role": "user", "content": "Add 2 and 3."}]}, {"prompt": "def f(x):"}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert load_prompts(path, tokenizer=chat_tokenizer) == ["<user>Add 2 and 3.</user><assistant>", "def f(x):"]
-    with pytest.raises(ValueError, match="row 0: chat prompts"):
+    with pytest.raises(ValueError, match="row 1: chat prompts"):
         load_prompts(path)  # no tokenizer to render the chat row with
 
 

@@ -52,3 +52,17 @@ def test_bad_sources_raise_clear_user_errors(tmp_path, make, message):
 def test_limit_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="limit"):
         load_prompts(_jsonl(tmp_path / "p.jsonl", ROWS), limit=0)
+
+
+def test_an_empty_prompt_among_others_is_refused_by_its_row_number(tmp_path):
+    """A row whose prompt is empty would decode from nothing but the start token: refused, counted from 1."""
+    import json
+
+    import pytest
+
+    from data_gen.prompts import load_prompts
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in ("def f(x):", "", "import os")))
+    with pytest.raises(ValueError, match="row 2 has an empty 'prompt'"):
+        load_prompts(str(path))
