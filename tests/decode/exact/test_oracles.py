@@ -82,7 +82,7 @@ def test_spectr_rho_star(k):
 
 
 def _closed_form_nss(k: int, l1: int, l2: int) -> float:
-    """algorithms.md §6.6: NSS on a delayed tree with context-free p, q."""
+    """algorithms.md §6, item 6: NSS on a delayed tree with context-free p, q."""
     total = 0.0
     for i in range(l1 + l2 + 1):
         for xs in itertools.product(range(2), repeat=i):
