@@ -251,7 +251,7 @@ def encode_prompts(pair: LoadedPair, texts: list[str], max_new: int,
     out = []
     for index, text in enumerate(texts):
         if not text:
-            raise ValueError(f"prompt {index} is empty (it would generate from nothing but the start token)")
+            raise ValueError(f"prompt {index + 1} is empty (it would generate from nothing but the start token)")
         ids = list(pair.tokenizer(text)["input_ids"])
         if len(ids) > room and truncated is not None:
             truncated.append(index)

@@ -103,7 +103,7 @@ def test_bench_output_parent_is_created_before_any_work(tmp_path):
     assert json.loads(out.read_text())["rows"] and out.with_suffix(".png").is_file()
 
 
-@pytest.mark.parametrize(("second", "message"), [(b'{"prompt": ""}', "prompt 1 is empty"),
+@pytest.mark.parametrize(("second", "message"), [(b'{"prompt": ""}', "p.jsonl: row 2 has an empty 'prompt'"),
                                                  (b'{"prompt": "caf\xe9"}', "p.jsonl:2: not UTF-8 text (byte 0xe9)")])
 def test_bench_refuses_an_empty_or_undecodable_prompt(tmp_path, capsys, second, message):
     pair = save_tiny_pair(tmp_path / "pair", vocab=4096, target_hidden=32, draft_hidden=16)
