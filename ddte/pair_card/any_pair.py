@@ -95,6 +95,9 @@ def measure_pair(settings: PairCardSettings) -> dict[str, Any]:
                          "draft": describe(draft) | {"dtype": str(pair.draft.dtype),
                                                      "int8_layers": getattr(pair.draft, "int8", "none")}},
     }
+    if settings.cache_len + settings.tree_nodes + 1 > pair.context_limit:
+        raise ValueError(f"--cache-len {settings.cache_len} with --tree-nodes {settings.tree_nodes} does not fit the "
+                         f"pair's {pair.context_limit}-token context")
     table = measure_latency(pair.target, pair.draft, lengths=[settings.cache_len], sizes=[1, settings.tree_nodes],
                             repeats=settings.repeats)
     target_one = table.target_ms[0][0]

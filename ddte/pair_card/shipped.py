@@ -189,6 +189,10 @@ def measure(args: CardSettings) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     models_dir = Path(args.models)
     tok, target, draft, recipe = load_pair(models_dir)
+    context = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    if args.cache_len + args.tree_nodes + 1 > context:
+        raise ValueError(f"--cache-len {args.cache_len} with --tree-nodes {args.tree_nodes} does not fit the "
+                         f"pair's {context}-token context")
     config = recipe.get("config", {})
     heldout_fraction = config.get("corpus", {}).get("heldout_fraction", 0.1)
     seq_len = config.get("target", {}).get("train", {}).get("seq_len", 256)

@@ -338,3 +338,9 @@ def test_late_checks_now_come_first(argv, message, tiny_collected, tmp_path, cap
     assert message in _one_line(capsys, argv[0])
     assert not out.exists() and blocker.read_text() == "x"
     assert sorted(p.name for p in tiny_collected.iterdir()) == before
+
+
+def test_pair_card_refuses_a_cache_longer_than_the_context(capsys):
+    """The shipped pair's 512 positions: --cache-len 100000 is refused in one line instead of running for minutes."""
+    assert main(["pair-card", "--cache-len", "100000", "--num-prompts", "1", "--timed-calls", "1"]) == 2
+    assert "does not fit the pair's 512-token context" in _one_line(capsys, "pair-card")
