@@ -218,10 +218,9 @@ def out_of_fold_beta(data: EpisodeData, folds: int = 3) -> np.ndarray:
 
 
 def folds_by_prompt(prompts: np.ndarray, folds: int, seed: int = 0) -> list[np.ndarray]:
-    """Row indices of ``folds`` groups of whole prompts; ValueError when there are fewer prompts than folds."""
+    """Row indices of ``folds`` groups of whole prompts (one group per prompt where there are fewer prompts than
+    folds; the commands refuse a user's --folds above the prompt count before any work)."""
     unique = np.array(sorted(set(prompts.tolist())), dtype=object)
-    if folds > len(unique):
-        raise ValueError(f"folds {folds}: the data holds only {len(unique)} prompts to split (at most that many)")
     order = unique[np.random.default_rng(seed).permutation(len(unique))]
     groups = np.array_split(order, min(folds, len(unique)))
     return [np.flatnonzero(np.isin(prompts, g)) for g in groups if len(g)]
