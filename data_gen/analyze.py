@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data_gen.headroom import head_room
+from data_gen.headroom import head_room, per_root_best
 from data_gen.schema import SHARD_GLOB, acceptance_column, label_column, trees_column
 from data_gen.throughput import best_static, harmonic_block_efficiency, stream_throughput
 
@@ -301,18 +301,13 @@ def paper_findings(metadata: dict, columns: dict[str, np.ndarray]) -> list[dict]
             half = spec.shape[1] // 2
             ratios = []
             for choose, score in ((slice(0, half), slice(half, 2 * half)), (slice(half, 2 * half), slice(0, half))):
-                chosen = per_root_best_masked(spec[:, choose].mean(axis=1), step)
+                chosen = per_root_best(spec[:, choose].mean(axis=1), step)
                 static = np.full(len(step), best_static(trav[:, choose].mean(axis=1), step))
                 ratios.append(stream_throughput(spec[:, score].mean(axis=1), step, chosen)
                               / stream_throughput(trav[:, score].mean(axis=1), step, static))
             entry["specinfer_oracle_vs_traversal_static"] = round(float(np.mean(ratios)), 3)
         out.append(entry)
     return out
-
-
-def per_root_best_masked(be: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """``(N,)`` each root's argmax of Ê / T̂ over its labelled actions."""
-    return np.argmax(np.where(np.isfinite(be), be / step, -np.inf), axis=1)
 
 
 def format_findings(findings: list[dict]) -> str:

@@ -94,18 +94,10 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype | None:
     import torch
 
     if name == "bfloat16-native":
+        from ddte_core.machine import native_bf16_cpu
+
         return torch.bfloat16 if device.type == "cuda" or native_bf16_cpu() else torch.float32
     return getattr(torch, name)
-
-
-def native_bf16_cpu() -> bool:
-    """Whether this CPU runs bf16 matrix products natively (AVX-512 BF16 or AMX, from /proc/cpuinfo)."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            flags = handle.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def load_pair(

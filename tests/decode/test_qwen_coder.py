@@ -37,7 +37,7 @@ def prompt(pair) -> list[int]:
 
 def test_the_pair_runs_a_bf16_draft_with_int8_layers_and_a_target_in_the_cpus_dtype(pair):
     """``target_dtype: bfloat16-native``: bf16 where the CPU multiplies bf16 natively, fp32 elsewhere."""
-    from decode.pair import native_bf16_cpu
+    from ddte_core.machine import native_bf16_cpu
 
     want = torch.bfloat16 if native_bf16_cpu() else torch.float32
     assert pair.target.dtype == want and pair.draft.dtype == torch.bfloat16
