@@ -15,24 +15,19 @@ from dataclasses import dataclass
 class Action:
     """A delayed-tree shape: a trunk of ``l1`` tokens, then ``k`` branches of ``l2`` tokens.
 
-    ``(k, l, 0)`` and ``(1, l1, l2)`` are single paths; ``(k, 0, 0)`` drafts nothing. With ``stop_entropy`` set
-    (single paths only), drafting stops early at the first node whose draft entropy exceeds it (an AdaEDL-style
-    rule): the length is then a stopping time of the draft's own distributions, which keeps every verifier
-    lossless (tests/exact/test_stopping.py).
+    ``(k, l, 0)`` and ``(1, l1, l2)`` are single paths; ``(k, 0, 0)`` drafts nothing. A policy that decides per
+    node (decode/policies/base.py) may cut the trunk short while drafting; the action is then its widest tree.
     """
 
     k: int
     l1: int
     l2: int
-    stop_entropy: float | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.k, int) and isinstance(self.l1, int) and isinstance(self.l2, int)):
             raise ValueError(f"an action is three integers K,L1,L2; got {self.k},{self.l1},{self.l2}")
         if self.k < 1 or self.l1 < 0 or self.l2 < 0:
             raise ValueError(f"an action needs K >= 1 and L1, L2 >= 0; got ({self.k}, {self.l1}, {self.l2})")
-        if self.stop_entropy is not None and self.k > 1 and self.l2 > 0:
-            raise ValueError("an entropy stop rule applies to single paths only (K = 1 or L2 = 0)")
 
     @classmethod
     def parse(cls, text: str) -> Action:
@@ -66,13 +61,13 @@ class Action:
         (1, depth, 0); a real tree (K > 1 and L2 > 0) is its own representative.
         """
         if self.is_single_path:
-            return Action(1, self.depth, 0, self.stop_entropy)
+            return Action(1, self.depth, 0)
         return self
 
     def clipped(self, max_depth: int) -> Action:
         """The same shape with its depth cut to ``max_depth`` (trunk first), e.g. near the context limit."""
         l1 = min(self.l1, max_depth)
-        return Action(self.k, l1, min(self.l2, max_depth - l1), self.stop_entropy)
+        return Action(self.k, l1, min(self.l2, max_depth - l1))
 
     @property
     def key(self) -> str:
@@ -80,8 +75,7 @@ class Action:
         return f"{self.k},{self.l1},{self.l2}"
 
     def __str__(self) -> str:
-        rule = f" stop@H>{self.stop_entropy:g}" if self.stop_entropy is not None else ""
-        return f"({self.k},{self.l1},{self.l2}){rule}"
+        return f"({self.k},{self.l1},{self.l2})"
 
 
 def action_grid(k_max: int = 4, l_max: int = 8) -> list[Action]:

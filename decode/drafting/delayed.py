@@ -25,7 +25,7 @@ import torch
 
 from decode.drafting.actions import Action
 from decode.drafting.rng import RandomSource
-from decode.drafting.sampling import SamplingConfig, distributions, law_entropy
+from decode.drafting.sampling import SamplingConfig, distributions
 from decode.drafting.tree import ROOT, DraftTree, Regime, TreeBuilder
 from decode.models.cached_lm import CachedLM
 
@@ -116,8 +116,6 @@ def draft_delayed_tree(
         """A child of ``node`` drawn from its law: the token id."""
         return builder.draw(node, token_id(support, rng.categorical(laws[node])))
 
-    if halting is None and action.stop_entropy is not None:  # the entropy stop rule: one halting rule among others
-        halting = _entropy_above(action.stop_entropy)
     tip, depth = ROOT, 0
     for j in range(action.l1):
         if halting is not None and halting(TrunkNode(j, laws[tip], hidden.get(tip, root_hidden))):
@@ -163,11 +161,6 @@ def _finish(tree: DraftTree, q_root: torch.Tensor, laws: dict[int, torch.Tensor]
             q[index.unsqueeze(1), support.unsqueeze(0)] = stacked
     slot_list = [slots.get(v, -1) for v in range(tree.num_nodes)]
     return DraftedTree(tree, q, slot_list, calls, hidden, depth)
-
-
-def _entropy_above(threshold: float) -> Callable[[TrunkNode], bool]:
-    """Halt where the draft's entropy (nats) at the node exceeds ``threshold`` (an AdaEDL-style stop rule)."""
-    return lambda node: law_entropy(node.q) > threshold
 
 
 def _distinct_children(builder: TreeBuilder, node: int, law: torch.Tensor, support: torch.Tensor | None, k: int,

@@ -175,14 +175,18 @@ class AdaptiveLengthPolicy(Policy):
 
 class EntropyStopPolicy(Policy):
     """AdaEDL-style: draft a single path of up to ``max_length`` tokens, stopping at the first node whose draft
-    entropy (nats) exceeds ``threshold``, where the draft is too unsure for its next token to be accepted."""
+    entropy (nats) exceeds ``threshold``, where the draft is too unsure for its next token to be accepted.
+
+    The length is a stopping time of the draft's own laws, which keeps every verifier lossless
+    (tests/decode/exact/test_stopping.py). An expander's entropy signal is the same rule with a threshold per depth."""
 
     name = "entropy"
+    decides_per_node = True
 
     def __init__(self, max_length: int = 8, threshold: float = 2.0) -> None:
-        if max_length < 1 or threshold <= 0:
-            raise ValueError(f"need max_length >= 1 and threshold > 0, got {max_length}, {threshold}")
-        self.action = Action(1, max_length, 0, stop_entropy=threshold)
+        if max_length < 1 or not 0 < threshold < float("inf"):
+            raise ValueError(f"need max_length >= 1 and a finite threshold > 0, got {max_length}, {threshold}")
+        self.action, self.threshold = Action(1, max_length, 0), threshold
 
     @classmethod
     def from_options(cls, options: PolicyOptions) -> EntropyStopPolicy:
@@ -193,6 +197,17 @@ class EntropyStopPolicy(Policy):
 
     def choose(self, root: RootState) -> Action:
         return self.action
+
+    def halts(self, node: TrunkNode) -> bool:
+        from decode.drafting.sampling import law_entropy  # the interface module stays free of torch
+
+        return law_entropy(node.q) > self.threshold
+
+    def describe(self, sampling: SamplingConfig) -> str:
+        return f"entropy stop (up to {self.action.l1} tokens, halting where H > {self.threshold:g} nats)"
+
+    def __repr__(self) -> str:
+        return f"EntropyStopPolicy(max_length={self.action.l1}, threshold={self.threshold:g})"
 
 
 POLICIES = Registry(
