@@ -85,7 +85,6 @@ class MethodResult:
             "action_histogram": {str(k): v for k, v in s.action_counts.items()},
             "selector_call_us_median": self.selector_call_us,
             "policy_share": s.seconds["policy"] / s.wall_seconds if s.steps and s.wall_seconds else None,
-            "steer_us_per_step": 1e6 * s.seconds["steer"] / s.steps if s.steps else None,  # a steered draft's δ
             "per_prompt": self.per_prompt,
         }
 

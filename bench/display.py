@@ -34,10 +34,6 @@ def format_table(rows: list[dict]) -> str:
             f"{num(r['outside_forwards_share'], '.0%')} | {num(r.get('selector_call_us_median'), '.1f')} | "
             f"{num(r.get('policy_share'), '.1%')} |"
         )
-    steered = [r for r in rows if r.get("steer_us_per_step")]
-    if steered:  # a steered draft's δ per step: the map's forward on the target's states, nothing else
-        lines.append("\nSteering, the δ's mean cost per step: " + "; ".join(
-            f"T {r.get('temperature', '-')} {r['method']} {r['steer_us_per_step']:.0f} µs" for r in steered))
     return "\n".join(lines)
 
 

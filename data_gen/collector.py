@@ -3,11 +3,11 @@
 Cache discipline. Both models run the trajectory as committed tokens. At a root r (the last context token)
 both caches hold positions 0..r.
 
-A steered draft (decode.models.steering) sees what the loop gives it: the prompt prefill (all but the root) unsteered,
-and at each root the δ of the target's states at r − 1, under which it runs the root and grows every union tree.
-The trajectory tokens between two roots run under the earlier root's δ (in the loop each ran under the δ of its own
-step, which a collection that takes no steps cannot know); the labels stay exact for the q the trees were drawn
-from. The draft grows the union trees as speculative slots above its tip, and the
+The draft runs the prompt as the loop does: all but the root, then the root. A steered draft
+(decode.models.steering) takes its δ from its link to the target, nothing here: the root and every union tree under the
+δ of the target's states at r − 1, as in the loop; the trajectory tokens before a root under that root's δ (in the
+loop each ran under the δ of its own step, which a collection that takes no steps cannot know). The labels stay exact
+for the q the trees were drawn from. The draft grows the union trees as speculative slots above its tip, and the
 target runs every union node in one tree pass (chunked), with the root's p already known from the
 trajectory; both then drop their speculative slots and the trajectory continues for ``stride`` tokens.
 """
@@ -52,12 +52,10 @@ class TrajectoryJob:
 
 @dataclass
 class _Position:
-    """What a model gave at one trajectory position: logits ``(V,)``, final hidden state ``(H,)`` and, for a target
-    that steers its draft, the states the steering map reads ``(n_taps, H)``."""
+    """What a model gave at one trajectory position: logits ``(V,)`` and final hidden state ``(H,)``."""
 
     logits: torch.Tensor
     hidden: torch.Tensor
-    taps: torch.Tensor | None = None
 
 
 class Collector:
@@ -87,8 +85,6 @@ class Collector:
         self.new_tokens, self.stride, self.seed = new_tokens, stride, seed
         self.target_chunk, self.eos = target_chunk, eos_token_id
         self.context_limit = min(target.context_limit, draft.context_limit)
-        if draft.steering is not None:  # the target records what the map reads, as the decoder has it do
-            target.taps = tuple(draft.steering.spec.target_layers)
 
     def root_positions(self, prompt_length: int) -> list[int]:
         return root_positions(prompt_length, self, self.context_limit)
@@ -102,45 +98,22 @@ class Collector:
             derive_seed(self.seed, job.prompt_index, job.sampling_index, job.trajectory)
         )
         t_logits, t_hidden = self.target.prefill(ids, output_hidden=True)
-        taps = self.target.tapped if self.draft.steering is not None else None
-        target_at = [_Position(t_logits[i], t_hidden[i], None if taps is None else taps[i]) for i in (-2, -1)]
-        try:
-            if taps is None:
-                d_logits, d_hidden = self.draft.prefill(ids, output_hidden=True)
-            else:  # the prompt but its root unsteered, then the root under the first step's δ
-                d_logits, d_hidden = self._steered_prefill(ids, target_at[0].taps)
-            draft_at = [_Position(d_logits[-2], d_hidden[-2]), _Position(d_logits[-1], d_hidden[-1])]
-            rows = []
-            roots = self.root_positions(len(ids))
-            for number, position in enumerate(roots):
-                rows.append(self._root_row(job, position, target_at, draft_at))
-                if number == len(roots) - 1:
-                    break
-                new, target_at, ended = self._advance(target_at, sampling, generator, roots[number + 1] - position)
-                if ended:
-                    break
-                d_logits, d_hidden = self._draft_advance(new, target_at[0].taps)
-                draft_at = (draft_at + [_Position(lg, h) for lg, h in zip(d_logits, d_hidden, strict=True)])[-2:]
-            return rows
-        finally:
-            if self.draft.steering is not None:
-                self.draft.steer = None
-
-    def _steered_prefill(self, ids: list[int], previous_taps: torch.Tensor):
-        """A steered draft's prefill as the loop runs it: ``(logits (n, V), hidden (n, H))`` of every prompt token."""
-        head_logits, head_hidden = self.draft.prefill(ids[:-1], output_hidden=True)
-        self.draft.steer = self.draft.steering.step_delta(previous_taps)
-        root_logits, root_hidden = self.draft.extend(ids[-1:], commit=True, output_hidden=True)
-        return torch.cat([head_logits, root_logits]), torch.cat([head_hidden, root_hidden])
-
-    def _draft_advance(self, new: list[int], previous_taps: torch.Tensor | None):
-        """The draft runs the trajectory's new tokens; a steered one takes the new root's δ for the root itself."""
-        if previous_taps is None:
-            return self.draft.extend(new, commit=True, output_hidden=True)
-        parts = [self.draft.extend(new[:-1], commit=True, output_hidden=True)] if len(new) > 1 else []
-        self.draft.steer = self.draft.steering.step_delta(previous_taps)
-        parts.append(self.draft.extend(new[-1:], commit=True, output_hidden=True))
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        target_at = [_Position(t_logits[i], t_hidden[i]) for i in (-2, -1)]
+        head_logits, head_hidden = self.draft.prefill(ids[:-1], output_hidden=True)  # then the root, as the loop does
+        d_logits, d_hidden = self.draft.extend(ids[-1:], commit=True, output_hidden=True)
+        draft_at = [_Position(head_logits[-1], head_hidden[-1]), _Position(d_logits[-1], d_hidden[-1])]
+        rows = []
+        roots = self.root_positions(len(ids))
+        for number, position in enumerate(roots):
+            rows.append(self._root_row(job, position, target_at, draft_at))
+            if number == len(roots) - 1:
+                break
+            new, target_at, ended = self._advance(target_at, sampling, generator, roots[number + 1] - position)
+            if ended:
+                break
+            d_logits, d_hidden = self.draft.extend(new, commit=True, output_hidden=True)
+            draft_at = (draft_at + [_Position(lg, h) for lg, h in zip(d_logits, d_hidden, strict=True)])[-2:]
+        return rows
 
     def _advance(self, target_at, sampling: SamplingConfig, generator: torch.Generator, steps: int):
         """Sample ``steps`` target tokens; returns them, the last two positions' outputs, and whether EOS came."""
@@ -152,8 +125,7 @@ class Collector:
             if token == self.eos:
                 return new, target_at, True
             logits, hidden = self.target.extend([token], commit=True, output_hidden=True)
-            taps = None if self.draft.steering is None else self.target.tapped[-1]
-            target_at = [target_at[-1], _Position(logits[-1], hidden[-1], taps)]  # (previous, root)
+            target_at = [target_at[-1], _Position(logits[-1], hidden[-1])]  # (previous, root)
         return new, target_at, False
 
     def _root_row(self, job: TrajectoryJob, position: int, target_at, draft_at) -> dict:

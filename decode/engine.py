@@ -64,9 +64,6 @@ class Request:
         target_root_logits, draft_root_logits: ``(V,)`` after a one-token prompt, whose root ran at prefill.
         target_prev, draft_prev: each model's state at the token before the root (root features only).
         target_root_hidden, draft_root_hidden: ``(H,)`` states at the root (root features only).
-        steer_delta: ``(L, d_ff)`` the δ of a steered draft for the next step (None: unsteered, as before the first
-            target state is known).
-        target_root_taps: ``(n_taps, H_T)`` the steering states of a one-token prompt's root, run at prefill.
     """
 
     policy: Policy
@@ -82,8 +79,6 @@ class Request:
     draft_prev: State | None = None
     target_root_hidden: torch.Tensor | None = None
     draft_root_hidden: torch.Tensor | None = None
-    steer_delta: torch.Tensor | None = None
-    target_root_taps: torch.Tensor | None = None
 
     @classmethod
     def start(cls, policy: Policy, rng: RandomSource, sampling: SamplingConfig) -> Request:
@@ -111,10 +106,6 @@ class SpeculativeDecoder:
         self.context_limit = min(target.context_limit, draft.context_limit)
         self.without_replacement = verifier.draft_regime == Regime.WITHOUT_REPLACEMENT
         self.latency = latency  # measured on first use when a policy needs root features
-        # A steered draft (decode.models.steering) reads the target's states at the steering layers after every pass.
-        self.steering = draft.steering
-        if self.steering is not None:
-            target.taps = tuple(self.steering.spec.target_layers)
 
     # --- the loop -------------------------------------------------------------------------------------------
     def generate(
@@ -135,24 +126,20 @@ class SpeculativeDecoder:
             # every block size up to the largest default tree (1 + 8 + 4·8); beyond it the table holds its edge
             self.latency = measure_latency(self.target, self.draft, lengths=[32, 256], repeats=3)
         start = time.perf_counter()
-        try:
-            self._prefill(request, prompt_ids)
-            request.stats.seconds["prefill"] += time.perf_counter() - start
-            out: list[int] = []
-            stopped_by = "length"
-            while len(out) < max_new_tokens:
-                emitted, done = self._step(request, len(prompt_ids) + len(out), max_new_tokens - len(out))
-                out.extend(emitted)
-                go_on = on_step(emitted) if on_step is not None else True
-                if done:
-                    stopped_by = "eos"
-                    break
-                if not go_on:
-                    stopped_by = "caller"
-                    break
-        finally:
-            if self.steering is not None:
-                self.draft.steer = None  # whatever runs the draft next (HF assisted, another request) starts unsteered
+        self._prefill(request, prompt_ids)
+        request.stats.seconds["prefill"] += time.perf_counter() - start
+        out: list[int] = []
+        stopped_by = "length"
+        while len(out) < max_new_tokens:
+            emitted, done = self._step(request, len(prompt_ids) + len(out), max_new_tokens - len(out))
+            out.extend(emitted)
+            go_on = on_step(emitted) if on_step is not None else True
+            if done:
+                stopped_by = "eos"
+                break
+            if not go_on:
+                stopped_by = "caller"
+                break
         request.stats.wall_seconds = time.perf_counter() - start
         request.stats.network_seconds.extend(request.policy.network_seconds())
         return Generation(out, request.stats, stopped_by)
@@ -169,8 +156,6 @@ class SpeculativeDecoder:
             t_logits, t_hidden = _split(self.target.prefill(prefix, output_hidden=hidden), hidden)
             d_logits, d_hidden = _split(self.draft.prefill(prefix, output_hidden=hidden), hidden)
             request.target_pending, request.draft_pending = [root], [root]
-            if self.steering is not None:  # the first step is steered by the token before the root
-                request.steer_delta = self.steering.step_delta(self.target.tapped[-1])
             if hidden:
                 request.target_prev = (t_hidden[-1], distributions(t_logits[-1], request.sampling))
                 request.draft_prev = (d_hidden[-1], distributions(d_logits[-1], request.sampling))
@@ -178,8 +163,6 @@ class SpeculativeDecoder:
         t_logits, t_hidden = _split(self.target.prefill([root], output_hidden=hidden), hidden)
         d_logits, d_hidden = _split(self.draft.prefill([root], output_hidden=hidden), hidden)
         request.target_root_logits, request.draft_root_logits = t_logits[-1], d_logits[-1]
-        if self.steering is not None:  # no token before the root: the first step runs unsteered
-            request.target_root_taps = self.target.tapped[-1]
         if hidden:  # no previous token: zero states and a uniform law
             request.draft_root_hidden, request.target_root_hidden = d_hidden[-1], t_hidden[-1]
             uniform = torch.full_like(t_logits[-1], 1.0 / t_logits.shape[-1])
@@ -191,8 +174,6 @@ class SpeculativeDecoder:
         stats, policy = request.stats, request.policy
         clock = _Clock(stats)
         started = clock.last
-        if self.steering is not None:  # one δ for every token the draft runs in this step: pending ones and the tree
-            self.draft.steer = request.steer_delta
         q_root = distributions(self._run_draft_pending(request), request.sampling)
         stats.draft_calls += 1
         clock.lap("draft")
@@ -215,9 +196,6 @@ class SpeculativeDecoder:
         except UnsupportedTreeError as err:
             raise ValueError(f"action {action} with verifier '{self.verifier.name}': {err}") from err
         clock.lap("verify")
-        if self.steering is not None:
-            request.steer_delta = self.steering.step_delta(self._node_taps(request, drafted)[_last_accepted(result)])
-            clock.lap("steer")
         self._commit(request, drafted, result)
         if request.features:
             _remember_previous(request, drafted, result, p, target_hidden, q_root)
@@ -244,7 +222,7 @@ class SpeculativeDecoder:
         return logits[-1]
 
     def _draft_tree(self, request: Request, q_root: torch.Tensor, action: Action) -> DraftedTree:
-        """Draft this step's tree from the draft's tip (under the step's δ when steered); a policy that decides per
+        """Draft this step's tree from the draft's tip; a policy that decides per
         node is asked at every trunk node, each decision's wall time going to the statistics' ``network_seconds``."""
         halting = None
         if request.policy.decides_per_node:
@@ -281,14 +259,6 @@ class SpeculativeDecoder:
             return logits
         root_hidden = request.target_root_hidden.unsqueeze(0)
         return logits, root_hidden if states is None else torch.cat([root_hidden, states])
-
-    def _node_taps(self, request: Request, drafted: DraftedTree) -> torch.Tensor:
-        """``(n, n_taps, H_T)`` the target's steering states at every node of the pass just run, in node order.
-        Called right after the target pass, before commit: ``target.tapped`` still holds that pass's rows."""
-        if request.target_pending:  # the root was the block's first token
-            return self.target.tapped
-        root = request.target_root_taps.unsqueeze(0)  # a one-token prompt: the root ran at prefill
-        return root if drafted.tree.num_nodes == 1 else torch.cat([root, self.target.tapped])
 
     def _commit(self, request: Request, drafted: DraftedTree, result: VerifyResult) -> None:
         """Keep the root and the accepted path in both caches; queue what each model has not run yet."""

@@ -179,7 +179,8 @@ def load_other_draft(pair: LoadedPair, path: str | Path) -> CachedLM:
 
 def attach_draft_steering(draft: CachedLM, target: CachedLM, draft_path: Path, target_path: Path) -> None:
     """Attach the steering map a draft folder holds (:mod:`decode.models.steering`), if any, after checking that it was
-    trained with this target; the target then records the states the map reads at every pass.
+    trained with this target, and link the draft to it: the target then records the states the map reads at every
+    pass, and the draft's forwards take their δ from them.
 
     Raises:
         ValueError: the map is unreadable, does not fit the models, or was trained with another target.
@@ -191,8 +192,7 @@ def attach_draft_steering(draft: CachedLM, target: CachedLM, draft_path: Path, t
         return
     check_compatible(steering, draft.model, target.config)
     steering.spec.check_target(model_fingerprint(target_path))
-    draft.attach_steering(steering)
-    target.taps = tuple(steering.spec.target_layers)
+    draft.attach_steering(steering, target)
 
 
 def load_pair_config(path: str | Path, device: str = "cpu", dtype: str | None = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-PHASES = ("prefill", "draft", "target", "verify", "policy", "steer", "other")  # steer: a steered draft's δ
+PHASES = ("prefill", "draft", "target", "verify", "policy", "other")  # a steered draft's δ counts as the draft's
 
 
 @dataclass

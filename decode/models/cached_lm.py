@@ -69,13 +69,16 @@ class CachedLM:
     forward_name = "hf"
     fast_fallback: str | None = None
     # Steering (decode.models.steering). A target whose states steer a draft records, at every forward, the hidden
-    # states entering the layers ``taps`` (HF hidden_states indices) in ``tapped`` ``(n, len(taps), H)`` float32. A
-    # steered draft holds its map in ``steering`` and adds the step's δ (``steer``, ``(L, d_ff)``) in every forward.
+    # states entering the layers ``taps`` (HF hidden_states indices): ``tapped`` ``(n, len(taps), H)`` float32 of the
+    # last forward, and one row per cached slot, kept through commits (:meth:`taps_at`). A steered draft holds its
+    # link in ``steering``; every forward but a prefill adds the δ the link gives for its root (``steer``).
     taps: tuple[int, ...] = ()
     tapped: torch.Tensor | None = None
     steering = None
     _steer: torch.Tensor | None = None
     _up_bias = None
+    _steerable = False
+    _tap_rows: list[torch.Tensor] | None = None
 
     def __init__(
         self, model: PreTrainedModel, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
@@ -103,15 +106,50 @@ class CachedLM:
         self.reset()
 
     # --- steering -------------------------------------------------------------------------------------
-    def attach_steering(self, steering) -> None:
-        """Make this draft steerable by ``steering`` (a :class:`~decode.models.steering.SteeringMap`): from now on the
-        δ set in :attr:`steer` enters every forward's MLPs. HF's forward takes it through hooks on the up
-        projections."""
+    def attach_steering(self, steering, target: CachedLM | None = None) -> None:
+        """Make this draft steerable by ``steering`` (a :class:`~decode.models.steering.SteeringMap`).
+
+        With ``target`` (how a pair loads a steered draft) the draft is linked to it
+        (:class:`~decode.models.steering.SteeringLink`): every forward but a prefill adds the δ of the target's states
+        at the token before that forward's root, so whatever runs the pair (the decoding loop, the collector) does
+        nothing for it. Without ``target``, forwards add whatever :attr:`steer` holds (the plumbing's tests)."""
+        from decode.models.steering import SteeringLink
+
+        self.steering = None if target is None else SteeringLink(steering.to(self.device).eval(), target)
+        self._steerable = True
+        self._enable_steer()
+
+    def _enable_steer(self) -> None:
+        """Let :attr:`steer` reach the forward: HF's forward takes it through hooks on the up projections."""
         from decode.models.steering import UpProjectionBias
 
-        self.steering = steering.to(self.device).eval()
         if self._up_bias is None:
             self._up_bias = UpProjectionBias(self.model)
+
+    def _forward_at(self, ids: Sequence[int], allowed: np.ndarray | None, pos: np.ndarray | None,
+                    output_hidden: bool, root: int | None):
+        """:meth:`_forward` under the δ a linked draft takes for a forward whose root is position ``root`` (None: a
+        prefill, unsteered); a target that taps keeps this forward's rows per slot."""
+        if self.steering is None:
+            out = self._forward(ids, allowed, pos, output_hidden)
+        else:
+            self.steer = None if root is None else self.steering.delta_before(root)
+            try:
+                out = self._forward(ids, allowed, pos, output_hidden)
+            finally:
+                self.steer = None  # whatever runs this model outside the pair (HF's assisted generation) runs unsteered
+        if self.taps:
+            if self._tap_rows is None:
+                self._tap_rows = []
+            self._tap_rows.extend(self.tapped)  # views of the forward's rows, one per new slot
+        return out
+
+    def taps_at(self, position: int) -> torch.Tensor | None:
+        """``(len(taps), H)`` the states this target tapped at committed position ``position``; None where it has
+        not committed that position (or taps nothing)."""
+        if self._tap_rows is None or not 0 <= position < self.committed:
+            return None
+        return self._tap_rows[position]
 
     @property
     def steer(self) -> torch.Tensor | None:
@@ -120,7 +158,7 @@ class CachedLM:
 
     @steer.setter
     def steer(self, delta: torch.Tensor | None) -> None:
-        if delta is not None and self.steering is None:
+        if delta is not None and not self._steerable:
             raise ValueError("steer set on a model without a steering map (attach_steering first)")
         self._steer = None if delta is None else delta.to(self.device, self.dtype)
         if self._up_bias is not None:
@@ -137,6 +175,7 @@ class CachedLM:
         """Empty the cache (no committed or speculative slots)."""
         self._new_cache()
         self.slots = SlotForest()
+        self._tap_rows = None
 
     def _new_cache(self) -> None:
         """An empty key/value store (HF's DynamicCache here; a subclass may keep its own tensors).
@@ -188,7 +227,7 @@ class CachedLM:
         if len(ids) == 0:
             raise ValueError("prefill needs at least one token")
         self.reset()
-        out = self._forward(ids, None, None, output_hidden)
+        out = self._forward_at(ids, None, None, output_hidden, root=None)
         self.slots.append_committed(len(ids))
         return out
 
@@ -214,7 +253,7 @@ class CachedLM:
                 raise ValueError(
                     f"extend(commit=True) with {self.num_speculative} speculative slots cached; commit or crop first"
                 )
-            out = self._forward(ids, None, None, output_hidden)
+            out = self._forward_at(ids, None, None, output_hidden, root=self.length + n - 1)  # the last token
             self.slots.append_committed(n)
             return out
         if self.length == 0:
@@ -252,7 +291,8 @@ class CachedLM:
             raise ValueError("extend_tree on an empty cache: prefill first")
         plan = self.slots.plan_block(parents)
         with support_logits(self.model) if on_support else nullcontext():
-            out = self._forward(ids, plan.allowed, plan.positions, output_hidden)
+            # speculative tokens grow from the committed tip, the root of the step
+            out = self._forward_at(ids, plan.allowed, plan.positions, output_hidden, root=self.committed - 1)
         self.slots.append(plan)
         return out
 
@@ -353,6 +393,8 @@ class CachedLM:
         if keep != list(range(committed, committed + k)):
             with torch.inference_mode():
                 self._move_slots(torch.tensor(keep, dtype=torch.long, device=self.device), committed)
+        if self._tap_rows is not None:
+            self._tap_rows[committed:] = [self._tap_rows[s] for s in keep]
         self._truncate(committed + k)
         self.slots.commit_moved(k)
 
@@ -371,6 +413,8 @@ class CachedLM:
             raise ValueError(f"crop length must be >= 0, got {length}")
         if length >= self.length:
             return
+        if self._tap_rows is not None:
+            del self._tap_rows[length:]
         self._truncate(length)
         self.slots.crop(length)
 

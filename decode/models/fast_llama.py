@@ -94,9 +94,8 @@ class FastCachedLM(CachedLM):
                 for name in _MATRICES:
                     w["q" + name] = int8_weight(w[name])
 
-    def attach_steering(self, steering) -> None:
-        """As :meth:`CachedLM.attach_steering`, without hooks: this forward adds :attr:`steer` itself."""
-        self.steering = steering.to(self.device).eval()
+    def _enable_steer(self) -> None:
+        """Nothing to hook: this forward adds :attr:`steer` itself."""
 
     # --- weights --------------------------------------------------------------------------------------
     def _load_weights(self) -> None:

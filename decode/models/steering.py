@@ -123,6 +123,41 @@ class SteeringMap(nn.Module):
         return steering.eval()
 
 
+class SteeringLink:
+    """The one hook between a steered draft and its target: the δ of a draft forward.
+
+    A forward whose root is position r (the token the step drafts from: the last token of a committed run, the
+    committed tip under a speculative block) adds δ(target's states at r − 1). In the decoding loop r − 1 is the
+    previous step's last accepted token, which the target committed when it verified that step; in the collector it is
+    the trajectory token before the root. A prefill, and a root with no committed target state before it (a one-token
+    prompt's first step), run unsteered. δ is kept for the last state it was computed from, so every forward of one
+    step costs one map evaluation.
+
+    Args:
+        steering: the map.
+        target: the target whose taps the map reads (its ``taps`` are set here).
+    """
+
+    def __init__(self, steering: SteeringMap, target) -> None:
+        self.map, self.target = steering, target
+        target.taps = tuple(steering.spec.target_layers)
+        self._state: torch.Tensor | None = None
+        self._delta: torch.Tensor | None = None
+
+    @property
+    def spec(self) -> SteeringSpec:
+        return self.map.spec
+
+    def delta_before(self, root: int) -> torch.Tensor | None:
+        """δ ``(L, d_ff)`` for a draft forward rooted at position ``root``; None: unsteered."""
+        state = self.target.taps_at(root - 1)
+        if state is None:
+            return None
+        if state is not self._state:
+            self._state, self._delta = state, self.map.step_delta(state)
+        return self._delta
+
+
 def draft_mlp_shape(model) -> tuple[int, int]:
     """``(L, d_ff)`` of a Llama-family draft: its decoder layers and the width of their MLP up projection."""
     layers = model.model.layers

@@ -159,7 +159,8 @@ def test_target_rows_equal_a_prefill_of_each_node(tiny_pair, chunk):
 @pytest.mark.parametrize("steered", [False, True], ids=["plain", "steered"])
 def test_features_match_the_decoder(tiny_pair, steered):
     """The first root's features: the collector's (full prefill) vs the decoder's (incremental) state. A steered
-    draft (decode.models.steering) must be steered alike in both: the root under the δ of the token before it."""
+    draft (decode.models.steering) is steered alike in both: the root under the δ of the token before it. The
+    steered case fails if either runs its root unsteered (the map moves the draft's states far beyond 1e-5)."""
     from data_gen.collector import Collector, TrajectoryJob
     from decode.drafting.rng import TorchRandom
     from decode.drafting.sampling import SamplingConfig
@@ -177,7 +178,7 @@ def test_features_match_the_decoder(tiny_pair, steered):
             steering = SteeringMap(spec)
             with torch.no_grad():
                 steering.out.weight.normal_(0.0, 1.0)
-            draft.attach_steering(steering)  # the decoder and the collector each set the target's taps
+            draft.attach_steering(steering, target)  # linked: the decoder and the collector know nothing of it
         return target, draft
 
     latency = LatencyTable([8, 32], [1, 4], [[1.0, 2.0], [1.5, 2.5]], [[5.0, 6.0], [7.0, 9.0]])

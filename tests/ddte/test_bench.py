@@ -135,11 +135,12 @@ def test_a_method_with_another_draft_runs_that_draft_steered_beside_the_pairs_ow
                                          f"traversal@adaptive+draft={other}")]
     own, steered, adaptive = make_runners(methods, pair)
     assert own.decoder is not steered.decoder and steered.decoder is adaptive.decoder
-    assert own.decoder.steering is None and steered.decoder.steering is not None
+    assert own.decoder.draft.steering is None and steered.decoder.draft.steering is not None
     assert steered.decoder.draft.model is not pair.draft.model
     stats = steered.one([5, 9, 3], 0, SamplingConfig(1.0), 4)
-    assert stats.new_tokens == 4 and torch.is_tensor(pair.target.tapped) and stats.seconds["steer"] > 0
-    assert own.one([5, 9, 3], 0, SamplingConfig(1.0), 4).seconds["steer"] == 0
+    assert stats.new_tokens == 4 and torch.is_tensor(pair.target.tapped)
+    assert steered.decoder.draft.steering.target is pair.target  # linked to the pair's own target
+    assert own.one([5, 9, 3], 0, SamplingConfig(1.0), 4).new_tokens == 4
     assert main(["bench", "--target", str(root / "target"), "--draft", str(root / "draft"), "--tokenizer",
                  str(DEFAULT_TOKENIZER), "--prompts", str(prompts), "--field", "text", "--num-prompts", "1",
                  "--methods", f"traversal@2,1,2+draft={tmp_path / 'missing'}"]) == 2

@@ -110,3 +110,44 @@ def test_a_corrupt_file_is_refused(tmp_path):
     (tmp_path / FILE).write_bytes(b"not safetensors")
     with pytest.raises(ValueError, match="unreadable steering map"):
         SteeringMap.load(tmp_path)
+
+
+@pytest.mark.parametrize("wrapper", [CachedLM, FastCachedLM], ids=["hf", "fast"])
+def test_a_tapping_target_keeps_the_taps_of_each_committed_position_through_commits_and_crops(wrapper):
+    lm = _draft(wrapper)
+    lm.taps = (0, 2)
+    lm.prefill(PROMPT)
+    tip = lm.length - 1
+    lm.extend_tree([30, 31, 32, 33], [tip, -1, tip, -3])
+    lm.commit([tip + 3, tip + 4])  # the second branch: 32, 33
+    lm.extend([44, 45], commit=True)
+    lm.crop(lm.length - 1)
+    sequence = PROMPT + [32, 33, 44]
+    with torch.inference_mode():
+        states = lm.model(torch.tensor([sequence]), output_hidden_states=True).hidden_states
+    want = torch.stack([states[i][0] for i in (0, 2)], dim=1)
+    got = torch.stack([lm.taps_at(p) for p in range(len(sequence))])
+    assert (got - want).abs().max() <= 1e-5
+    assert lm.taps_at(len(sequence)) is None and lm.taps_at(-1) is None
+
+
+def test_a_linked_draft_takes_the_delta_of_the_targets_state_before_each_forwards_root():
+    """Prefill unsteered; a committed run ending at r and a speculative block above the tip r under δ(taps at r − 1);
+    unsteered where the target has not committed r − 1. Negative control: an unlinked draft's logits differ."""
+    target = CachedLM(tiny_llama(seed=1, vocab=64, hidden=32, layers=2))
+    steering = _trained_like(_spec(draft_layers=2, draft_ffn=64))
+    linked, fixed, plain = _draft(CachedLM), _draft(CachedLM), _draft(CachedLM)
+    linked.attach_steering(steering, target)
+    fixed.attach_steering(steering)
+    assert target.taps == (0, 2)
+    assert torch.equal(linked.prefill(PROMPT[:4]), plain.prefill(PROMPT[:4]))  # the target has run nothing
+    assert torch.equal(linked.extend(PROMPT[4:6], commit=True), plain.extend(PROMPT[4:6], commit=True))
+    target.prefill(PROMPT[:7])
+    fixed.prefill(PROMPT[:6])
+    fixed.steer = steering.step_delta(target.taps_at(6))  # a run ending at position 7 takes δ of position 6
+    want = fixed.extend(PROMPT[6:8], commit=True)
+    got = linked.extend(PROMPT[6:8], commit=True)
+    assert (got - want).abs().max() <= 1e-5 and (got - plain.extend(PROMPT[6:8], commit=True)).abs().max() > 1e-2
+    tip = linked.length - 1
+    assert (linked.extend_tree([30, 31], [tip, -1]) - fixed.extend_tree([30, 31], [tip, -1])).abs().max() <= 1e-5
+    assert linked.steer is None  # set only while a forward runs

@@ -114,7 +114,7 @@ def test_steered_distillation_trains_the_map_and_writes_a_steered_draft(tiny, tm
     out = tmp_path / "out"
     steering = SteeringMap.load(out)
     assert steering.spec.target_layers == (0, 1) and steering.spec.rank == 4 and steering.spec.max_offset == 3
-    assert float(steering.out.weight.abs().max()) > 0  # trained away from its zero start
+    assert float(steering.out.weight.detach().abs().max()) > 0  # trained away from its zero start
     assert json.loads((out / "distill.json").read_text())["steering"]["parameters"] > 0
     pair = load_pair(tiny / "target", out, REPO / "models" / "tokenizer")
     assert pair.draft.steering is not None and pair.target.taps == (0, 1)

@@ -43,7 +43,7 @@ def steering_for(target_hidden: int, draft_ffn: int, seed: int = 0) -> SteeringM
 def steered_pair(seed: int) -> tuple[CachedLM, CachedLM]:
     target = CachedLM(tiny_llama(seed=seed, vocab=VOCAB, hidden=32, layers=2, logit_scale=3.0))
     draft = cached_lm(tiny_llama(seed=seed + 100, vocab=VOCAB, hidden=16, layers=1, logit_scale=3.0))
-    draft.attach_steering(steering_for(32, 32, seed))
+    draft.attach_steering(steering_for(32, 32, seed), target)
     return target, draft
 
 
@@ -66,12 +66,16 @@ class StaleSteeringDecoder(SpeculativeDecoder):
     """Wrong: draws each tree under the previous step's δ, then gives the verifier q recomputed under this step's."""
 
     def _draft_tree(self, request, q_root, action):
-        current, self.draft.steer = self.draft.steer, getattr(request, "previous_delta", None)
-        request.previous_delta = current
-        drafted = draft_delayed_tree(self.draft, q_root, action, request.sampling, request.rng,
-                                     self.without_replacement)
+        link = self.draft.steering
+        current = link.delta_before(self.draft.committed - 1)
+        stale, request.previous_delta = getattr(request, "previous_delta", None), current
+        link.delta_before = lambda root: stale  # shadows the method on this instance while the tree is drawn
+        try:
+            drafted = draft_delayed_tree(self.draft, q_root, action, request.sampling, request.rng,
+                                         self.without_replacement)
+        finally:
+            del link.delta_before
         self.draft.commit([])  # drop the stale slots, then run the same nodes under this step's δ
-        self.draft.steer = current
         return _requeried(self.draft, drafted, q_root, request.sampling)
 
 
@@ -110,14 +114,11 @@ def test_a_steered_draft_is_lossless_through_several_steps(name, action):
 def test_steering_moves_q_so_the_enumeration_can_tell():
     """The steered draft's q differs from the unsteered one's by far more than the tolerance, at the first step."""
     target, draft = steered_pair(seed=3)
-    target.taps = draft.steering.spec.target_layers
     draft.prefill(PROMPT[:-1])
-    draft.steer = None
-    plain = torch.softmax(draft.extend([PROMPT[-1]], commit=True)[-1], -1)
+    plain = torch.softmax(draft.extend([PROMPT[-1]], commit=True)[-1], -1)  # the target has run nothing: unsteered
     target.prefill(PROMPT[:-1])
     draft.prefill(PROMPT[:-1])
-    draft.steer = draft.steering.step_delta(target.tapped[-1])
-    steered = torch.softmax(draft.extend([PROMPT[-1]], commit=True)[-1], -1)
+    steered = torch.softmax(draft.extend([PROMPT[-1]], commit=True)[-1], -1)  # δ of the target at the token before
     assert float((plain - steered).abs().max()) > 0.05
 
 
