@@ -3,8 +3,8 @@
 For a pair directory (default ``models``) this measures, with the models loaded in fp32 on CPU:
   * architecture, parameter counts, training tokens and wall times (from recipe.json);
   * held-out loss and perplexity of both models on the held-out stdlib modules (blocks of the recipe's seq_len);
-  * per-token latency: one token after a 256-token KV cache, and one 32-node tree pass (float additive 4D tree
-    mask, depth-based position ids) after the same cache; median of --timed-calls; and the target/draft ratios;
+  * per-pass latency through HF's forward in both models (decode.models.cached_lm, its tree masks): one token and
+    a --tree-nodes block after a --cache-len cache, timed by the latency model (decode.policies.latency), medians;
   * per-token acceptance 1 - TV(p, q) = sum_v min(p_v, q_v) at T = 1 and T = 0.6, on the contexts of target-sampled
     continuations of held-out prompts (mean, std, percentiles, and the spread of per-prompt means);
   * the draft's calibration at T = 1 and 0.6: at the nodes of drafted chains, the correlation (and ROC AUC) of its
@@ -23,9 +23,7 @@ import json
 import math
 import os
 import platform
-import statistics
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,21 +48,17 @@ def train_pair_folder(spec) -> Path | None:
 
 
 def load_pair(models_dir: Path):
-    """(tokenizer, target, draft, recipe dict) from a pair directory, fp32, eval mode, sdpa attention."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ddte_core.quiet import quiet_transformers
+    """(the loaded pair, fp32, both through HF's forward; the recipe dict) from a pair directory."""
+    from decode.pair import load_pair as load_models
 
     for name in ("tokenizer", "target", "draft"):
         if not (models_dir / name).is_dir():
             raise ValueError(f"{models_dir / name} not found: train the pair first (ddte train-pair)")
-    with quiet_transformers():
-        tok = AutoTokenizer.from_pretrained(models_dir / "tokenizer")
-        target = AutoModelForCausalLM.from_pretrained(models_dir / "target", dtype=torch.float32).eval()
-        draft = AutoModelForCausalLM.from_pretrained(models_dir / "draft", dtype=torch.float32).eval()
+    pair = load_models(models_dir / "target", models_dir / "draft", models_dir / "tokenizer", dtype="float32",
+                       fast_draft=False)
     recipe_path = models_dir / "recipe.json"
     recipe = json.loads(recipe_path.read_text()) if recipe_path.is_file() else {}
-    return tok, target, draft, recipe
+    return pair, recipe
 
 
 @torch.inference_mode()
@@ -93,64 +87,19 @@ def heldout_blocks(tok, heldout_fraction: float, seq_len: int, max_blocks: int |
     return blocks
 
 
-def tree_mask(parents: list[int], past_len: int) -> torch.Tensor:
-    """Float additive mask ``(1, 1, n, past_len + n)``: 0 where a node sees the prefix or an ancestor, else -inf-ish.
+def pass_latency(pair, cache_len: int, nodes: int, repeats: int) -> dict[str, Any]:
+    """Median pass times (ms) of both models through HF's forward, timed as the latency model times the loop's
+    passes (decode.policies.latency): one token, and a ``nodes``-token block (a tree for the target, a level for the
+    draft), after ``cache_len`` cached tokens; and the target/draft ratios."""
+    from decode.policies.latency import measure_latency
 
-    The float form is right under both eager and sdpa attention (a bool mask is silently wrong under eager).
-    """
-    n = len(parents)
-    ancestors = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            ancestors[i, j] = True
-            j = parents[j]
-    allowed = torch.cat([torch.ones(n, past_len, dtype=torch.bool), ancestors], dim=1)[None, None]
-    return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
-
-
-def tree_depths(parents: list[int]) -> torch.Tensor:
-    """Depth of every node (root 0): shape ``(n,)``; position ids are ``past_len + depth``."""
-    depths: list[int] = []
-    for parent in parents:
-        depths.append(0 if parent < 0 else depths[parent] + 1)
-    return torch.tensor(depths)
-
-
-def random_tree(n: int, gen: torch.Generator) -> list[int]:
-    """Parents of a random n-node tree rooted at node 0, in topological order."""
-    return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
-
-
-@torch.inference_mode()
-def latency_ms(model, cache_len: int, nodes: int, repeats: int, seed: int = 0) -> dict[str, float]:
-    """Median and minimum wall time (ms) of one forward of ``nodes`` new tokens after a ``cache_len``-token KV cache.
-
-    ``nodes == 1`` is a plain decode step; ``nodes > 1`` is a tree pass with a random tree. The cache is cropped back
-    after every call so each one sees exactly ``cache_len`` cached tokens. On a shared CPU the median moves with
-    the load; the minimum is the closest to the machine's uncontended speed.
-    """
-    from transformers import DynamicCache
-
-    gen = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    cache = DynamicCache(config=model.config)
-    model(torch.randint(3, vocab, (1, cache_len), generator=gen), cache=cache, use_cache=True)
-    tokens = torch.randint(3, vocab, (1, nodes), generator=gen)
-    kwargs: dict[str, Any] = {}
-    if nodes > 1:
-        parents = random_tree(nodes, gen)
-        positions = (cache_len + tree_depths(parents))[None]  # (1, n): depth-based, not arange
-        kwargs = {"attention_mask": tree_mask(parents, cache_len), "position_ids": positions}
-    times = []
-    for i in range(repeats + 3):
-        start = time.perf_counter()
-        model(tokens, cache=cache, use_cache=True, **kwargs)
-        elapsed = time.perf_counter() - start
-        cache.crop(-nodes)
-        if i >= 3:  # the first calls warm up allocators and kernels
-            times.append(elapsed * 1e3)
-    return {"median": statistics.median(times), "min": min(times)}
+    table = measure_latency(pair.target, pair.draft, lengths=[cache_len], sizes=[1, nodes], repeats=repeats)
+    out: dict[str, Any] = {"cache_len": table.lengths[0], "tree_nodes": nodes, "repeats": repeats}
+    for name, times in (("target", table.target_ms[0]), ("draft", table.draft_ms[0])):
+        out[name] = {"one_token_ms": times[0], "tree_ms": times[1]}
+    for key in ("one_token", "tree"):
+        out[f"ratio_{key}"] = out["target"][f"{key}_ms"] / out["draft"][f"{key}_ms"]
+    return out
 
 
 def describe(model) -> dict[str, Any]:
@@ -188,7 +137,8 @@ def measure(args: CardSettings) -> dict[str, Any]:
     """Every figure of the card, as a JSON-ready dict."""
     torch.set_num_threads(args.threads)
     models_dir = Path(args.models)
-    tok, target, draft, recipe = load_pair(models_dir)
+    pair, recipe = load_pair(models_dir)
+    tok, target, draft = pair.tokenizer, pair.target.model, pair.draft.model
     context = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
     if args.cache_len + args.tree_nodes + 1 > context:
         raise ValueError(f"--cache-len {args.cache_len} with --tree-nodes {args.tree_nodes} does not fit the "
@@ -218,16 +168,7 @@ def measure(args: CardSettings) -> dict[str, Any]:
         loss = heldout_loss(model, blocks)
         result["heldout"][name] = {"loss": loss, "perplexity": math.exp(loss)}
 
-    latency: dict[str, Any] = {"cache_len": args.cache_len, "tree_nodes": args.tree_nodes, "repeats": args.repeats}
-    for name, model in (("target", target), ("draft", draft)):
-        one = latency_ms(model, args.cache_len, 1, args.repeats)
-        tree = latency_ms(model, args.cache_len, args.tree_nodes, args.repeats)
-        latency[name] = {"one_token_ms": one["median"], "tree_ms": tree["median"],
-                         "one_token_min_ms": one["min"], "tree_min_ms": tree["min"]}
-    for key in ("one_token", "tree"):
-        latency[f"ratio_{key}"] = latency["target"][f"{key}_ms"] / latency["draft"][f"{key}_ms"]
-        latency[f"ratio_{key}_min"] = latency["target"][f"{key}_min_ms"] / latency["draft"][f"{key}_min_ms"]
-    result["latency"] = latency
+    result["latency"] = pass_latency(pair, args.cache_len, args.tree_nodes, args.repeats)
 
     result["loop_latency"] = loop_latency(models_dir, args.cache_len, args.tree_nodes, args.repeats)
 
@@ -288,15 +229,11 @@ def markdown(result: dict[str, Any]) -> str:
         "| held-out perplexity | {:.2f} | {:.2f} | |".format(
             held["target"]["perplexity"], held["draft"]["perplexity"]
         ),
-        "| 1 token after a {}-token KV cache, ms: median (min) | {:.2f} ({:.2f}) | {:.2f} ({:.2f}) "
-        "| {:.1f}× ({:.1f}×) |".format(
-            lat["cache_len"], lat["target"]["one_token_ms"], lat["target"]["one_token_min_ms"],
-            lat["draft"]["one_token_ms"], lat["draft"]["one_token_min_ms"], lat["ratio_one_token"],
-            lat["ratio_one_token_min"],
+        "| 1 token after a {}-token KV cache, ms (HF forward) | {:.2f} | {:.2f} | {:.1f}× |".format(
+            lat["cache_len"], lat["target"]["one_token_ms"], lat["draft"]["one_token_ms"], lat["ratio_one_token"],
         ),
-        "| {}-node tree pass, ms: median (min) | {:.2f} ({:.2f}) | {:.2f} ({:.2f}) | {:.1f}× ({:.1f}×) |".format(
-            lat["tree_nodes"], lat["target"]["tree_ms"], lat["target"]["tree_min_ms"], lat["draft"]["tree_ms"],
-            lat["draft"]["tree_min_ms"], lat["ratio_tree"], lat["ratio_tree_min"],
+        "| {}-token block (target: a tree, draft: a level), ms | {:.2f} | {:.2f} | {:.1f}× |".format(
+            lat["tree_nodes"], lat["target"]["tree_ms"], lat["draft"]["tree_ms"], lat["ratio_tree"],
         ),
     ]
     loop = result.get("loop_latency")
