@@ -38,25 +38,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--output", required=True, help="output JSONL path")
     parser.add_argument("--num-prompts", type=int, default=DEFAULT_COUNT, help="prompts to build")
-    parser.add_argument("--split", choices=SPLITS, default="heldout",
-                        help="modules to draw from ('train' only for data collection, never for evaluation)")
-    parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="prompt length cap")
+    parser.add_argument("--split", choices=SPLITS, default=None,
+                        help="modules to draw from ('train' only for data collection, never for evaluation; default "
+                        "heldout); code prompts only: a chat set names its split in --chat")
+    parser.add_argument("--max-chars", type=int, default=None,
+                        help=f"prompt length cap (code prompts only; default {DEFAULT_MAX_CHARS})")
     parser.add_argument("--chat", default=None, metavar="SET",
                         help="chat prompt set from ../shared/data instead of stdlib code: train, heldout, heldout-like "
                         "or heldout-unlike")
     parser.add_argument("--workload", choices=("chat", "mixed"), default="chat",
                         help="with --chat: the chat workload (SmolLM2's) or the mixed one (every spec_bench category "
                         "by turns; the Qwen2.5-Coder pair's)")
-    parser.add_argument("--heldout-fraction", type=float, default=HELDOUT_FRACTION,
-                        help="held-out fraction of the corpus split (must match the pair's recipe)")
+    parser.add_argument("--heldout-fraction", type=float, default=None,
+                        help=f"held-out fraction of the corpus split (must match the pair's recipe; code prompts only; "
+                        f"default {HELDOUT_FRACTION})")
 
 
 def run(args: argparse.Namespace) -> int:
-    from data_gen.corpus import python_version
-    from data_gen.prompts import build_prompts, write_jsonl
+    from data_gen.corpus import HELDOUT_FRACTION, python_version
+    from data_gen.prompts import DEFAULT_MAX_CHARS, build_prompts, write_jsonl
 
     if args.num_prompts < 1:
         raise UserError(f"--num-prompts must be at least 1, got {args.num_prompts}")
+    code_only = {"--split": args.split, "--max-chars": args.max_chars, "--heldout-fraction": args.heldout_fraction}
+    given = [name for name, value in code_only.items() if value is not None]
+    if args.chat is not None and given:
+        raise UserError(f"{given[0]} applies to code prompts; a chat set names its own split (--chat train, heldout, "
+                        "heldout-like or heldout-unlike)")
+    args.split = args.split or "heldout"
+    args.max_chars = DEFAULT_MAX_CHARS if args.max_chars is None else args.max_chars
+    args.heldout_fraction = HELDOUT_FRACTION if args.heldout_fraction is None else args.heldout_fraction
     if args.max_chars < 40:
         raise UserError(f"--max-chars must be at least 40, got {args.max_chars}")
     if not 0.0 < args.heldout_fraction < 1.0:

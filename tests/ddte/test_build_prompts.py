@@ -27,3 +27,12 @@ def test_retired_flag_spellings_are_refused(tmp_path, capsys):
         main(["build-prompts", "--out", str(out), "--count", "3"])
     assert exit_info.value.code == 2 and not out.exists()
     assert "unrecognized arguments: --count" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", [["--split", "train"], ["--max-chars", "100"], ["--heldout-fraction", "0.2"]])
+def test_code_prompt_options_beside_a_chat_set_are_refused(tmp_path, capsys, option):
+    """A chat set has its own split: an option that only shapes code prompts would be silently ignored."""
+    out = tmp_path / "chat.jsonl"
+    assert main(["build-prompts", "--chat", "heldout", "--output", str(out), *option]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{option[0]} applies to code prompts" in err[0] and not out.exists()
