@@ -30,10 +30,11 @@ def load_columns(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
     metadata = read_metadata(folder)
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
-    names = [n for n in pq.read_schema(shards[0]).names if n not in SKIPPED]
-    table = pa.concat_tables([pq.read_table(s, columns=names) for s in shards])
+    from data_gen.store import read_shards, shard_columns
+
+    names = [n for n in shard_columns(shards[0]) if n not in SKIPPED]
+    table = read_shards(shards, names)
     columns = {}
     for name in names:
         column = table.column(name).combine_chunks()

@@ -24,7 +24,7 @@ import numpy as np
 
 from data_gen.config import CollectConfig, check_collect_config, config_to_dict
 from data_gen.schema import METADATA_FILE
-from data_gen.store import list_shards, read_metadata
+from data_gen.store import list_shards, read_metadata, read_shards
 from ddte_core.yamlconfig import apply_override, build_dataclass
 from decode.drafting.actions import Action
 from decode.policies.features import SCALAR_NAMES
@@ -45,7 +45,7 @@ def relabel(
     try:
         rows = 0
         for shard in tqdm(shards, desc="relabel", unit="shard", disable=not progress):
-            table = relabel_table(pq.read_table(shard), latency, passes)
+            table = relabel_table(read_shards([shard]), latency, passes)
             pq.write_table(table, staging / shard.name)
             rows += table.num_rows
         new_metadata = relabelled_metadata(metadata, latency, config, source)

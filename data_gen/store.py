@@ -45,6 +45,34 @@ def list_shards(out: Path) -> list[Path]:
     return sorted(out.glob(SHARD_GLOB))
 
 
+def shard_columns(shard: Path) -> list[str]:
+    """The column names of one shard; ValueError naming the file when it is not a readable parquet file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.read_schema(shard).names)
+    except (pa.ArrowException, OSError) as err:
+        raise ValueError(f"{shard}: not a readable parquet shard ({str(err).splitlines()[0]}); remove it and "
+                         "collect that chunk again (ddte collect --resume)") from err
+
+
+def read_shards(shards: list[Path], columns: list[str] | None = None):
+    """The rows of ``shards`` in order, as one pyarrow table (``columns`` only, when given); ValueError naming the
+    first file that is not a readable parquet shard."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = []
+    for shard in shards:
+        try:
+            tables.append(pq.read_table(shard, columns=columns))
+        except (pa.ArrowException, OSError) as err:
+            raise ValueError(f"{shard}: not a readable parquet shard ({str(err).splitlines()[0]}); remove it and "
+                             "collect that chunk again (ddte collect --resume)") from err
+    return pa.concat_tables(tables)
+
+
 def write_shard(rows: list[dict], path: Path, label_columns: list[str]) -> None:
     """Write rows as one parquet file through ``datasets``, atomically (temporary name, then rename)."""
     from datasets import Dataset, Features, List, Value

@@ -137,7 +137,7 @@ def inspect_dataset(folder: str | Path, verifier: str) -> DatasetInfo:
 
     Raises ValueError with a one-line message for every problem found.
     """
-    import pyarrow.parquet as pq
+    from data_gen.store import shard_columns
 
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
@@ -174,7 +174,7 @@ def inspect_dataset(folder: str | Path, verifier: str) -> DatasetInfo:
         raise ValueError(f"'{folder}' has no shards ({SHARD_GLOB})")
     required = ["prompt_id", "sampling_index", *HIDDEN_NAMES, "scalars", "step_ms", label_column(verifier)]
     for shard in shards:
-        names = set(pq.read_schema(shard).names)
+        names = set(shard_columns(shard))
         missing = [c for c in required if c not in names]
         if missing:
             raise ValueError(f"shard {shard.name} lacks column(s) {', '.join(missing)}")

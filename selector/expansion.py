@@ -381,18 +381,15 @@ def acceptance_scalars(scalars: np.ndarray) -> np.ndarray:
 
 def _read_table(folder, columns: list[str]):
     """The columns of every shard, in shard order (the row order every reader here shares)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from data_gen.store import list_shards
+    from data_gen.store import list_shards, read_shards, shard_columns
 
     shards = list_shards(folder)
-    names = set(pq.read_schema(shards[0]).names) if shards else set()
+    names = set(shard_columns(shards[0])) if shards else set()
     missing = [c for c in columns if c not in names]
     if missing:
         raise ValueError(f"{folder}: no {', '.join(missing)} (a schema-2 collection with trunk states is needed, "
                          "with labels for this verifier)")
-    return pa.concat_tables([pq.read_table(s, columns=columns) for s in shards])
+    return read_shards(shards, columns)
 
 
 def selector_root_choices(path, folder, verifier: str) -> np.ndarray:

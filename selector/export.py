@@ -89,9 +89,8 @@ def random_inputs(module, n: int, seed: int = 0) -> dict[str, Any]:
 
 def real_inputs(module, data_dir: str | Path | None, n: int) -> dict[str, Any] | None:
     """The first n rows of the data set (the checkpoint's own, unless ``data_dir`` is given); None if absent."""
-    import pyarrow.parquet as pq
-
     from data_gen.schema import METADATA_FILE, SHARD_GLOB
+    from data_gen.store import read_shards
     from selector.data import _list_column
 
     folder = Path(data_dir or module.info.data.data_dir or "")
@@ -100,7 +99,7 @@ def real_inputs(module, data_dir: str | Path | None, n: int) -> dict[str, Any] |
         if data_dir is not None:
             raise ValueError(f"--data '{data_dir}' has no data set ({METADATA_FILE} + {SHARD_GLOB})")
         return None
-    table = pq.read_table(shards[0], columns=list(INPUT_NAMES)).slice(0, n)
+    table = read_shards(shards[:1], list(INPUT_NAMES)).slice(0, n)
     sizes = {**module.info.data.hidden_sizes, "scalars": len(module.info.data.scalar_names)}
     return {name: _list_column(table, name, int(sizes[name])) for name in INPUT_NAMES}
 

@@ -259,7 +259,7 @@ def _data_and_model(config: TrainConfig):
     from selector.data import SelectorDataModule
     from selector.model import SelectorModule
 
-    pl.seed_everything(config.seed_everything, workers=True)
+    pl.seed_everything(config.seed_everything, workers=True, verbose=False)
     dm = SelectorDataModule(**dataclasses.asdict(config.data))
     model = SelectorModule(hidden_sizes=dm.hidden_sizes, num_actions=dm.num_actions,
                            **dataclasses.asdict(config.model))

@@ -344,3 +344,21 @@ def test_pair_card_refuses_a_cache_longer_than_the_context(capsys):
     """The shipped pair's 512 positions: --cache-len 100000 is refused in one line instead of running for minutes."""
     assert main(["pair-card", "--cache-len", "100000", "--num-prompts", "1", "--timed-calls", "1"]) == 2
     assert "does not fit the pair's 512-token context" in _one_line(capsys, "pair-card")
+
+
+@pytest.mark.parametrize("command", [
+    ["analyze", "--data", "{data}"],
+    ["train", "data.data_dir={data}", "run.output_dir={tmp}/runs", "run.tracking_uri=sqlite:///{tmp}/mlflow.db"],
+])
+def test_a_corrupt_shard_is_named(command, tiny_collected, tmp_path, capsys):
+    """A shard that is not parquet: one line naming that file, whichever command reads the data set."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_collected, data)
+    shard = sorted(data.glob("shard-*.parquet"))[-1]
+    shard.write_bytes(b"not parquet")
+    argv = [a.format(data=data, tmp=tmp_path) for a in command]
+    assert main(argv) == 2
+    line = _one_line(capsys, argv[0])
+    assert shard.name in line and "not a readable parquet shard" in line
