@@ -48,6 +48,7 @@ from ddte.commands.common import (
     check_output_file,
     load_pair_from_args,
     policy_latency,
+    seed_argument,
     user_errors,
 )
 
@@ -79,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt")
     parser.add_argument("--temperature", type=float, nargs="+", default=[1.0], help="one or more temperatures")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold in (0, 1]")
-    parser.add_argument("--seed", type=int, default=0, help="base seed of every prompt's run")
+    parser.add_argument("--seed", type=seed_argument, default=0, help="base seed of every prompt's run")
     add_threads_argument(parser)
     add_latency_argument(parser)
     parser.add_argument("--output", default=None, help="write rows + settings + environment as JSON here")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 
-from ddte.commands.common import DEFAULT_DEVICE, DEVICE_HELP, add_overrides_argument, user_errors
+from ddte.commands.common import DEFAULT_DEVICE, DEVICE_HELP, add_overrides_argument, seed_argument, user_errors
 
 DEFAULT_CONFIG = "configs/collect/default.yaml"
 
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"{DEVICE_HELP}; overrides the config's device ({DEFAULT_DEVICE} in the shipped config)")
     parser.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
                         help="model dtype (overrides the config)")
-    parser.add_argument("--seed", type=int, default=None, help="overrides the config's seed")
+    parser.add_argument("--seed", type=seed_argument, default=None, help="overrides the config's seed")
     parser.add_argument("--num-prompts", type=int, default=None, help="prompts to collect on (prompts.limit)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="tokens sampled per trajectory (new_tokens)")

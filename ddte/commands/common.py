@@ -64,6 +64,17 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
 MAX_SEED = 2**63 - 1  # torch.Generator takes a 64-bit seed
 
 
+def seed_argument(text: str) -> int:
+    """argparse ``type`` of every ``--seed``: an integer in [0, MAX_SEED], refused at parse time otherwise."""
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer in [0, {MAX_SEED}], got '{text}'") from None
+    if not 0 <= seed <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"an integer in [0, {MAX_SEED}], got {seed}")
+    return seed
+
+
 def apply_threads(threads: int) -> None:
     if threads < 0:
         raise UserError(f"--threads must be >= 0, got {threads}")

@@ -31,6 +31,7 @@ from ddte.commands.common import (
     check_output_file,
     load_pair_from_args,
     policy_latency,
+    seed_argument,
     user_errors,
 )
 from decode.policies.base import POLICIES
@@ -75,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_decoding_arguments(parser)
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per sample")
     parser.add_argument("--num-samples", type=int, default=1, help="samples of the same prompt")
-    parser.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
+    parser.add_argument("--seed", type=seed_argument, default=0, help="sample i uses seed + i")
     add_threads_argument(parser)
     parser.add_argument("--output", default=None, help="write one JSON line per sample (tokens, text, stats)")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from ddte.commands.common import UserError, add_threads_argument, check_output_file, user_errors
+from ddte.commands.common import UserError, add_threads_argument, check_output_file, seed_argument, user_errors
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heldout-blocks", type=int, default=None,
                         help="held-out blocks for the loss (default: the recipe's final_eval_blocks, else all)")
     parser.add_argument("--sample-tokens", type=int, default=80, help="length of the T=0.8 sample")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--seed", type=seed_argument, default=0, help="sampling seed")
     parser.add_argument("--groups", nargs="+", default=[], metavar="GROUP",
                         help="measure acceptance on these prompt groups only (like, unlike for chat sets; the "
                         "categories of the mixed workload, e.g. coding math translation writing; default: all)")
