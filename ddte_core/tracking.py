@@ -79,20 +79,29 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-class _DropTips(logging.Filter):
-    """Drops Lightning's advertising lines ("💡 Tip: ... litlogger / litmodels")."""
+# Lightning's status lines on every run, none of which a user acts on: its advertising, the accelerators it found
+# (the config says which one runs), its loader probe, why fit stopped (the epochs asked for), the best checkpoint's
+# reload (ddte prints the checkpoint), and the MLflow logger creating a new experiment.
+_CHATTER = ("💡 Tip", "GPU available:", "TPU available:", "HPU available:", "Loading `train_dataloader`",
+            "`Trainer.fit` stopped:", "Restoring states from the checkpoint",
+            "Loaded model weights from the checkpoint", "Experiment with name")
+
+
+class _DropChatter(logging.Filter):
+    """Drops the lines of :data:`_CHATTER`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith("💡 Tip")
+        return not str(record.getMessage()).startswith(_CHATTER)
 
 
 @contextlib.contextmanager
 def quiet_lightning() -> Iterator[None]:
-    """Silence known noise while training: the Tip lines, torch-pytree FutureWarnings, SQLAlchemy deprecations, and
-    MLflow's INFO lines."""
-    tip_filter = _DropTips()
-    # rank_zero_info logs through these two loggers; a logger-level filter sees records created there.
+    """Silence known noise while training: Lightning's status lines (:data:`_CHATTER`), torch-pytree FutureWarnings,
+    SQLAlchemy deprecations, and MLflow's INFO lines."""
+    tip_filter = _DropChatter()
+    # rank_zero_info logs through these loggers; a logger-level filter sees records created there.
     loggers = [logging.getLogger(f"lightning.{pkg}.utilities.rank_zero") for pkg in ("pytorch", "fabric")]
+    loggers.append(logging.getLogger("lightning.pytorch.loggers.mlflow"))
     for lg in loggers:
         lg.addFilter(tip_filter)
     alembic, mlflow_log = logging.getLogger("alembic"), logging.getLogger("mlflow")

@@ -81,3 +81,21 @@ def test_a_staged_file_is_whole_or_absent(tmp_path):
     except RuntimeError:
         pass
     assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["out.txt"]
+
+
+def test_quiet_lightning_drops_lightnings_status_lines_and_keeps_the_rest(caplog):
+    """The accelerator, loader-probe, fit-stopped and reload lines go; a line ddte's user acts on stays."""
+    import logging
+
+    from ddte_core.tracking import quiet_lightning
+
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    with caplog.at_level(logging.INFO):
+        with quiet_lightning():
+            for line in ("GPU available: False, used: False", "`Trainer.fit` stopped: `max_epochs=2` reached.",
+                         "Restoring states from the checkpoint path at x", "a line that matters"):
+                rank_zero.info(line)
+            logging.getLogger("lightning.pytorch.loggers.mlflow").warning("Experiment with name x not found.")
+        assert [r.getMessage() for r in caplog.records] == ["a line that matters"]
+        rank_zero.info("GPU available: False, used: False")  # outside the block: as Lightning logs it
+        assert caplog.records[-1].getMessage().startswith("GPU available")
