@@ -107,9 +107,15 @@ def plan_pipeline(config: PipelineConfig, resume: bool = False) -> PipelinePlan:
     ``resume``: the output folder may hold an earlier run of this pipeline, whose collected shards are kept and
     whose selectors, policy.json and results are redone; without it the folder must be new or empty."""
     from data_gen.collection import check_output, check_verifiers
+    from ddte_core.paths import folder_is_writable
+    from ddte_core.tracking import resolve_tracking_uri
 
     refuse_file_in_the_way(config.output)
     out = Path(config.output)
+    if not folder_is_writable(out):
+        raise ValueError(f"output {out}: no file can be written there; choose another output=")
+    if config.tracking_uri:
+        resolve_tracking_uri(config.tracking_uri)  # its scheme and folder, before the first stage
     if resume and not (out / "data").is_dir() and not (out / "mlflow.db").is_file():
         raise ValueError(f"--resume: {out} holds no pipeline run to continue; drop --resume to start one there")
     if not resume and out.is_dir() and any(out.iterdir()):

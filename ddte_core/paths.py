@@ -80,3 +80,19 @@ def staged_file(path: str | Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def folder_is_writable(folder: Path) -> bool:
+    """Whether a file can be created in ``folder`` (or, where it does not exist yet, in the nearest folder above it
+    that does), by creating and removing one: permission bits do not say so for root, a read-only mount or a
+    virtual file system such as /proc."""
+    import tempfile
+
+    folder = Path(folder).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".ddte-probe-"):
+            return True
+    except OSError:
+        return False

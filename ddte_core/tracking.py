@@ -15,16 +15,27 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+TRACKING_SCHEMES = ("sqlite:///", "file:", "http://", "https://", "databricks")
+
+
 def resolve_tracking_uri(uri: str | None) -> str:
     """``uri``, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db; a relative sqlite path is made absolute.
+    ValueError for a scheme MLflow does not store runs under, or a sqlite database in a folder no file can be made in.
 
     MLflow resolves a relative sqlite path against the current directory of whichever process opens it; an absolute
     path makes the run findable from anywhere.
     """
+    from ddte_core.paths import folder_is_writable
+
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str(Path(uri[len(prefix):]).resolve())
+        uri = prefix + str(Path(uri[len(prefix):]).resolve())
+    if not uri.startswith(TRACKING_SCHEMES):
+        raise ValueError(f"tracking URI '{uri}': give sqlite:///PATH.db, an http(s):// server or file:FOLDER")
+    if uri.startswith(prefix) and not folder_is_writable(Path(uri[len(prefix):]).parent):
+        raise ValueError(f"tracking URI {uri}: its folder is not writable (run from a writable folder, or set "
+                         "run.tracking_uri=sqlite:////a/writable/mlflow.db or $MLFLOW_TRACKING_URI)")
     return uri
 
 

@@ -170,6 +170,7 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult | Non
     from distill.saving import round_to_storage
 
     output = check_output(config)
+    uri = resolve_tracking_uri(config.tracking.tracking_uri)  # a bad URI is refused before hours of work
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     tokenizer, target, draft = load_models(config)
@@ -192,7 +193,6 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult | Non
     module = DistillModule(draft, target, config.divergence, config.temperatures, config.data, config.train,
                            config.teacher_topk, steering)
 
-    uri = resolve_tracking_uri(config.tracking.tracking_uri)
     lead = is_rank_zero()  # one MLflow run per job, and one writer of the draft
     run_name = config.tracking.run_name or f"distill-{config.divergence}"
     logger = lightning_logger(uri, config.tracking.experiment, run_name,

@@ -207,6 +207,7 @@ def load_train_config(path: str | Path | None = DEFAULT_CONFIG, overrides: Seque
 
 def check_train_config(config: TrainConfig) -> None:
     """The values a type cannot check (the data folder and its verifier are checked when the data set is read)."""
+    resolve_tracking_uri(config.run.tracking_uri)  # a scheme MLflow cannot store under, or an unwritable folder
     if config.model.objective not in OBJECTIVES:
         raise ValueError(f"model.objective must be one of {', '.join(OBJECTIVES)}, got {config.model.objective!r}")
     if config.run.monitor_mode not in ("max", "min"):

@@ -133,9 +133,12 @@ def check_output_file(path: str | Path, what: str = "--output") -> Path:
         raise UserError(f"{what} {path}: a folder above it is a file, not a folder") from err
     except OSError as err:
         raise UserError(f"{what} {path}: cannot create its folder ({err.strerror})") from err
-    if not os.access(path.parent, os.W_OK):
+    from ddte_core.paths import folder_is_writable
+
+    if not folder_is_writable(path.parent):
         raise UserError(f"{what} {path}: its folder is not writable")
     return path
+
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

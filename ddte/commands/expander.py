@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--folds must be >= 2")
     if not 0.0 <= args.min_gain < 1.0:
         raise UserError("--min-gain must be in [0, 1)")
+    with user_errors():
+        tracking_uri = None if args.no_mlflow else resolve_tracking_uri(args.tracking_uri)
     output = check_output_file(args.output)
     with user_errors():
         fitted = fit_expander(args.data, args.verifier, args.folds, args.min_gain, args.signals,
@@ -53,6 +55,6 @@ def run(args: argparse.Namespace) -> int:
           f"{len(fitted.metadata.fit_prompts)} fit prompts")
     if not args.no_mlflow:
         with user_errors(prefix="MLflow: "):
-            run_id = log_expander(fitted, output, resolve_tracking_uri(args.tracking_uri), args.data)
+            run_id = log_expander(fitted, output, tracking_uri, args.data)
         print(f"MLflow run {run_id} (experiment expander)")
     return 0

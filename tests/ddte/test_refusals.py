@@ -362,3 +362,24 @@ def test_a_corrupt_shard_is_named(command, tiny_collected, tmp_path, capsys):
     assert main(argv) == 2
     line = _one_line(capsys, argv[0])
     assert shard.name in line and "not a readable parquet shard" in line
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "data.data_dir={data}", "run.output_dir={out}", "run.tracking_uri=garbage"], "tracking URI 'garbage'"),
+    (["train", "data.data_dir={data}", "run.output_dir={out}", "run.tracking_uri=sqlite:////proc/m.db"],
+     "its folder is not writable"),
+    (["expander", "--data", "{data}", "--verifier", "specinfer", "--output", "{out}/e.onnx", "--tracking-uri",
+      "sqlite:////proc/m.db"],
+     "its folder is not writable"),
+    (["bench-verifiers", "--vocab", "64", "--shapes", "2,1,1", "--output", "/proc/x.json"],
+     "its folder is not writable"),
+    (["build-prompts", "--output", "/proc/x.jsonl", "--num-prompts", "2"], "its folder is not writable"),
+])
+def test_an_unwritable_place_is_refused_before_any_work(argv, message, tiny_collected, tmp_path, capsys):
+    """MLflow stores and output files where nothing can be written (/proc: even root cannot create a file there):
+    one line before any work, nothing written."""
+    out = tmp_path / "never"
+    argv = [a.format(out=out, data=tiny_collected) for a in argv]
+    assert main(argv) == 2
+    assert message in _one_line(capsys, argv[0])
+    assert not out.exists()
