@@ -49,6 +49,7 @@ class TeacherLaws:
     log_norm: torch.Tensor  # (N, len(temperatures)) float32
     temperatures: list[float]
     seconds: float = 0.0
+    vocab_size: int = 0  # the target's vocabulary V (0: a file from before it was recorded)
 
     def __len__(self) -> int:
         return self.starts.numel()
@@ -76,7 +77,8 @@ class TeacherLaws:
         tensors = {"tokens": self.tokens, "offsets": self.offsets, "starts": self.starts,
                    "sample_temperatures": self.sample_temperatures, "top_ids": self.top_ids,
                    "top_logits": self.top_logits, "log_norm": self.log_norm}
-        meta = {"format": FORMAT, "temperatures": json.dumps(self.temperatures), "seconds": f"{self.seconds:.1f}"}
+        meta = {"format": FORMAT, "temperatures": json.dumps(self.temperatures), "seconds": f"{self.seconds:.1f}",
+                "vocab_size": str(self.vocab_size)}
         with staged_file(path) as tmp:
             save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=meta)
 
@@ -86,7 +88,8 @@ class TeacherLaws:
         from ddte_core.tensor_files import read_tensor_file
 
         tensors, meta = read_tensor_file(path, FORMAT, "teacher laws")
-        return cls(temperatures=json.loads(meta["temperatures"]), seconds=float(meta.get("seconds", 0)), **tensors)
+        return cls(temperatures=json.loads(meta["temperatures"]), seconds=float(meta.get("seconds", 0)),
+                   vocab_size=int(meta.get("vocab_size", 0)), **tensors)
 
 
 def cache_path(cache_dir: Path, fingerprint: str, plan: list[tuple[str, float]], tokens: int, k: int,
@@ -138,7 +141,9 @@ def sample_responses(target, tokenizer, prompts: list[list[int]], sample_tempera
         del steps, out
         log(f"target responses: batch {number + 1}/{len(batches)}, {done} tokens, "
             f"{done / (time.perf_counter() - start):.0f} tokens/s")
-    return _assemble(prompts, sample_temperatures, responses, temperatures, time.perf_counter() - start)
+    laws = _assemble(prompts, sample_temperatures, responses, temperatures, time.perf_counter() - start)
+    laws.vocab_size = int(target.config.get_text_config().vocab_size)
+    return laws
 
 
 def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,7 +241,16 @@ def target_token_mass(laws: TeacherLaws, vocab_size: int, temperature_index: int
 
 def choose_draft_vocab(laws: TeacherLaws, vocab_size: int, size: int, always: list[int]) -> DraftVocab:
     """The ``size`` tokens of largest expected count in the target's responses (plus ``always``), with the share
-    of the target's mass they hold on those responses (at the last training temperature, a lower bound)."""
+    of the target's mass they hold on those responses (at the last training temperature, a lower bound).
+
+    Raises:
+        ValueError: the laws are of a target with another vocabulary than ``vocab_size``.
+    """
+    largest = int(laws.top_ids.max()) if laws.top_ids.numel() else -1
+    if (laws.vocab_size and laws.vocab_size != vocab_size) or largest >= vocab_size:
+        known = f"{laws.vocab_size} tokens" if laws.vocab_size else f"token ids up to {largest}"
+        raise ValueError(f"these laws are of a target with {known}; this draft's vocabulary has {vocab_size}: give "
+                         "the laws of the draft's own target")
     mass = target_token_mass(laws, vocab_size)
     chosen = most_frequent(mass, size, always)
     covered = float(mass[chosen.token_ids].sum()) / laws.response_token_count()

@@ -145,3 +145,18 @@ def test_draft_vocab_command_writes_the_set_beside_the_draft(laws, tmp_path, cap
     assert main([*argv, "--laws", str(tmp_path / "nothing.safetensors")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "give --laws" in err[0] and "no cached laws" in err[1]
+
+
+@pytest.mark.parametrize("draft_vocab", [32, 128])
+def test_laws_of_a_target_with_another_vocabulary_are_refused(laws, tmp_path, capsys, draft_vocab):
+    """Laws of a 64-token target beside a draft of 32 tokens (ids beyond it) or 128 (the recorded V differs)."""
+    _, _, cached = laws
+    assert cached.vocab_size == 64  # recorded when sampled, and kept through the file
+    cached.save(tmp_path / "laws.safetensors")
+    tiny_llama(2, vocab=draft_vocab, hidden=16).save_pretrained(tmp_path / "draft")
+    argv = ["draft-vocab", "--draft", str(tmp_path / "draft"), "--size", "8", "--laws",
+            str(tmp_path / "laws.safetensors")]
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ddte ")]  # not the save's bars
+    assert len(err) == 1 and f"64 tokens; this draft's vocabulary has {draft_vocab}" in err[0]
+    assert not (tmp_path / "draft" / "draft_vocab.safetensors").exists()
