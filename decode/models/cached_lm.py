@@ -485,8 +485,9 @@ def load_causal_lm(
     ``dtype`` defaults to fp32 on CPU and bf16 on CUDA. Remote code is never trusted.
 
     Raises:
-        ValueError: the directory is missing, or has no ``config.json`` or no ``*.safetensors`` file; a GGUF file
-            transformers cannot read as a causal LM.
+        ValueError: the directory is missing, or has no ``config.json`` or no ``*.safetensors`` file, or a file in it
+            cannot be read (a corrupt header, a config transformers does not know); a GGUF file transformers cannot
+            read as a causal LM.
     """
     p = Path(path)
     dev = torch.device(device)
@@ -502,17 +503,23 @@ def load_causal_lm(
         raise ValueError(f"model directory {str(p)!r} has no config.json")
     if not any(p.glob("*.safetensors")):
         raise ValueError(f"model directory {str(p)!r} has no *.safetensors weights (only safetensors are loaded)")
+    from safetensors import SafetensorError
+
     from ddte_core.quiet import quiet_transformers
 
-    with quiet_transformers():  # a "Loading weights" bar per model is noise in every command's output
-        model = AutoModelForCausalLM.from_pretrained(
-            str(p),
-            attn_implementation=None,  # transformers' default: sdpa, else eager (asking for "sdpa" refuses Gemma2)
-            use_safetensors=True,
-            local_files_only=True,
-            trust_remote_code=False,
-            dtype=_default_dtype(dev, dtype),
-        )
+    try:
+        with quiet_transformers():  # a "Loading weights" bar per model is noise in every command's output
+            model = AutoModelForCausalLM.from_pretrained(
+                str(p),
+                attn_implementation=None,  # transformers' default: sdpa, else eager (asking for "sdpa" refuses Gemma2)
+                use_safetensors=True,
+                local_files_only=True,
+                trust_remote_code=False,
+                dtype=_default_dtype(dev, dtype),
+            )
+    except (OSError, ValueError, KeyError, SafetensorError) as err:  # a corrupt file, a config it cannot read
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"model directory {str(p)!r} could not be loaded: {first}") from err
     return model.to(dev).eval()
 
 

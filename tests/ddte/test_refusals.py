@@ -383,3 +383,18 @@ def test_an_unwritable_place_is_refused_before_any_work(argv, message, tiny_coll
     assert main(argv) == 2
     assert message in _one_line(capsys, argv[0])
     assert not out.exists()
+
+
+@pytest.mark.parametrize("broken", ["weights", "config"])
+def test_a_model_folder_with_a_corrupt_file_is_one_line(tiny, tmp_path, capsys, broken):
+    import shutil
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny / "target", target)
+    if broken == "weights":
+        next(target.glob("*.safetensors")).write_bytes(b"\xff" * 64)
+    else:
+        (target / "config.json").write_text("{not json")
+    code = main(["generate", "--prompt-ids", "5,9", "--target", str(target), "--draft", str(tiny / "draft"),
+                 "--max-new-tokens", "3"])
+    assert code == 2 and "could not be loaded" in _one_line(capsys, "generate")
