@@ -22,6 +22,20 @@ class ModelShape:
     num_attention_heads: int = 6
     num_key_value_heads: int = 6
 
+    def problem(self) -> str | None:
+        """What makes these sizes no Llama (heads that do not split the width, a rotary head of odd size), or None.
+        Sizes below 1 are the caller's check."""
+        if min(dataclasses.astuple(self)) < 1:
+            return None
+        heads, groups = self.num_attention_heads, self.num_key_value_heads
+        if self.hidden_size % heads:
+            return f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {heads}"
+        if heads % groups:
+            return f"num_attention_heads {heads} is not a multiple of num_key_value_heads {groups}"
+        if (self.hidden_size // heads) % 2:
+            return f"the head size hidden_size / num_attention_heads = {self.hidden_size // heads} must be even"
+        return None
+
 
 @dataclass
 class DistillData:
@@ -162,4 +176,6 @@ def load_distill_config(path: str | Path | None, overrides: list[str] | None = N
     for key, value in dataclasses.asdict(config.shape).items():
         if value < 1:
             raise ValueError(f"shape.{key} must be >= 1, got {value}")
+    if problem := config.shape.problem():
+        raise ValueError(f"shape: {problem}")
     return config

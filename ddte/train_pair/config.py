@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddte.train_pair.tokenizer import BYTE_ALPHABET, SPECIAL_TOKENS
 from ddte_core.schedule import OptimSchedule
 from ddte_core.yamlconfig import load_yaml_config
 from distill.config import ModelShape
@@ -89,6 +90,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"{key} must be >= 1, got {value}")
+    for name in ("target", "draft"):
+        if problem := getattr(config, name).shape.problem():
+            raise ValueError(f"{name}.shape: {problem}")
+    smallest = BYTE_ALPHABET + len(SPECIAL_TOKENS)
+    if config.tokenizer.vocab_size < smallest:
+        raise ValueError(f"tokenizer.vocab_size must be >= {smallest} (a byte-level BPE holds the {BYTE_ALPHABET} "
+                         f"bytes and {len(SPECIAL_TOKENS)} special tokens), got {config.tokenizer.vocab_size}")
     if not 0 < config.corpus.heldout_fraction < 1:
         raise ValueError(f"corpus.heldout_fraction must be in (0, 1), got {config.corpus.heldout_fraction}")
     return config

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
 SPECIAL_TOKENS = [PAD, BOS, EOS]  # ids 0, 1, 2
+BYTE_ALPHABET = 256  # every byte is a token of its own: the smallest vocabulary is these and the special tokens
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:

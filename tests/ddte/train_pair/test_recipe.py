@@ -36,6 +36,9 @@ def test_yaml_files_mirror_the_dataclass_and_overrides_apply():
         ("no_equals_sign", "KEY=VALUE"),
         ("target.train.steps=-5", "target.train: steps must be >= 1"),
         ("draft.train.lr=0", "lr > 0"),
+        ("tokenizer.vocab_size=5", "tokenizer.vocab_size must be >= 259"),
+        ("target.shape.num_attention_heads=5", "not a multiple of num_attention_heads 5"),
+        ("draft.shape.num_key_value_heads=3", "not a multiple of num_key_value_heads 3"),
     ],
 )
 def test_bad_config_is_a_user_error(tmp_path, override, message):
