@@ -15,7 +15,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-TRACKING_SCHEMES = ("sqlite:///", "file:", "http://", "https://", "databricks")
+TRACKING_SCHEMES = ("sqlite:///", "file:", "http://", "https://", "databricks", "postgresql", "mysql", "mssql")
 
 
 def resolve_tracking_uri(uri: str | None) -> str:
@@ -32,7 +32,8 @@ def resolve_tracking_uri(uri: str | None) -> str:
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
         uri = prefix + str(Path(uri[len(prefix):]).resolve())
     if not uri.startswith(TRACKING_SCHEMES):
-        raise ValueError(f"tracking URI '{uri}': give sqlite:///PATH.db, an http(s):// server or file:FOLDER")
+        raise ValueError(f"tracking URI '{uri}': give sqlite:///PATH.db, an http(s):// server, a database URI "
+                         "(postgresql, mysql, mssql) or file:FOLDER")
     if uri.startswith(prefix) and not folder_is_writable(Path(uri[len(prefix):]).parent):
         raise ValueError(f"tracking URI {uri}: its folder is not writable (run from a writable folder, or set "
                          "run.tracking_uri=sqlite:////a/writable/mlflow.db or $MLFLOW_TRACKING_URI)")
