@@ -3,10 +3,10 @@ metrics logged to MLflow."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from bench.method import Method, by_method
+from ddte_core.paths import staged_file
 
 # one colour per verifier (and the two HF baselines), the same in every figure
 COLOURS = {
@@ -131,7 +131,6 @@ def plot(rows: list[dict], path: str | Path, title: str) -> None:
         ax.set_ylim(-0.6, max(len(bars), 1) - 0.4)
     fig.suptitle(title, fontsize=9, wrap=True)
     fig.tight_layout()
-    tmp = f"{path}.tmp.png"
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    with staged_file(path) as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
     plt.close(fig)
-    os.replace(tmp, path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +118,10 @@ def check_collect_config(config: CollectConfig) -> CollectConfig:
         (config.latency.sizes is None or (bool(config.latency.sizes) and all(n >= 1 for n in config.latency.sizes)),
          "latency.sizes must be null (every block size) or list sizes >= 1"),
         (config.latency.repeats >= 1, "latency.repeats must be >= 1"),
+        (config.threads is None or config.threads >= 1, "threads must be null (torch's choice) or >= 1"),
+        # a Ray worker may run on a larger machine than this one
+        (config.threads is None or config.engine == "ray" or config.threads <= (os.cpu_count() or 1),
+         f"threads must be at most this machine's {os.cpu_count() or 1} cores"),
     ]
     for ok, message in checks:
         if not ok:

@@ -58,6 +58,10 @@ class _IntermixedParser(argparse.ArgumentParser):
         finally:
             self._inner = False
 
+    def error(self, message: str):
+        """One line, as every other refusal of ddte (argparse would print the whole usage first)."""
+        self.exit(2, f"{self.prog}: error: {message} (ddte {self.prog.split()[-1]} --help lists the options)\n")
+
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; only ``command``'s own arguments are added (its module is imported for that)."""

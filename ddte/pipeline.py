@@ -99,7 +99,8 @@ class PipelinePlan:
 
 def load_pipeline(path: str | Path | None, overrides: list[str], resume: bool = False) -> PipelinePlan:
     """The pipeline config and its stages' configs, every setting checked (ValueError naming the first bad one)."""
-    return plan_pipeline(load_yaml_config(PipelineConfig, path, overrides), resume)
+    return plan_pipeline(load_yaml_config(PipelineConfig, path, overrides, required=("collect", "train", "bench")),
+                         resume)
 
 
 def plan_pipeline(config: PipelineConfig, resume: bool = False) -> PipelinePlan:

@@ -85,8 +85,11 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = value
 
 
-def load_yaml_config(cls: type[T], path: str | Path | None, overrides: list[str] | None = None) -> T:
-    """Read a YAML file (or start from the defaults when ``path`` is None), apply overrides, build ``cls``."""
+def load_yaml_config(cls: type[T], path: str | Path | None, overrides: list[str] | None = None,
+                     required: tuple[str, ...] = ()) -> T:
+    """Read a YAML file (or start from the defaults when ``path`` is None), apply overrides, build ``cls``.
+
+    ``required``: top-level sections a file must hold (a file without one would run on defaults it never named)."""
     data: dict[str, Any] = {}
     if path is not None:
         path = bundled(path)
@@ -101,6 +104,10 @@ def load_yaml_config(cls: type[T], path: str | Path | None, overrides: list[str]
         if not isinstance(data, dict):
             raise ValueError(f"config file {str(path)!r} is not a YAML config: expected 'key: value' lines, "
                              f"got a {type(data).__name__}")
+        missing = [key for key in required if key not in data]
+        if missing:
+            raise ValueError(f"config file {str(path)!r} has no '{missing[0]}:' section (it needs "
+                             f"{', '.join(required)})")
     for assignment in overrides or []:
         apply_override(data, assignment)
     return build_dataclass(cls, data)

@@ -94,6 +94,9 @@ def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: fl
 
     folder = Path(folder)
     metadata, episodes, _ = load_episodes(folder, verifier)
+    held = len({p for data in episodes.values() for p in data.prompts.tolist()})
+    if folds > held:  # cross-fitting by prompt: a fold per prompt at most
+        raise ValueError(f"{folds} folds: the data set holds {held} prompts; at most that many folds")
     l_max, k_max = int(metadata["l_max"]), int(metadata["k_max"])
     draft_hidden = int(metadata["hidden_sizes"]["draft_hidden_root"])
     width = node_feature_width(draft_hidden)

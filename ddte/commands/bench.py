@@ -51,6 +51,7 @@ from ddte.commands.common import (
     seed_argument,
     user_errors,
 )
+from ddte_core.paths import staged_file
 
 if TYPE_CHECKING:
     from bench.method import Method
@@ -194,10 +195,8 @@ def run(args: argparse.Namespace) -> int:
         payload = {"settings": settings_out, "environment": environment(pair.target.device) | {"latency": which},
                    "rows": rows,
                    "categories": by_category, "comparisons": comparisons}
-        tmp = f"{output}.tmp"
-        with open(tmp, "w") as f:
+        with staged_file(output) as tmp, tmp.open("w") as f:
             json.dump(payload, f, indent=2, default=str)
-        os.replace(tmp, output)
         plot_path = plot_path or output.with_suffix(".png")
     if plot_path is not None:
         plot(rows, plot_path, title)

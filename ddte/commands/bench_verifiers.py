@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from ddte.commands.common import (
     UserError,
@@ -21,6 +20,7 @@ from ddte.commands.common import (
     check_output_file,
     user_errors,
 )
+from ddte_core.paths import staged_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,8 +74,6 @@ def run(args: argparse.Namespace) -> int:
         from dataclasses import asdict
 
         payload = {"environment": environment(), "dtype": args.prob_dtype, "rows": [asdict(r) for r in rows]}
-        tmp = f"{output}.tmp"
-        with open(tmp, "w") as f:
+        with staged_file(output) as tmp, tmp.open("w") as f:
             json.dump(payload, f, indent=2)
-        os.replace(tmp, output)
     return 0

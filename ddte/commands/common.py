@@ -123,22 +123,20 @@ def load_pair_from_args(args: argparse.Namespace):
 
 
 def check_output_file(path: str | Path, what: str = "--output") -> Path:
-    """Refuse, before any work, an output file that cannot be written: its folder is created if missing."""
+    """Refuse, before any work, an output file that cannot be written. Nothing is created: its folders are made when
+    the file is written (ddte_core.paths.staged_file), so a refusal after this check leaves no empty folder."""
+    from ddte_core.paths import folder_is_writable, refuse_file_in_the_way
+
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a folder; give a file name")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as err:  # the OS's own check: a folder above it is a file
-        raise UserError(f"{what} {path}: a folder above it is a file, not a folder") from err
-    except OSError as err:
-        raise UserError(f"{what} {path}: cannot create its folder ({err.strerror})") from err
-    from ddte_core.paths import folder_is_writable
-
+        refuse_file_in_the_way(path, what, folder=False)
+    except ValueError as err:
+        raise UserError(str(err)) from err
     if not folder_is_writable(path.parent):
         raise UserError(f"{what} {path}: its folder is not writable")
     return path
-
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -67,7 +67,7 @@ def test_generate_sampling_is_reproducible(pair_dirs, tmp_path):
         (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
         (["--temperature", "inf"], "--temperature must be a finite number >= 0"),
         (["--entropy-threshold", "nan"], "--entropy-threshold must be a finite number"),
-        (["--seed", str(2**64)], "--seed must be in"),
+        (["--seed", str(2**64)], "argument --seed: an integer in [0, "),
         (["--prompt-ids", "1,,2"], "no empty items"),
         (["--threads", "1000"], "more than this machine's"),
         (["--top-p", "0"], "--top-p must be in (0, 1]"),

@@ -398,3 +398,34 @@ def test_a_model_folder_with_a_corrupt_file_is_one_line(tiny, tmp_path, capsys, 
     code = main(["generate", "--prompt-ids", "5,9", "--target", str(target), "--draft", str(tiny / "draft"),
                  "--max-new-tokens", "3"])
     assert code == 2 and "could not be loaded" in _one_line(capsys, "generate")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["expander", "--data", "{data}", "--verifier", "specinfer", "--output", "{out}/e.onnx", "--folds", "1000",
+      "--no-mlflow"], "1000 folds: the data set holds"),
+    (["collect", "--config", "{repo}/configs/collect/default.yaml", "--output", "{out}", "--threads", "1000"],
+     "threads must be at most this machine's"),
+    (["collect", "--config", "{repo}/configs/collect/default.yaml", "--output", "{out}", "--threads", "-1"],
+     "threads must be null (torch's choice) or >= 1"),
+])
+def test_counts_beyond_what_the_data_or_machine_holds_are_refused(argv, message, tiny_collected, tmp_path, capsys):
+    out = tmp_path / "never"
+    argv = [a.format(out=out, data=tiny_collected, repo=REPO) for a in argv]
+    assert main(argv) == 2
+    assert message in _one_line(capsys, argv[0])
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("dropped", ["train", "bench"])
+def test_a_pipeline_config_missing_a_stage_is_refused(tmp_path, capsys, dropped):
+    """Without its train: or bench: section a pipeline would run on defaults it never named."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "configs" / "pipeline" / "default.yaml").read_text())
+    del config[dropped]
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = tmp_path / "never"
+    assert main(["pipeline", "--config", str(path), f"output={out}"]) == 2
+    assert f"has no '{dropped}:' section" in _one_line(capsys, "pipeline")
+    assert not out.exists()
