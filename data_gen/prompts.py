@@ -164,6 +164,8 @@ def _read_rows(source: str) -> list[dict[str, Any]]:
             raise ValueError(f"prompt file not found: {path} (from {source!r})")
         return _read_dataset(builder, path)
     path = Path(source)
+    if path.is_dir():
+        raise ValueError(f"prompt file {source} is a folder; give a .jsonl, .json or .parquet file")
     if not path.is_file():
         raise ValueError(f"prompt file not found: {source}")
     if path.suffix in (".jsonl", ".json"):
@@ -190,8 +192,12 @@ def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = 
     rows = _read_rows(str(source))
     if not rows:
         raise ValueError(f"no prompts in {source}")
-    prompts = [_row_text(row, field, tokenizer, f"{source}: row {index}")
-               for index, row in enumerate(rows[:limit] if limit is not None else rows, start=1)]
+    chosen = rows[:limit] if limit is not None else rows
+    chat = [field not in row and "messages" in row for row in chosen]
+    if any(chat) and not all(chat):  # one kind per file: a chat model reading a raw line, or the reverse, is a slip
+        raise ValueError(f"{source}: row {chat.index(True) + 1} is a chat row (messages) and row "
+                         f"{chat.index(False) + 1} a {field!r} row; a prompt file holds one kind")
+    prompts = [_row_text(row, field, tokenizer, f"{source}: row {index}") for index, row in enumerate(chosen, start=1)]
     if not any(p.strip() for p in prompts):
         raise ValueError(f"{source}: every {field!r} value is empty")
     empty = next((index for index, p in enumerate(prompts, start=1) if not p.strip()), None)

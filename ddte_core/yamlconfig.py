@@ -18,6 +18,9 @@ from ddte_core.paths import bundled
 T = TypeVar("T")
 
 
+MAX_SEED = 2**63 - 1  # the largest seed torch.Generator takes
+
+
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Check and convert one YAML value to its annotated type (int/float/str/bool/list[...], optionally None)."""
     origin = typing.get_origin(annotation)
@@ -35,6 +38,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if annotation is int and isinstance(value, int) and not isinstance(value, bool):
+        if key.rsplit(".", 1)[-1].endswith("seed") and not 0 <= value <= MAX_SEED:  # torch takes 64-bit seeds
+            raise ValueError(f"{key}: a seed in [0, {MAX_SEED}], got {value}")
         return value
     if annotation in (str, bool) and isinstance(value, annotation):
         return value

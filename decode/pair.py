@@ -381,18 +381,38 @@ def find_tokenizer(target: Path, explicit: str | Path | None):
     return _load_tokenizer(found) if found is not None else None
 
 
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def check_messages(messages) -> None:
+    """ValueError (naming ``messages[i]``) unless ``messages`` is a conversation a chat template renders as meant:
+    a non-empty list of {role, content} strings, roles among :data:`CHAT_ROLES`, system turns only first, and the
+    user speaking before the assistant does."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {role, content} objects")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES \
+                or not isinstance(message.get("content"), str):
+            raise ValueError(f"messages[{i}] must have a role ({', '.join(CHAT_ROLES)}) and a string content")
+    roles = [m["role"] for m in messages]
+    first = next((i for i, role in enumerate(roles) if role != "system"), None)
+    if first is None:
+        raise ValueError("messages hold only system turns: a user turn must follow")
+    if "system" in roles[first:]:
+        raise ValueError(f"messages[{roles.index('system', first)}] is a system turn after the conversation began")
+    if roles[first] != "user":
+        raise ValueError(f"messages[{first}] is an assistant turn before any user turn")
+
+
 def render_chat(tokenizer, messages: list[dict[str, str]]) -> str:
     """The prompt text of a conversation: the tokenizer's chat template with the generation prompt appended.
 
     Raises:
-        ValueError: no tokenizer, a tokenizer without a chat template, or malformed messages.
+        ValueError: no tokenizer, a tokenizer without a chat template, or messages :func:`check_messages` refuses.
     """
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("chat prompts (messages rows) need a tokenizer with a chat template")
-    if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages):
-        raise ValueError("a messages row must be a non-empty list of {role, content} string pairs")
+    check_messages(messages)
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 

@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSONL/parquet file (prompt or chat messages rows), builtin:heldout, chat:heldout, "
                              "chat:heldout-unlike or hf:NAME, as in `ddte collect` (default: the pair's held-out "
                              "prompts: builtin:heldout for the shipped pair, chat:heldout for smollm2)")
-    parser.add_argument("--field", default="prompt", help="text field of --prompts")
+    parser.add_argument("--field", default=None, help="text field of a --prompts file or hf: set (default: prompt)")
     parser.add_argument("--num-prompts", type=int, default=10, help="prompts to run")
     parser.add_argument("--skip-prompts", type=int, default=0, metavar="N",
                         help="start after the first N prompts (e.g. those a `ddte pipeline` bench chose on)")
@@ -97,6 +97,10 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
         raise UserError("--num-prompts, --repeats and --max-new-tokens must be >= 1")
     if args.skip_prompts < 0:
         raise UserError("--skip-prompts must be >= 0")
+    if args.field is not None and (args.prompts is None or args.prompts.startswith(("builtin:", "chat:", "mixed:"))):
+        raise UserError("--field names the text field of a --prompts file or hf: set; the built-in and chat sets "
+                        "have their own")
+    args.field = args.field or "prompt"
     if any(not 0 <= t < float("inf") for t in args.temperature) or not 0 < args.top_p <= 1:
         raise UserError("--temperature must be finite and >= 0, and --top-p in (0, 1]")
     if not 0 <= args.seed <= MAX_SEED - 1000 * args.repeats - args.num_prompts - args.skip_prompts:

@@ -24,6 +24,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from ddte_core.yamlconfig import MAX_SEED
+
 
 class UserError(Exception):
     """A problem with the user's input: printed as one line, exit code 2, no traceback."""
@@ -61,7 +63,6 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
                         help="torch CPU threads (0: torch's own choice)")
 
 
-MAX_SEED = 2**63 - 1  # torch.Generator takes a 64-bit seed
 
 
 def seed_argument(text: str) -> int:

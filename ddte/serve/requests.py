@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ddte_core.yamlconfig import MAX_SEED
 from decode.drafting.sampling import SamplingConfig
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range
 MAX_STOPS = 4
-MAX_SEED = 2**63 - 1
-CHAT_ROLES = ("system", "user", "assistant")
 # The request fields of OpenAI's two endpoints that ddte reads or accepts; any other is refused.
 COMMON_FIELDS = {"model", "temperature", "top_p", "max_tokens", "seed", "stop", "stream", "stream_options", "n",
                  "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "metadata", "store",
@@ -105,17 +104,11 @@ def _refuse_law_changes(body: dict) -> None:
 
 
 def _chat_text(body: dict, tokenizer) -> str:
-    from decode.pair import render_chat
+    from decode.pair import check_messages, render_chat
 
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES \
-                or not isinstance(message.get("content"), str):
-            raise RequestError(f"messages[{i}] must have a role ({', '.join(CHAT_ROLES)}) and a string content",
-                               "messages")
     try:
+        check_messages(messages)
         return render_chat(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
     except ValueError as err:
         raise RequestError(str(err), "messages") from err

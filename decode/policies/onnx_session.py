@@ -16,6 +16,8 @@ def policy_session(path: str | Path, what: str, error: type[ValueError] = ValueE
     import onnxruntime as ort
 
     path = Path(path)
+    if path.is_dir():
+        raise error(f"{what} file {str(path)!r} is a folder; give the .onnx file")
     if not path.is_file():
         raise error(f"{what} file {str(path)!r} does not exist")
     options = ort.SessionOptions()

@@ -66,3 +66,16 @@ def test_an_empty_prompt_among_others_is_refused_by_its_row_number(tmp_path):
     path.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in ("def f(x):", "", "import os")))
     with pytest.raises(ValueError, match="row 2 has an empty 'prompt'"):
         load_prompts(str(path))
+
+
+def test_a_file_mixing_plain_and_chat_rows_is_refused(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(json.dumps({"prompt": "def f():"}) + "\n"
+                    + json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(ValueError, match="row 2 is a chat row .* and row 1 a 'prompt' row"):
+        load_prompts(path)
+
+
+def test_a_folder_given_as_the_prompt_file_is_named_as_one(tmp_path):
+    with pytest.raises(ValueError, match="is a folder; give a .jsonl"):
+        load_prompts(tmp_path)

@@ -429,3 +429,9 @@ def test_a_pipeline_config_missing_a_stage_is_refused(tmp_path, capsys, dropped)
     assert main(["pipeline", "--config", str(path), f"output={out}"]) == 2
     assert f"has no '{dropped}:' section" in _one_line(capsys, "pipeline")
     assert not out.exists()
+
+
+def test_bench_field_without_a_prompt_file_is_refused(capsys):
+    """--field shapes only a --prompts file or hf: set; with the pair's own prompts it would be ignored."""
+    assert main(["bench", "--field", "nonexistent", "--num-prompts", "1", "--methods", "ar"]) == 2
+    assert "--field names the text field of a --prompts file" in _one_line(capsys, "bench")

@@ -4,6 +4,7 @@ of a pair's tokenizer."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -58,3 +59,19 @@ def test_rendering_uses_the_chat_template_with_the_generation_prompt():
         render_chat(AutoTokenizer.from_pretrained(str(SHIPPED_TOKENIZER)), [{"role": "user", "content": "Hi"}])
     with pytest.raises(ValueError, match="role, content"):
         render_chat(chat_tokenizer(), [{"role": "user"}])
+
+
+@pytest.mark.parametrize(("messages", "message"), [
+    ([{"role": "wizard", "content": "hi"}], "messages[0] must have a role (system, user, assistant)"),
+    ([{"role": "assistant", "content": "hi"}, {"role": "user", "content": "x"}], "messages[0] is an assistant turn"),
+    ([{"role": "system", "content": "s"}], "only system turns"),
+    ([{"role": "user", "content": "a"}, {"role": "system", "content": "s"}], "messages[1] is a system turn after"),
+    ([], "non-empty list"),
+])
+def test_a_conversation_a_template_would_render_wrongly_is_refused(messages, message):
+    from decode.pair import check_messages
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_messages(messages)
+    check_messages([{"role": "system", "content": "s"}, {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}])
