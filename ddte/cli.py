@@ -43,7 +43,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class _IntermixedParser(argparse.ArgumentParser):
+class _OneLineParser(argparse.ArgumentParser):
+    """A parser whose errors are one line, as every other refusal of ddte (argparse prints the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
+
+
+class _IntermixedParser(_OneLineParser):
     """A subcommand's parser that takes its positionals (the ``KEY=VALUE`` overrides, a prompt) anywhere among the
     options: ``ddte collect prompts.limit=2 --output X trees_per_root=1`` reads both overrides."""
 
@@ -58,14 +65,11 @@ class _IntermixedParser(argparse.ArgumentParser):
         finally:
             self._inner = False
 
-    def error(self, message: str):
-        """One line, as every other refusal of ddte (argparse would print the whole usage first)."""
-        self.exit(2, f"{self.prog}: error: {message} (ddte {self.prog.split()[-1]} --help lists the options)\n")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; only ``command``'s own arguments are added (its module is imported for that)."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="ddte",
         description="ddte: train and serve a neural expansion selector for lossless multi-path speculative decoding.",
     )
@@ -91,8 +95,12 @@ def chosen_command(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(chosen_command(argv))
-    args = parser.parse_args(argv)
+    command = chosen_command(argv)
+    parser = build_parser(command)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the subcommand that could not take them, not by the top-level parser
+        subparser = parser._subparsers._group_actions[0].choices[command] if command else parser
+        subparser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 2

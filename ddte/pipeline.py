@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,6 +151,14 @@ def plan_pipeline(config: PipelineConfig, resume: bool = False) -> PipelinePlan:
                          "non-empty")
     if any(not t >= 0 for t in bench.temperatures):
         raise ValueError(f"bench.temperatures must be >= 0, got {bench.temperatures}")
+    cores = os.cpu_count() or 1
+    if bench.threads is not None and not 0 <= bench.threads <= cores:
+        raise ValueError(f"bench.threads must be null or in [0, {cores}] (0: torch's choice), got {bench.threads}")
+    if config.collect.reuse:  # every shard readable, with labels for every verifier to train, before stage 1
+        from selector.data import inspect_dataset
+
+        for verifier in trained:
+            inspect_dataset(config.collect.reuse, verifier)
     if config.expander.folds < 2 or not 0.0 <= config.expander.min_gain < 1.0:
         raise ValueError(f"expander: folds must be >= 2 and min_gain in [0, 1), got {config.expander.folds} and "
                          f"{config.expander.min_gain}")

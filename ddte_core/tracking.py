@@ -35,8 +35,8 @@ def resolve_tracking_uri(uri: str | None) -> str:
         raise ValueError(f"tracking URI '{uri}': give sqlite:///PATH.db, an http(s):// server, a database URI "
                          "(postgresql, mysql, mssql) or file:FOLDER")
     if uri.startswith(prefix) and not folder_is_writable(Path(uri[len(prefix):]).parent):
-        raise ValueError(f"tracking URI {uri}: its folder is not writable (run from a writable folder, or set "
-                         "run.tracking_uri=sqlite:////a/writable/mlflow.db or $MLFLOW_TRACKING_URI)")
+        raise ValueError(f"tracking URI {uri}: its folder is not writable (run from a writable folder, or give a "
+                         "tracking URI such as sqlite:////a/writable/mlflow.db, or set $MLFLOW_TRACKING_URI)")
     return uri
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ddte_core.paths import refuse_file_in_the_way
+from ddte_core.paths import folder_is_writable, refuse_file_in_the_way
 from distill.config import DistillConfig
 
 PRODUCTS = ("config.json", "model.safetensors", "distill.json")
@@ -40,6 +40,8 @@ def check_output(config: DistillConfig) -> Path:
     output = refuse_file_in_the_way(config.output)
     if output.exists() and not config.overwrite:
         raise ValueError(f"output {output} exists: choose another, or set overwrite=true")
+    if not folder_is_writable(output.parent):
+        raise ValueError(f"output {output}: no folder can be made there; choose another")
     return output
 
 

@@ -335,6 +335,8 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
     from selector.data import _list_column
 
     metadata = read_metadata(folder)
+    if verifier not in metadata.get("verifiers", []):
+        raise ValueError(f"verifier '{verifier}': this data set has labels for {', '.join(metadata['verifiers'])}")
     table = _read_table(folder, ["prompt_id", "sampling_index", "scalars", "step_ms", trees_column(verifier),
                                  TRUNK_COLUMNS[1], *TRUNK_STATE_COLUMNS])
     n, s_trees = table.num_rows, int(metadata["trees_per_root"])

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ddte_core.distributed import is_rank_zero
+from ddte_core.paths import folder_is_writable, refuse_file_in_the_way
 from ddte_core.tracking import flatten_params, git_commit, lightning_logger, quiet_lightning, resolve_tracking_uri
 from ddte_core.yamlconfig import load_yaml_config
 from decode.policies.selector_file import OBJECTIVES
@@ -218,6 +219,13 @@ def check_train_config(config: TrainConfig) -> None:
             raise ValueError(f"trainer.{key} must be >= 1, got {getattr(config.trainer, key)}")
     if config.data.batch_size < 1:
         raise ValueError(f"data.batch_size must be >= 1, got {config.data.batch_size}")
+    val, test = config.data.val_fraction, config.data.test_fraction
+    if not (0 < val < 1 and 0 < test < 1 and val + test < 1):
+        raise ValueError(f"data.val_fraction ({val}) and data.test_fraction ({test}) must be in (0, 1) with a sum "
+                         "below 1")
+    refuse_file_in_the_way(config.run.output_dir, "run.output_dir")
+    if not folder_is_writable(Path(config.run.output_dir)):
+        raise ValueError(f"run.output_dir {config.run.output_dir}: no file can be written there")
     if not config.model.lr > 0:
         raise ValueError(f"model.lr must be > 0, got {config.model.lr}")
     if config.trainer.accelerator in ("gpu", "cuda"):

@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else folder / "analysis"
     with user_errors(prefix="--output: "):
         refuse_file_in_the_way(out)  # before any work: the analysis would be lost at the end
+    if args.selector and not args.expansion:
+        raise UserError("--selector scores a root-time selector in the expansion table: give --expansion as well")
     if args.expansion:  # checked before any work, so a bad one leaves no analysis behind
         if args.folds < 2:
             raise UserError("--folds must be >= 2")
@@ -70,20 +72,23 @@ def run(args: argparse.Namespace) -> int:
         categories = prompt_categories(metadata)
     result = analyze(metadata, columns, args.trees, categories)
     result["findings"] = paper_findings(metadata, columns)
+    expansion = None
+    if args.expansion:  # before anything is written: a selector it cannot read leaves no half of the analysis
+        with user_errors():
+            expansion = expansion_report(folder, metadata, dict(item.split("=", 1) for item in args.selector),
+                                         args.folds)
     print(format_report(result))
     print(format_findings(result["findings"]))
+    if expansion is not None:
+        print("\n" + expansion[0])
     with user_errors(OSError, prefix=f"cannot write to {out}: "):
         out.mkdir(parents=True, exist_ok=True)
         (out / "analysis.json").write_text(json.dumps(result, indent=1))
         paths = plot(result, out)
+        if expansion is not None:
+            (out / "expansion.json").write_text(json.dumps(expansion[1], indent=1))
+            paths.append(out / "expansion.json")
     print(f"\nwrote {out / 'analysis.json'} and {', '.join(str(p) for p in paths)}")
-    if args.expansion:
-        selectors = dict(item.split("=", 1) for item in args.selector)
-        with user_errors():
-            table, result = expansion_report(folder, metadata, selectors, args.folds)
-        print("\n" + table)
-        (out / "expansion.json").write_text(json.dumps(result, indent=1))
-        print(f"\nwrote {out / 'expansion.json'}")
     return 0
 
 

@@ -55,6 +55,16 @@ def run(args: argparse.Namespace) -> int:
     data = Path(args.data) if args.data else None
     if data is not None and not data.is_dir():
         raise UserError(f"--data {data}: no such data set folder")
+    if args.verifiers and data is None:
+        raise UserError("--verifiers picks the verifiers of the offline scores: give --data as well")
+    if data is not None and args.verifiers:  # before the timing, which takes minutes
+        from data_gen.store import read_metadata
+
+        with user_errors():
+            collected = read_metadata(data)["verifiers"]
+        unknown = [v for v in args.verifiers if v not in collected]
+        if unknown:
+            raise UserError(f"--verifiers {unknown}: the data set has {', '.join(collected)}")
     apply_threads(args.threads)
     pair = load_pair_from_args(args)
     if data is not None:

@@ -24,8 +24,16 @@ the same shard on one folder while the first is still running is refused (each s
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from ddte.commands.common import DEFAULT_DEVICE, DEVICE_HELP, add_overrides_argument, seed_argument, user_errors
+from ddte.commands.common import (
+    DEFAULT_DEVICE,
+    DEVICE_HELP,
+    UserError,
+    add_overrides_argument,
+    seed_argument,
+    user_errors,
+)
 
 DEFAULT_CONFIG = "configs/collect/default.yaml"
 
@@ -45,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="tokens sampled per trajectory (new_tokens)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads per worker (threads; 1 in the shipped configs)")
+                        help="torch threads per worker (threads; 1 in the shipped configs; 0: torch's choice)")
     parser.add_argument("--workers", type=int, default=None,
                         help="worker processes, or Ray actors with --engine ray (overrides the config)")
     parser.add_argument("--engine", default=None, choices=("local", "ray"),
@@ -62,8 +70,10 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
     """The KEY=VALUE overrides, then one per flag given."""
     overrides = list(args.overrides)
     for flag, key in FLAG_KEYS.items():
-        if getattr(args, flag) is not None:
-            overrides.append(f"{key}={getattr(args, flag)}")
+        value = getattr(args, flag)
+        if value is not None:
+            # --threads 0 is torch's own choice, as in every command; the config says that with null
+            overrides.append(f"{key}={'null' if flag == 'threads' and value == 0 else value}")
     return overrides
 
 
@@ -74,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     with user_errors():
         config = load_collect_config(args.config, overrides_from_args(args))
         shard, num_shards = parse_shard(args.shard)
+    if args.resume and not (Path(config.output) / "dataset.json").is_file():
+        raise UserError(f"--resume: {config.output} holds no collection to continue; drop --resume to start one")
     with user_errors(ValueError, OSError, KeyError, RuntimeError):
         summary = collect(config, shard, num_shards, resume=args.resume, progress=not args.no_progress)
     print(summary.line())

@@ -128,6 +128,8 @@ def check_output_file(path: str | Path, what: str = "--output") -> Path:
     the file is written (ddte_core.paths.staged_file), so a refusal after this check leaves no empty folder."""
     from ddte_core.paths import folder_is_writable, refuse_file_in_the_way
 
+    if not str(path).strip():
+        raise UserError(f"{what} is empty; give a file name")
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a folder; give a file name")

@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     with user_errors():
         tracking_uri = None if args.no_mlflow else resolve_tracking_uri(args.tracking_uri)
     output = check_output_file(args.output)
+    if output.suffix != ".onnx":
+        raise UserError(f"--output {output}: an ONNX file, named *.onnx")
     with user_errors():
         fitted = fit_expander(args.data, args.verifier, args.folds, args.min_gain, args.signals,
                               progress=print)

@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if args.parity_rows < 1:
         raise UserError("--parity-rows must be >= 1")
     output = check_output_file(args.output)
+    if output.suffix != ".onnx":
+        raise UserError(f"--output {output}: an ONNX file, named *.onnx")
     with user_errors(ValueError, FileNotFoundError, OSError):
         result = export_selector(args.checkpoint, output, tracking_uri=args.tracking_uri, run_id=args.run_id,
                                  data_dir=args.data, log_mlflow=not args.no_mlflow, parity_rows=args.parity_rows)

@@ -100,6 +100,9 @@ def check_arguments(args: argparse.Namespace) -> list[int] | None:
     if args.max_draft < 1:
         raise UserError(f"--max-draft must be >= 1, got {args.max_draft}")
     check_latency_argument(args.latency)
+    if args.latency != "machine" and not (args.selector or args.expander or args.policy_file):
+        raise UserError("--latency is the step-time model of a --selector, --expander or --policy-file: give one "
+                        "of them, or leave --latency out")
     if not 0 < args.entropy_threshold < math.inf:
         raise UserError(f"--entropy-threshold must be a finite number > 0, got {args.entropy_threshold}")
     if not 0 <= args.temperature < math.inf:

@@ -59,6 +59,14 @@ def run(args: argparse.Namespace) -> int:
     for name in ("threads", "cache_len", "tree_nodes", "timed_calls", "num_prompts", "max_new_tokens", "sample_tokens"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.heldout_blocks is not None and args.heldout_blocks < 1:
+        raise UserError("--heldout-blocks must be at least 1 (leave it out for the recipe's own count)")
+    if folder is not None and args.groups:
+        raise UserError("--groups picks prompt groups of a pair's chat or mixed prompt set; a `ddte train-pair` "
+                        "folder's card measures its held-out code prompts")
+    if folder is None and args.heldout_blocks is not None:
+        raise UserError("--heldout-blocks measures a `ddte train-pair` folder's held-out loss; this pair's card "
+                        "has none")
     output = check_output_file(args.output) if args.output else None
     if folder is None:
         from ddte.pair_card.any_pair import PairCardSettings, measure_pair, pair_markdown

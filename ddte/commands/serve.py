@@ -84,8 +84,12 @@ def check_arguments(args: argparse.Namespace):
             verifier = get_verifier(args.verifier or deployment.verifier).name
             deployment.choices_of(verifier)
         return Method.policy_file(verifier, args.policy_file), {args.policy_file: deployment}
+    text = args.method or DEFAULT_METHOD
+    if text in ("ar", "hf-assisted") or "@" not in text:  # what bench takes beside ddte's methods
+        raise UserError(f"--method {text!r}: serve runs a ddte method VERIFIER@SPEC, SPEC one of K,L1,L2, adaptive, "
+                        "entropy, selector=FILE or expander=FILE (e.g. traversal@1,2,0)")
     with user_errors(KeyError, ValueError, prefix="--method: "):
-        method = Method.parse(args.method or DEFAULT_METHOD)
+        method = Method.parse(text)
     if method.is_hf or method.draft is not None:
         raise UserError("--method: serve runs a ddte method on the pair's own draft (VERIFIER@SPEC)")
     if method.path is not None:

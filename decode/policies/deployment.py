@@ -150,10 +150,15 @@ class DeployedPolicy(Policy):
 def load_deployment(path: str | Path) -> Deployment:
     """Read a policy file; ValueError with one line if it is missing or malformed."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; give the policy.json a pipeline wrote")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise ValueError(f"{path}: cannot read ({err.strerror})") from err
+    except UnicodeDecodeError as err:  # an .onnx selector or expander, say: they have options of their own
+        raise ValueError(f"{path}: not a ddte policy file (JSON text; a selector or expander .onnx goes to "
+                         "--selector or --expander)") from err
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not JSON ({err.msg})") from err
     if not isinstance(data, dict) or data.get("format") != FORMAT:

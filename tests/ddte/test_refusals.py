@@ -435,3 +435,31 @@ def test_bench_field_without_a_prompt_file_is_refused(capsys):
     """--field shapes only a --prompts file or hf: set; with the pair's own prompts it would be ignored."""
     assert main(["bench", "--field", "nonexistent", "--num-prompts", "1", "--methods", "ar"]) == 2
     assert "--field names the text field of a --prompts file" in _one_line(capsys, "bench")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["analyze", "--data", "{data}", "--selector", "specinfer=x.onnx"], "give --expansion as well"),
+    (["analyze", "--data", "{data}", "--output", "{out}", "--expansion", "--selector", "specinfer={file}"],
+     "not a readable ONNX selector"),
+    (["collect", "--config", "{repo}/configs/collect/default.yaml", "--output", "{out}", "--resume"],
+     "holds no collection to continue"),
+    (["export", "--checkpoint", "{file}", "--output", "{out}/s.txt"], "an ONNX file, named *.onnx"),
+    (["generate", "--prompt-ids", "5,9", "--latency", "fitted"], "--latency is the step-time model of"),
+    (["pair-card", "--heldout-blocks", "-1"], "--heldout-blocks must be at least 1"),
+    (["bench-signals", "--verifiers", "traversal"], "give --data as well"),
+    (["build-prompts", "--output", ""], "--output is empty"),
+    (["train", "data.data_dir={data}", "run.output_dir={file}/runs"], "is a file, not a folder"),
+    (["train", "data.data_dir={data}", "run.output_dir={out}", "data.val_fraction=1.5"],
+     "data.val_fraction (1.5) and data.test_fraction"),
+])
+def test_options_that_would_be_ignored_or_fail_late_are_refused_first(argv, message, tiny_collected, tmp_path,
+                                                                      capsys, monkeypatch):
+    """Round 4 of the sweep: one line, exit 2, no output and no MLflow store in the working folder."""
+    monkeypatch.chdir(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    out = tmp_path / "never"
+    argv = [a.format(out=out, data=tiny_collected, file=blocker, repo=REPO) for a in argv]
+    assert main(argv) == 2
+    assert message in _one_line(capsys, argv[0])
+    assert not out.exists() and not (tmp_path / "mlflow.db").exists() and blocker.read_text() == "x"
