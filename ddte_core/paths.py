@@ -26,7 +26,10 @@ def bundled(path: str | Path) -> Path:
 def cache_root() -> Path:
     """Where ddte keeps what it fetched or measured once per machine: ``$DDTE_CACHE``, else ``~/.cache/ddte``."""
     env = os.environ.get("DDTE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "ddte"
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "ddte"
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"the ddte cache {root} ($DDTE_CACHE, else ~/.cache/ddte) is a file, not a folder")
+    return root
 
 
 def latency_cache() -> Path:
@@ -68,7 +71,7 @@ def staged_file(path: str | Path) -> Iterator[Path]:
     """Write ``path`` whole or not at all: yields a temporary path in the same folder (created if missing) for the
     caller to write; on success it becomes an ordinary shared file (0644; mkstemp makes 0600) renamed onto
     ``path``, and on any error it is removed."""
-    path = Path(path)
+    path = writable_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
     os.close(fd)
@@ -80,6 +83,21 @@ def staged_file(path: str | Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def writable_file(path: str | Path) -> Path:
+    """The regular file an output path names: a symbolic link's target (the link is written through, not replaced).
+    ValueError for a link that leads nowhere (a loop, a missing target) and for a device, pipe or socket, which a
+    staged write would replace with a file (as root, /dev/null itself)."""
+    path = Path(path)
+    if path.is_symlink():
+        try:
+            path = path.resolve(strict=True)
+        except (OSError, RuntimeError) as err:
+            raise ValueError(f"{path}: a symbolic link that leads nowhere (a loop or a missing target)") from err
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise ValueError(f"{path} is not a regular file (a device, pipe or socket): give a file name")
+    return path
 
 
 def folder_is_writable(folder: Path) -> bool:

@@ -49,7 +49,7 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
 def build_dataclass(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     """Instantiate dataclass ``cls`` from a nested dict, rejecting unknown keys."""
     if not isinstance(data, dict):
-        raise ValueError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+        raise ValueError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)

@@ -64,6 +64,9 @@ DEFAULT_METHODS = [
 ]
 
 
+MAX_REPEATS, MAX_PROMPTS = 1000, 10**6
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_pair_arguments(parser)
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help="methods to compare (see above)")
@@ -95,6 +98,9 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
 
     if args.num_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
         raise UserError("--num-prompts, --repeats and --max-new-tokens must be >= 1")
+    if args.repeats > MAX_REPEATS or args.num_prompts + args.skip_prompts > MAX_PROMPTS:
+        raise UserError(f"--repeats must be at most {MAX_REPEATS} and --num-prompts + --skip-prompts at most "
+                        f"{MAX_PROMPTS} (every run is kept in memory)")
     if args.skip_prompts < 0:
         raise UserError("--skip-prompts must be >= 0")
     if args.field is not None and (args.prompts is None or args.prompts.startswith(("builtin:", "chat:", "mixed:"))):

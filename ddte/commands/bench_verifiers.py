@@ -22,6 +22,8 @@ from ddte.commands.common import (
 )
 from ddte_core.paths import staged_file
 
+MAX_VOCAB = 1 << 20
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", type=int, nargs="+", default=[4096, 32000], help="vocabulary sizes")
@@ -53,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
             parse_tree_spec(spec)
     if min(args.vocab) < 2 or args.samples < 1 or args.timed_calls < 1:
         raise UserError("--vocab must be >= 2 and --samples, --timed-calls >= 1")
+    if max(args.vocab) > MAX_VOCAB:  # the synthetic laws are dense (nodes × V): beyond this they outgrow memory
+        raise UserError(f"--vocab must be at most {MAX_VOCAB} (the largest real vocabularies), got {max(args.vocab)}")
     for spec in args.shapes:  # distinct children cannot outnumber the vocabulary
         kind, numbers = parse_tree_spec(spec)
         if kind == "wor" and max(numbers) > min(args.vocab):

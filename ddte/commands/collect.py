@@ -69,8 +69,11 @@ FLAG_KEYS = {"output": "output", "device": "device", "dtype": "dtype", "seed": "
 def overrides_from_args(args: argparse.Namespace) -> list[str]:
     """The KEY=VALUE overrides, then one per flag given."""
     overrides = list(args.overrides)
+    given = {item.split("=", 1)[0].strip() for item in overrides}
     for flag, key in FLAG_KEYS.items():
         value = getattr(args, flag)
+        if value is not None and key in given:  # which one wins would be a guess the user never sees
+            raise UserError(f"--{flag.replace('_', '-')} and {key}= are the same setting: give one of them")
         if value is not None:
             # --threads 0 is torch's own choice, as in every command; the config says that with null
             overrides.append(f"{key}={'null' if flag == 'threads' and value == 0 else value}")

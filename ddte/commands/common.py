@@ -126,11 +126,14 @@ def load_pair_from_args(args: argparse.Namespace):
 def check_output_file(path: str | Path, what: str = "--output") -> Path:
     """Refuse, before any work, an output file that cannot be written. Nothing is created: its folders are made when
     the file is written (ddte_core.paths.staged_file), so a refusal after this check leaves no empty folder."""
-    from ddte_core.paths import folder_is_writable, refuse_file_in_the_way
+    from ddte_core.paths import folder_is_writable, refuse_file_in_the_way, writable_file
 
     if not str(path).strip():
         raise UserError(f"{what} is empty; give a file name")
-    path = Path(path)
+    try:
+        path = writable_file(path)  # a link written through; a device, pipe or link loop refused
+    except ValueError as err:
+        raise UserError(f"{what} {err}") from err
     if path.is_dir():
         raise UserError(f"{what} {path} is a folder; give a file name")
     try:

@@ -23,7 +23,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ddte.commands.common import user_errors
+from ddte.commands.common import UserError, user_errors
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
+
+    if args.cache is not None and not args.cache.strip():
+        raise UserError("--cache is empty; give a folder (or leave it out for $DDTE_CACHE, else ~/.cache/ddte)")
 
     from ddte.fetch import fetch
     from decode.models.registry import models_of

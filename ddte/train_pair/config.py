@@ -72,7 +72,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
     Raises ValueError naming the first bad key.
     """
-    config = load_yaml_config(PairConfig, path, overrides)
+    config = load_yaml_config(PairConfig, path, overrides, required=("target", "draft"))  # never a silent 2 h default
     if config.storage_dtype not in ("float32", "float16", "bfloat16"):
         raise ValueError(f"storage_dtype must be float32, float16 or bfloat16, got {config.storage_dtype!r}")
     positive = {"context_length": config.context_length, "tokenizer.vocab_size": config.tokenizer.vocab_size}

@@ -77,8 +77,9 @@ class DraftVocab:
 def most_frequent(counts: torch.Tensor, size: int, always: list[int] | tuple[int, ...] = (),
                   info: dict | None = None) -> DraftVocab:
     """The ``size`` tokens with the largest ``counts`` ``(V,)`` (ties by id), plus ``always`` (eos, say)."""
-    if not 1 <= size <= counts.numel():
-        raise ValueError(f"draft vocabulary size must be in [1, {counts.numel()}], got {size}")
+    if not 1 <= size < counts.numel():  # the whole vocabulary would reduce nothing
+        raise ValueError(f"draft vocabulary size must be in [1, {counts.numel() - 1}] (below the vocabulary's "
+                         f"{counts.numel()}), got {size}")
     order = sorted(range(counts.numel()), key=lambda i: (-float(counts[i]), i))[:size]
     ids = torch.tensor(sorted(set(order) | {int(t) for t in always}), dtype=torch.long)
     return DraftVocab(ids, counts.numel(), dict(info or {}))

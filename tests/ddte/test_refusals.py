@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -463,3 +464,36 @@ def test_options_that_would_be_ignored_or_fail_late_are_refused_first(argv, mess
     assert main(argv) == 2
     assert message in _one_line(capsys, argv[0])
     assert not out.exists() and not (tmp_path / "mlflow.db").exists() and blocker.read_text() == "x"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["build-prompts", "--output", "/dev/null", "--num-prompts", "2"], "is not a regular file"),
+    (["build-prompts", "--output", "{loop}", "--num-prompts", "2"], "a symbolic link that leads nowhere"),
+    (["bench-verifiers", "--vocab", "99999999999", "--shapes", "1,2,0"], "--vocab must be at most"),
+    (["bench", "--repeats", "99999999999999", "--methods", "ar"], "--repeats must be at most 1000"),
+    (["fetch", "smollm2", "--cache", ""], "--cache is empty"),
+    (["collect", "--config", "{repo}/configs/collect/default.yaml", "--output", "{out}", "output={out}2"],
+     "--output and output= are the same setting"),
+    (["train-pair", "--config", "{empty}", "--output", "{out}"], "has no 'target:' section"),
+])
+def test_outputs_that_are_no_files_and_sizes_beyond_memory_are_refused(argv, message, tmp_path, capsys):
+    """Sweep round 5: a device or a link loop as an output (a staged write would replace /dev/null itself, as
+    root), sizes that would exhaust memory, an empty cache path, one setting given twice, an empty recipe."""
+    loop = tmp_path / "loop.jsonl"
+    loop.symlink_to(loop)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    out = tmp_path / "never"
+    argv = [a.format(out=out, loop=loop, repo=REPO, empty=empty) for a in argv]
+    assert main(argv) == 2
+    assert message in _one_line(capsys, argv[0])
+    assert not out.exists() and not Path("/dev/null").is_file() and loop.is_symlink()
+
+
+def test_an_output_link_is_written_through(tmp_path):
+    target = tmp_path / "real.jsonl"
+    target.write_text("old")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    assert main(["build-prompts", "--output", str(link), "--num-prompts", "2"]) == 0
+    assert link.is_symlink() and target.read_text().count("\n") == 2
