@@ -45,11 +45,15 @@ def test_an_unknown_set_is_refused():
         build_chat_prompts("validation")
 
 
-def test_prompt_files_may_hold_chat_rows_beside_plain_ones(tmp_path, chat_tokenizer):
-    path = tmp_path / "mixed.jsonl"
-    rows = [{"messages": [{"role": "user", "content": "Add 2 and 3."}]}, {"prompt": "def f(x):"}]
+def test_prompt_files_may_hold_chat_rows(tmp_path, chat_tokenizer):
+    """Rendered with the tokenizer's template; a file mixing them with plain rows is refused
+    (tests/data_gen/test_load_prompts.py)."""
+    path = tmp_path / "chat.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "Add 2 and 3."}]},
+            {"messages": [{"role": "user", "content": "Hi"}]}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert load_prompts(path, tokenizer=chat_tokenizer) == ["<user>Add 2 and 3.</user><assistant>", "def f(x):"]
+    assert load_prompts(path, tokenizer=chat_tokenizer) == ["<user>Add 2 and 3.</user><assistant>",
+                                                            "<user>Hi</user><assistant>"]
     with pytest.raises(ValueError, match="row 1: chat prompts"):
         load_prompts(path)  # no tokenizer to render the chat row with
 
