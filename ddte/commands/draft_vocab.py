@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from ddte.commands.common import UserError, user_errors
@@ -42,6 +43,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"no cached laws at {laws_path}: run `ddte distill` with data.text=laws first")
     with user_errors():
         laws = TeacherLaws.load(laws_path)
+    if not laws.vocab_size:
+        print(f"note: {laws_path} records no vocabulary size (an older ddte wrote it): only its token ids are "
+              "checked against this draft's vocabulary (delete it and run `ddte distill` with data.text=laws for one "
+              "that does)", file=sys.stderr)
+    with user_errors():
         vocab = choose_draft_vocab(laws, int(config["vocab_size"]), args.size,
                                    [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None])
         path = vocab.save(draft)

@@ -160,3 +160,15 @@ def test_laws_of_a_target_with_another_vocabulary_are_refused(laws, tmp_path, ca
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ddte ")]  # not the save's bars
     assert len(err) == 1 and f"64 tokens; this draft's vocabulary has {draft_vocab}" in err[0]
     assert not (tmp_path / "draft" / "draft_vocab.safetensors").exists()
+
+
+def test_laws_of_an_older_ddte_say_what_is_not_checked(laws, tmp_path, capsys):
+    """A laws file without a recorded V (written before it was recorded) runs, with a note saying so."""
+    import dataclasses
+
+    _, _, cached = laws
+    dataclasses.replace(cached, vocab_size=0).save(tmp_path / "old.safetensors")
+    tiny_llama(2, vocab=64, hidden=16).save_pretrained(tmp_path / "draft")
+    assert main(["draft-vocab", "--draft", str(tmp_path / "draft"), "--size", "8", "--laws",
+                 str(tmp_path / "old.safetensors")]) == 0
+    assert "records no vocabulary size" in capsys.readouterr().err
