@@ -13,6 +13,7 @@ mlflow.onnx.log_model.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import sys
@@ -183,8 +184,11 @@ def log_to_mlflow(path: Path, tracking_uri: str, run_id: str, max_abs_diff: floa
         with warnings.catch_warnings(), mlflow.start_run(run_id=run_id):
             warnings.simplefilter("ignore")
             signature = infer_signature({k: v[:2] for k, v in inputs.items()}, {OUTPUT_NAME: outputs[:2]})
-            info = mlflow.onnx.log_model(onnx.load(str(path)), name="selector", signature=signature,
-                                         save_as_external_data=False, registered_model_name=registered_name)
+            # MLflow prints "Successfully registered model ..." and "Created version ..." straight to stderr (no
+            # logger to quiet); the export's own line says where the model went
+            with contextlib.redirect_stderr(io.StringIO()):
+                info = mlflow.onnx.log_model(onnx.load(str(path)), name="selector", signature=signature,
+                                             save_as_external_data=False, registered_model_name=registered_name)
             mlflow.log_metric("export/max_abs_diff", max_abs_diff)
             return info.model_uri
     finally:

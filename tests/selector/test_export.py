@@ -98,3 +98,13 @@ def test_logged_to_the_training_run_as_an_onnx_model(exported, trained):
     assert client.get_run(trained.run_id).data.metrics["export/max_abs_diff"] <= 1e-5
     versions = client.search_model_versions("name = 'ddte-selector-specinfer'")  # registered in the model registry
     assert any(v.run_id == trained.run_id for v in versions)
+
+
+def test_registering_prints_nothing_of_mlflows_own(trained, tmp_path, capfd):
+    """MLflow prints its registry lines straight to stderr; the export keeps them out of a command's output, and the
+    model is still registered (a second version)."""
+    export_selector(trained.checkpoint_path, tmp_path / "again.onnx")
+    err = capfd.readouterr().err
+    assert "Successfully registered" not in err and "Created version" not in err
+    versions = MlflowClient(trained.tracking_uri).search_model_versions("name = 'ddte-selector-specinfer'")
+    assert len([v for v in versions if v.run_id == trained.run_id]) >= 1
