@@ -47,7 +47,7 @@ def train_pair_folder(spec) -> Path | None:
     return folder if laid_out and (folder / "recipe.json").is_file() else None
 
 
-def load_pair(models_dir: Path):
+def load_card_pair(models_dir: Path):
     """(the loaded pair, fp32, both through HF's forward; the recipe dict) from a pair directory."""
     from decode.pair import load_pair as load_models
 
@@ -87,13 +87,13 @@ def heldout_blocks(tok, heldout_fraction: float, seq_len: int, max_blocks: int |
     return blocks
 
 
-def pass_latency(pair, cache_len: int, nodes: int, repeats: int) -> dict[str, Any]:
-    """Median pass times (ms) of both models through HF's forward, timed as the latency model times the loop's
-    passes (decode.policies.latency): one token, and a ``nodes``-token block (a tree for the target, a level for the
-    draft), after ``cache_len`` cached tokens; and the target/draft ratios."""
+def pass_latency(target, draft, cache_len: int, nodes: int, repeats: int) -> dict[str, Any]:
+    """Median pass times (ms) of two cached models, timed as the latency model times the loop's passes
+    (decode.policies.latency): one token, and a ``nodes``-token block (a tree for the target, a level for the draft),
+    after ``cache_len`` cached tokens; and the target/draft ratios."""
     from decode.policies.latency import measure_latency
 
-    table = measure_latency(pair.target, pair.draft, lengths=[cache_len], sizes=[1, nodes], repeats=repeats)
+    table = measure_latency(target, draft, lengths=[cache_len], sizes=[1, nodes], repeats=repeats)
     out: dict[str, Any] = {"cache_len": table.lengths[0], "tree_nodes": nodes, "repeats": repeats}
     for name, times in (("target", table.target_ms[0]), ("draft", table.draft_ms[0])):
         out[name] = {"one_token_ms": times[0], "tree_ms": times[1]}
@@ -137,7 +137,7 @@ def measure(args: CardSettings) -> dict[str, Any]:
     """Every figure of the card, as a JSON-ready dict."""
     torch.set_num_threads(args.threads)
     models_dir = Path(args.models)
-    pair, recipe = load_pair(models_dir)
+    pair, recipe = load_card_pair(models_dir)
     tok, target, draft = pair.tokenizer, pair.target.model, pair.draft.model
     context = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
     if args.cache_len + args.tree_nodes + 1 > context:
@@ -168,9 +168,9 @@ def measure(args: CardSettings) -> dict[str, Any]:
         loss = heldout_loss(model, blocks)
         result["heldout"][name] = {"loss": loss, "perplexity": math.exp(loss)}
 
-    result["latency"] = pass_latency(pair, args.cache_len, args.tree_nodes, args.repeats)
+    result["latency"] = pass_latency(pair.target, pair.draft, args.cache_len, args.tree_nodes, args.repeats)
 
-    result["loop_latency"] = loop_latency(models_dir, args.cache_len, args.tree_nodes, args.repeats)
+    result["loop_latency"] = loop_latency(pair, args.cache_len, args.tree_nodes, args.repeats)
 
     records = build_prompts(args.num_prompts, "heldout", heldout_fraction=heldout_fraction)
     prompts = [r["prompt"] for r in records]
@@ -188,18 +188,17 @@ def measure(args: CardSettings) -> dict[str, Any]:
     return result
 
 
-def loop_latency(models_dir: Path, cache_len: int, tree_nodes: int, repeats: int) -> dict[str, Any]:
-    """Median pass times (ms) with the decoder's own wrappers: the target's HF forward through CachedLM, the
-    draft's fast forward (FastCachedLM), each timed as the latency model times them (decode.policies.latency)."""
-    from decode.pair import load_pair
-    from decode.policies.latency import measure_latency
+def loop_latency(pair, cache_len: int, tree_nodes: int, repeats: int) -> dict[str, Any]:
+    """Median pass times (ms) as the decoding loop runs them: the card pair's target (HF's forward through CachedLM)
+    and its draft through the fast forward (FastCachedLM, built from the same loaded weights)."""
+    from decode.models.fast_llama import cached_lm
 
-    pair = load_pair(models_dir / "target", models_dir / "draft", models_dir / "tokenizer")
-    table = measure_latency(pair.target, pair.draft, lengths=[cache_len], sizes=[1, tree_nodes], repeats=repeats)
-    out = {"cache_len": table.lengths[0], "draft_wrapper": type(pair.draft).__name__,
-           "draft_one_token_ms": table.draft_ms[0][0], "draft_tree_ms": table.draft_ms[0][1],
-           "target_one_token_ms": table.target_ms[0][0], "target_tree_ms": table.target_ms[0][1]}
-    out["ratio_one_token"] = out["target_one_token_ms"] / out["draft_one_token_ms"]
+    draft = cached_lm(pair.draft.model, pair.draft.device, pair.draft.dtype)
+    times = pass_latency(pair.target, draft, cache_len, tree_nodes, repeats)
+    out = {"cache_len": times["cache_len"], "draft_wrapper": type(draft).__name__,
+           "draft_one_token_ms": times["draft"]["one_token_ms"], "draft_tree_ms": times["draft"]["tree_ms"],
+           "target_one_token_ms": times["target"]["one_token_ms"], "target_tree_ms": times["target"]["tree_ms"]}
+    out["ratio_one_token"] = times["ratio_one_token"]
     return out
 
 
