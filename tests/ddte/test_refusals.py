@@ -27,6 +27,13 @@ def _one_line(capsys, command: str) -> str:
     return err[0]
 
 
+def _refused(capsys, argv: list[str], message: str, **places) -> None:
+    """``argv``, its ``{place}`` names filled in, exits 2 with one ``ddte <cmd>: error:`` line holding ``message``."""
+    argv = [a.format(**places) for a in argv]
+    assert main(argv) == 2
+    assert message in _one_line(capsys, argv[0])
+
+
 def test_the_fingerprint_covers_the_weights(tmp_path):
     """A draft with the same config but other weights is another pair."""
     from decode.pair import pair_fingerprint
@@ -333,10 +340,8 @@ def test_late_checks_now_come_first(argv, message, tiny_collected, tmp_path, cap
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     out = tmp_path / "never"
-    argv = [a.format(out=out, data=tiny_collected, file=blocker) for a in argv]
     before = sorted(p.name for p in tiny_collected.iterdir())
-    assert main(argv) == 2
-    assert message in _one_line(capsys, argv[0])
+    _refused(capsys, argv, message, out=out, data=tiny_collected, file=blocker)
     assert not out.exists() and blocker.read_text() == "x"
     assert sorted(p.name for p in tiny_collected.iterdir()) == before
 
@@ -380,9 +385,7 @@ def test_an_unwritable_place_is_refused_before_any_work(argv, message, tiny_coll
     """MLflow stores and output files where nothing can be written (/proc: even root cannot create a file there):
     one line before any work, nothing written."""
     out = tmp_path / "never"
-    argv = [a.format(out=out, data=tiny_collected) for a in argv]
-    assert main(argv) == 2
-    assert message in _one_line(capsys, argv[0])
+    _refused(capsys, argv, message, out=out, data=tiny_collected)
     assert not out.exists()
 
 
@@ -411,9 +414,7 @@ def test_a_model_folder_with_a_corrupt_file_is_one_line(tiny, tmp_path, capsys, 
 ])
 def test_counts_beyond_what_the_data_or_machine_holds_are_refused(argv, message, tiny_collected, tmp_path, capsys):
     out = tmp_path / "never"
-    argv = [a.format(out=out, data=tiny_collected, repo=REPO) for a in argv]
-    assert main(argv) == 2
-    assert message in _one_line(capsys, argv[0])
+    _refused(capsys, argv, message, out=out, data=tiny_collected, repo=REPO)
     assert not out.exists()
 
 
@@ -460,9 +461,7 @@ def test_options_that_would_be_ignored_or_fail_late_are_refused_first(argv, mess
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     out = tmp_path / "never"
-    argv = [a.format(out=out, data=tiny_collected, file=blocker, repo=REPO) for a in argv]
-    assert main(argv) == 2
-    assert message in _one_line(capsys, argv[0])
+    _refused(capsys, argv, message, out=out, data=tiny_collected, file=blocker, repo=REPO)
     assert not out.exists() and not (tmp_path / "mlflow.db").exists() and blocker.read_text() == "x"
 
 
@@ -484,9 +483,7 @@ def test_outputs_that_are_no_files_and_sizes_beyond_memory_are_refused(argv, mes
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     out = tmp_path / "never"
-    argv = [a.format(out=out, loop=loop, repo=REPO, empty=empty) for a in argv]
-    assert main(argv) == 2
-    assert message in _one_line(capsys, argv[0])
+    _refused(capsys, argv, message, out=out, loop=loop, repo=REPO, empty=empty)
     assert not out.exists() and not Path("/dev/null").is_file() and loop.is_symlink()
 
 
