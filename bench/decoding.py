@@ -10,6 +10,7 @@ verifier share one decoder, and the sampling settings travel with each generatio
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import platform
@@ -26,6 +27,7 @@ from ddte_core.quiet import quiet_transformers
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig
 from decode.engine import SpeculativeDecoder
+from decode.models.kernels import stock_kernels, use_kernel
 from decode.pair import LoadedPair
 from decode.policies.base import Policy, PolicyOptions, StaticPolicy, make_policy
 from decode.policies.deployment import POLICY_FILES, Deployment, load_policy
@@ -105,9 +107,10 @@ class FirstTokenClock:
 
 
 def run_hf(pair: LoadedPair, ids: list[int], max_new: int, sampling: SamplingConfig, seed: int,
-           assisted: bool) -> tuple[int, float, float]:
-    """One HF `generate` call (target alone, or assisted by the draft); returns (new tokens, seconds, seconds to the
-    first new token)."""
+           assisted: bool, stock: bool = True) -> tuple[int, float, float]:
+    """One HF `generate` call (target alone, or assisted by the draft), on the stock models (``stock``: every linear
+    layer on ``F.linear``) or on the kernel paths the pair runs; returns (new tokens, seconds, seconds to the first
+    new token)."""
     torch.manual_seed(seed)
     clock = FirstTokenClock()
     kwargs = {"max_new_tokens": max_new, "do_sample": not sampling.greedy, "pad_token_id": pair.eos_token_id,
@@ -116,8 +119,11 @@ def run_hf(pair: LoadedPair, ids: list[int], max_new: int, sampling: SamplingCon
         kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=None)
     if assisted:
         kwargs["assistant_model"] = pair.draft.model
+    kernels = (stock_kernels(pair.target.model), stock_kernels(pair.draft.model)) if stock else ()
     start = time.perf_counter()
-    with torch.inference_mode(), quiet_transformers(bars=True):  # HF assisted generation warns about its own call
+    with contextlib.ExitStack() as stack, torch.inference_mode(), quiet_transformers(bars=True):
+        for context in kernels:  # HF assisted generation warns about its own call: quiet
+            stack.enter_context(context)
         out = pair.target.model.generate(torch.tensor([ids], device=pair.target.device), **kwargs)
     seconds = time.perf_counter() - start
     return out.shape[1] - len(ids), seconds, (clock.first - start) if clock.first is not None else seconds
@@ -136,8 +142,9 @@ class _Runner:
     def one(self, ids: list[int], seed: int, sampling: SamplingConfig, max_new: int) -> GenerationStats:
         """Generate once after ``ids``; the statistics."""
         if self.decoder is None:
-            assisted = self.method.kind == "hf-assisted"
-            new, seconds, first = run_hf(self.pair, ids, max_new, sampling, seed, assisted)
+            assisted = self.method.kind.startswith("hf-assisted")
+            new, seconds, first = run_hf(self.pair, ids, max_new, sampling, seed, assisted,
+                                         self.method.on_stock_kernels)
             stats = GenerationStats(new_tokens=new, wall_seconds=seconds)
             stats.seconds["prefill"] += first  # the prompt's pass and the first token: what TPOT leaves out
             return stats
@@ -173,6 +180,8 @@ def make_runners(methods: list[Method], pair: LoadedPair, deployments: dict[str,
     runners = []
     for method in methods:
         if method.is_hf:
+            if method.kind == "hf-assisted-kernels" and pair.draft.forward_name == "fast":
+                use_kernel(pair.draft.model, pair.draft.kernel)  # HF's forward of the draft, on the fast one's path
             runners.append(_Runner(method, pair))
             continue
         if method.draft not in drafts:

@@ -1,7 +1,10 @@
 """The method contract: what one bench row runs, parsed once from its text form, with one canonical spelling.
 
 A method is ``ar`` (the target alone, HF ``generate``), ``hf-assisted`` (HF assisted generation with the same
-draft) or ``VERIFIER@SPEC``, a ddte decoder with a policy: SPEC is a static shape ``K,L1,L2``, a named policy
+draft), both on the stock models (every linear layer on ``F.linear``: what users have), ``ar-kernels`` and
+``hf-assisted-kernels`` (the same two on the kernel paths the pair runs here, decode/models/kernels.py: ddte's own AR
+on the target's kernels, and HF assisted with the same q as ddte's draft), or ``VERIFIER@SPEC``, a ddte decoder
+with a policy: SPEC is a static shape ``K,L1,L2``, a named policy
 (``adaptive``, ``entropy``), ``selector=FILE``, ``policy=FILE`` or ``expander=FILE``. Static shapes that draft the
 same tree are one method: :meth:`Method.parse` keeps the canonical shape
 (:meth:`decode.drafting.actions.Action.canonical`), so ``specinfer@1,0,2`` and ``specinfer@2,2,0`` are both
@@ -23,7 +26,7 @@ from decode.drafting.actions import Action, check_in_grid
 from decode.engine import check_action
 from decode.verifiers import get_verifier
 
-HF_KINDS = ("ar", "hf-assisted")
+HF_KINDS = ("ar", "hf-assisted", "ar-kernels", "hf-assisted-kernels")
 NAMED_POLICIES = ("adaptive", "entropy")
 FILE_KINDS = ("selector", "policy", "expander")  # SPEC = KIND=FILE
 DRAFT_SUFFIX = "+draft="  # a ddte method run with another draft folder
@@ -70,7 +73,8 @@ class Method:
     def _parse_ddte(cls, text: str) -> Method:
         name, sep, spec = text.partition("@")
         if not sep:
-            raise ValueError(f"bad method '{text}': use ar, hf-assisted, VERIFIER@K,L1,L2 or VERIFIER@adaptive")
+            raise ValueError(f"bad method '{text}': use {', '.join(HF_KINDS)}, VERIFIER@K,L1,L2 or "
+                             "VERIFIER@adaptive")
         verifier = get_verifier(name)  # KeyError names the known verifiers
         kind, eq, value = spec.partition("=")
         if eq and kind in FILE_KINDS and value:
@@ -109,6 +113,11 @@ class Method:
     def is_hf(self) -> bool:
         """HF ``generate`` runs it (``ar``, ``hf-assisted``): no ddte decoder, no policy."""
         return self.kind in HF_KINDS
+
+    @property
+    def on_stock_kernels(self) -> bool:
+        """An HF row on the stock models (``ar``, ``hf-assisted``), not on the pair's kernel paths."""
+        return self.kind in HF_KINDS[:2]
 
     @property
     def is_static(self) -> bool:

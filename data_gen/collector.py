@@ -269,6 +269,11 @@ def load_collect_pair(config: CollectConfig) -> LoadedPair:
         raise ValueError("pair: no tokenizer found (set tokenizer: in the pair config)")
     if config.threads:
         torch.set_num_threads(config.threads)
+    from ddte_core.paths import latency_cache
+    from decode.models.kernels import release_stock_weights
+
+    pair.use_kernels(None, latency_cache())  # the pair's kernels (auto: this machine's fastest, measured once)
+    release_stock_weights(pair.target.model)  # a worker never runs the stock target: its prepacked copy is enough
     return pair
 
 

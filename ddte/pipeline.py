@@ -399,6 +399,9 @@ def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates
 
         torch.set_num_threads(stage.threads)
     pair = load_pair_config(collect.pair)
+    from ddte_core.paths import latency_cache
+
+    print(pair.use_kernels(None, latency_cache()).line())  # the kernels the collection ran on, as the loop does
     prompts = encode_prompts(pair, bench_prompts(None, "prompt", stage.num_prompts, tokenizer=pair.tokenizer,
                                                  default=pair.heldout_prompts), stage.max_new_tokens)
     settings = BenchSettings(stage.max_new_tokens, stage.repeats, stage.seed)
@@ -417,7 +420,8 @@ def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates
     print(title)
     print(format_table(rows))
     payload = {"settings": {"bench": stage.__dict__, "candidates": candidates}, "rows": rows,
-               "environment": environment(pair.target.device), "pair_fingerprint": pair.fingerprint(),
+               "environment": environment(pair.target.device) | {"kernels": pair.kernel_choice.line()},
+               "pair_fingerprint": pair.fingerprint(),
                "machine": machine_identity(pair.target, pair.draft)}
     (out / "bench.json").write_text(json.dumps(payload, indent=2, default=str))
     plot(rows, out / "bench.png", title)

@@ -21,6 +21,16 @@ def native_bf16_cpu() -> bool:
     return "avx512_bf16" in info or "amx_bf16" in info
 
 
+def cpu_flags_digest() -> str:
+    """8 hex digits of the CPU's feature flags: two machines that report one model name (a hypervisor's generic
+    "Intel Xeon Processor") but differ in AVX-512, VNNI or BF16 get different digests."""
+    import hashlib
+
+    info = _cpuinfo() or ""
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    return hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:8]
+
+
 def cpu_model() -> str:
     """The CPU's model name and whether it has native bf16, from /proc/cpuinfo; ``platform.processor()`` where that
     file is absent."""

@@ -40,6 +40,9 @@ class LoadedPair:
     paths: dict[str, Path]
     train_prompts: str = "builtin:train"  # the prompt sources that fit this pair (PairSpec): collect's default
     heldout_prompts: str = "builtin:heldout"  # and bench's
+    kernels: str = "auto"  # the pair's kernel request (PairSpec.kernels), what use_kernels takes by default
+    kernel_choice: object | None = None  # the KernelChoice use_kernels applied (None: both on the default path)
+    target_quant: str | None = None  # a quantized kernel path the pair opts its target into: another model
 
     @property
     def chat(self) -> bool:
@@ -61,6 +64,22 @@ class LoadedPair:
     def fingerprint(self) -> str:
         """:func:`pair_fingerprint` of the directories this pair came from."""
         return pair_fingerprint(self.paths["target"], self.paths["draft"], self.paths.get("tokenizer"))
+
+    def use_kernels(self, request: str | None = None, cache: Path | None = None, announce=None):
+        """Move both models to the kernel paths ``request`` names (None: the pair's own, usually ``auto``: this
+        machine's fastest, measured once and cached in ``cache``); the
+        :class:`~decode.models.kernel_choice.KernelChoice`.
+
+        Raises:
+            ValueError: a request that does not parse, or a path a model cannot run here.
+        """
+        from decode.models.kernel_choice import KernelRequest, choose_kernels
+
+        parsed = KernelRequest.parse(self.kernels if request is None else request)
+        if self.target_quant is not None:  # the user's opt-in to another target model (PairSpec.target_quant)
+            parsed = KernelRequest(self.target_quant, parsed.draft)
+        self.kernel_choice = choose_kernels(self.target, self.draft, parsed, self.fingerprint(), cache, announce)
+        return self.kernel_choice
 
 
 def resolve_device(name: str) -> torch.device:
@@ -108,7 +127,6 @@ def load_pair(
     dtype: str | None = None,
     fast_draft: bool = True,
     draft_dtype: str | None = None,
-    draft_int8: str = "none",
 ) -> LoadedPair:
     """Load both models (safetensors or GGUF only, no remote code) and a tokenizer if one is available.
 
@@ -116,8 +134,8 @@ def load_pair(
     else in the target's folder (or its GGUF file), else beside it in ``tokenizer/``. A missing tokenizer is not an
     error: token ids still work. ``dtype`` is the target's (and the draft's, unless ``draft_dtype`` is given). The
     draft runs through the fast forward of :mod:`decode.models.fast_llama` when it supports the model (and
-    ``fast_draft``), with int8 weight-only layers in the passes ``draft_int8`` names (none, single, all); the
-    target always through HF's, in its own values.
+    ``fast_draft``), the target always through HF's, both on the default kernels
+    (:func:`decode.models.kernel_choice.choose_kernels` moves them to this machine's fastest).
 
     Raises:
         ValueError: a missing directory, weights that are not safetensors or GGUF, an unknown device or dtype, or
@@ -130,8 +148,7 @@ def load_pair(
     target_dtype = resolve_dtype(dtype, dev)
     draft_torch_dtype = resolve_dtype(draft_dtype, dev) or target_dtype
     target_lm = CachedLM(load_causal_lm(target, dev, target_dtype), dev, target_dtype)
-    draft_lm = cached_lm(load_draft_model(draft, dev, draft_torch_dtype), dev, draft_torch_dtype, fast=fast_draft,
-                         int8=draft_int8)
+    draft_lm = cached_lm(load_draft_model(draft, dev, draft_torch_dtype), dev, draft_torch_dtype, fast=fast_draft)
     check_same_vocab(target_lm.config, draft_lm.config)
     attach_draft_steering(draft_lm, target_lm, Path(draft), Path(target))
     tokenizer_dir = find_tokenizer_dir(Path(target), tokenizer)
@@ -160,8 +177,8 @@ def load_draft_model(path: str | Path, device: torch.device, dtype: torch.dtype 
 
 
 def load_other_draft(pair: LoadedPair, path: str | Path) -> CachedLM:
-    """Another draft for ``pair``'s target, loaded as the pair's own draft was (device, dtype, forward; its draft
-    vocabulary and steering map, checked against this target).
+    """Another draft for ``pair``'s target, loaded as the pair's own draft was (device, dtype, forward, kernel path;
+    its draft vocabulary and steering map, checked against this target).
 
     Raises:
         ValueError: a missing folder, unsafe weights, another vocabulary, or a steering map for another target.
@@ -171,7 +188,8 @@ def load_other_draft(pair: LoadedPair, path: str | Path) -> CachedLM:
 
     own = pair.draft
     draft = cached_lm(load_draft_model(path, own.device, own.dtype), own.device, own.dtype,
-                      fast=own.forward_name == "fast", int8=getattr(own, "int8", "none"))
+                      fast=own.forward_name == "fast")
+    draft.use_kernel(own.kernel)
     check_same_vocab(pair.target.config, draft.config)
     attach_draft_steering(draft, pair.target, Path(path), pair.paths["target"])
     return draft
@@ -202,8 +220,8 @@ def load_pair_config(path: str | Path, device: str = "cpu", dtype: str | None = 
     return spec.load(device, dtype, fast_draft)
 
 
-PAIR_KEYS = ("target", "draft", "tokenizer", "target_dtype", "draft_dtype", "draft_int8", "train_prompts",
-             "heldout_prompts")
+PAIR_KEYS = ("target", "draft", "tokenizer", "target_dtype", "draft_dtype", "kernels", "target_quant",
+             "train_prompts", "heldout_prompts")
 
 
 @dataclass(frozen=True)
@@ -214,7 +232,11 @@ class PairSpec:
         target, draft, tokenizer: model folders or GGUF files (``tokenizer`` None: found beside the target).
         target_dtype, draft_dtype: each model's dtype when the command's ``--dtype`` is auto (None: the device's
             default, fp32 on CPU).
-        draft_int8: the draft passes that read int8 weight-only layers (:data:`decode.models.fast_llama.INT8_MODES`).
+        kernels: the kernel request when a command says ``--kernels auto`` or nothing
+            (:class:`decode.models.kernel_choice.KernelRequest`: ``auto``, a path, ``target=PATH,draft=PATH``).
+        target_quant: a quantized kernel path for the target (``int8-dynamic``, ``int8-weight``), or None. Opting in
+            makes the target another model than the pair's: its outputs follow the quantized law, which decoding
+            keeps exactly, and the bench's baseline is AR on that same quantized target (``ar-kernels``).
         train_prompts, heldout_prompts: the prompt sources that fit this pair (``builtin:*`` for the stdlib pair,
             ``chat:*`` for a chat model), the defaults of collect and bench.
         fetch: the registry models (:mod:`decode.models.registry`) the target and the draft come from, if any.
@@ -226,7 +248,8 @@ class PairSpec:
     tokenizer: Path | None = None
     target_dtype: str | None = None
     draft_dtype: str | None = None
-    draft_int8: str = "none"
+    kernels: str = "auto"
+    target_quant: str | None = None
     train_prompts: str = "builtin:train"
     heldout_prompts: str = "builtin:heldout"
     fetch: tuple[str, ...] = ()
@@ -248,9 +271,9 @@ class PairSpec:
         override = dtype not in (None, "auto")
         pair = load_pair(self.target, self.draft, tokenizer or self.tokenizer, device,
                          dtype if override else self.target_dtype, fast_draft,
-                         draft_dtype=dtype if override else self.draft_dtype,
-                         draft_int8=self.draft_int8 if fast_draft else "none")
-        pair.train_prompts, pair.heldout_prompts = self.train_prompts, self.heldout_prompts
+                         draft_dtype=dtype if override else self.draft_dtype)
+        pair.train_prompts, pair.heldout_prompts, pair.kernels = self.train_prompts, self.heldout_prompts, self.kernels
+        pair.target_quant = self.target_quant
         return pair
 
     def paths(self) -> dict[str, Path]:
@@ -290,6 +313,15 @@ def read_pair_config(path: str | Path) -> PairSpec:
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"pair config {str(path)!r} is not a YAML mapping")
+    if "draft_int8" in data:
+        raise ValueError(f"pair config {str(path)!r}: draft_int8 is replaced by kernels (auto: each model's fastest "
+                         "path on this machine, measured once; draft=int8-weight is what draft_int8: all ran)")
+    if data.get("target_quant") is not None:
+        from decode.models.kernels import KERNEL_PATHS
+
+        quantized = [name for name, kernel in KERNEL_PATHS.items() if not kernel.exact]
+        if data["target_quant"] not in quantized:
+            raise ValueError(f"pair config {str(path)!r}: target_quant must be one of {', '.join(quantized)}")
     unknown = set(data) - set(PAIR_KEYS)
     if unknown or "target" not in data or "draft" not in data:
         extra = f"; unknown: {', '.join(sorted(unknown))}" if unknown else ""
@@ -298,8 +330,13 @@ def read_pair_config(path: str | Path) -> PairSpec:
     for key in ("target_dtype", "draft_dtype"):
         if data.get(key) not in (None, *DTYPES):
             raise ValueError(f"pair config {str(path)!r}: {key} must be one of {', '.join(DTYPES)}")
-    if data.get("draft_int8", "none") not in ("none", "single", "all"):
-        raise ValueError(f"pair config {str(path)!r}: draft_int8 must be none, single or all")
+    if "kernels" in data:
+        from decode.models.kernel_choice import KernelRequest
+
+        try:
+            KernelRequest.parse(str(data["kernels"]))
+        except ValueError as err:
+            raise ValueError(f"pair config {str(path)!r}: kernels: {err}".replace("--kernels: ", "")) from err
     base = next((p.parent for p in path.resolve().parents if p.name == "configs"), path.resolve().parent)
 
     def located(value) -> Path | None:
@@ -315,7 +352,8 @@ def read_pair_config(path: str | Path) -> PairSpec:
 
     extra = {k: str(data[k]) for k in ("train_prompts", "heldout_prompts") if data.get(k) is not None}
     return PairSpec(path, model_path(data["target"]), model_path(data["draft"]), located(data.get("tokenizer")),
-                    data.get("target_dtype"), data.get("draft_dtype"), data.get("draft_int8", "none"),
+                    data.get("target_dtype"), data.get("draft_dtype"), str(data.get("kernels", "auto")),
+                    data.get("target_quant"),
                     fetch=fetched, **extra)
 
 

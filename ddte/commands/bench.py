@@ -188,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
     title = (f"{len(prompts)} {which}{skipped} × {args.repeats} repeat(s), {args.max_new_tokens} new tokens, "
              f"T = {temps}, top-p {args.top_p:g}")
     print(title)
+    print(f"{pair.kernel_choice.line()}; ar and hf-assisted run the stock models (F.linear)")
     print(format_table(rows))
     by_category = category_rows(rows, categories) if categories and len(set(categories)) > 1 else []
     if by_category:
@@ -202,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
     if output is not None:
         settings_out = {k: v for k, v in vars(args).items() if not k.startswith("_")} | {
             "methods": [m.key for m in methods]}
-        payload = {"settings": settings_out, "environment": environment(pair.target.device) | {"latency": which},
+        payload = {"settings": settings_out, "environment": environment(pair.target.device) | {
+            "latency": which, "kernels": pair.kernel_choice.line()},
                    "rows": rows,
                    "categories": by_category, "comparisons": comparisons}
         with staged_file(output) as tmp, tmp.open("w") as f:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,17 +111,40 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
                         "bfloat16 on CUDA)")
     parser.add_argument("--draft-forward", default="fast", choices=("fast", "hf"),
                         help="the draft's forward: ddte's fast Llama path (same logits) or HF's")
+    parser.add_argument("--kernels", default=None, metavar="auto|PATH|target=PATH,draft=PATH",
+                        help="the linear layers' kernel path per model (default: the pair's, auto). auto measures "
+                        "each path on this machine once (cached beside the latency tables) and takes the fastest: "
+                        "for the target only paths exact in its own dtype (default, onednn), for the draft any "
+                        "(int8-dynamic, int8-weight: another q, which the verifier sees as sampled). default opts out")
+
+
+def check_kernels_argument(value: str | None) -> None:
+    """UserError for a --kernels that does not parse (before any model loads)."""
+    from decode.models.kernel_choice import KernelRequest
+
+    if value is not None:
+        with user_errors():
+            KernelRequest.parse(value)
 
 
 def load_pair_from_args(args: argparse.Namespace):
-    """The pair named by --pair, or by --target/--draft/--tokenizer; UserError when it cannot be loaded."""
+    """The pair named by --pair, or by --target/--draft/--tokenizer, on the kernels --kernels names (one line on
+    stderr says which); UserError when it cannot be loaded."""
+    from ddte_core.paths import latency_cache
     from decode.pair import load_pair, read_pair_config
 
     fast = getattr(args, "draft_forward", "fast") == "fast"
+    check_kernels_argument(getattr(args, "kernels", None))
     with user_errors():
         if args.pair:
-            return read_pair_config(args.pair).load(args.device, args.dtype, fast, args.tokenizer)
-        return load_pair(args.target, args.draft, args.tokenizer, args.device, args.dtype, fast)
+            pair = read_pair_config(args.pair).load(args.device, args.dtype, fast, args.tokenizer)
+        else:
+            pair = load_pair(args.target, args.draft, args.tokenizer, args.device, args.dtype, fast)
+    with user_errors(OSError, ValueError):
+        choice = pair.use_kernels(getattr(args, "kernels", None), latency_cache(),
+                                  announce=lambda line: print(line, file=sys.stderr))
+    print(choice.line(), file=sys.stderr)
+    return pair
 
 
 def check_output_file(path: str | Path, what: str = "--output") -> Path:

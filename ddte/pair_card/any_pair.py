@@ -14,7 +14,9 @@ For a :class:`~decode.pair.PairSpec` this measures, with both models in the pair
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,7 @@ import torch
 
 from ddte.pair_card.shipped import describe
 from ddte_core.machine import cpu_model
+from ddte_core.paths import latency_cache
 from distill.evaluate import acceptance_on_target_samples, sample_continuation
 
 
@@ -83,6 +86,7 @@ def measure_pair(settings: PairCardSettings) -> dict[str, Any]:
     torch.set_num_threads(settings.threads)
     spec = read_pair_config(settings.pair)
     pair = spec.load()
+    choice = pair.use_kernels(None, latency_cache(), announce=lambda line: print(line, file=sys.stderr))
     groups = prompt_groups(spec.heldout_prompts, settings.num_prompts, pair.tokenizer)
     unknown = sorted(set(settings.groups) - set(groups))
     if unknown:  # before any measuring
@@ -92,8 +96,8 @@ def measure_pair(settings: PairCardSettings) -> dict[str, Any]:
         "pair": str(spec.source), "threads": torch.get_num_threads(), "torch_version": torch.__version__,
         "cpu": cpu_model(), "load_average_at_start": os.getloadavg()[0],
         "architecture": {"target": describe(target) | {"dtype": str(pair.target.dtype)},
-                         "draft": describe(draft) | {"dtype": str(pair.draft.dtype),
-                                                     "int8_layers": getattr(pair.draft, "int8", "none")}},
+                         "draft": describe(draft) | {"dtype": str(pair.draft.dtype)}},
+        "kernels": dataclasses.asdict(choice),
     }
     if settings.cache_len + settings.tree_nodes + 1 > pair.context_limit:
         raise ValueError(f"--cache-len {settings.cache_len} with --tree-nodes {settings.tree_nodes} does not fit the "
@@ -127,6 +131,25 @@ def measure_pair(settings: PairCardSettings) -> dict[str, Any]:
     return result
 
 
+def kernel_lines(kernels: dict | None) -> list[str]:
+    """The kernel paths' pass times per block size (decode/models/kernel_choice.py) and which each model runs."""
+    if not kernels or not kernels.get("times"):
+        chosen = f"target {kernels['target']}, draft {kernels['draft']}" if kernels else "default"
+        return [f"Kernel paths: {chosen} (given, not measured)."]
+    lines = ["Kernel paths, ms per pass (median; blocks over a cache of the prefill's tokens; * = chosen):", ""]
+    for role, times in kernels["times"].items():
+        shapes = times["shapes"]
+        lines += [f"| {role} path | " + " | ".join(f"{m} token{'s' if m > 1 else ''}" for m in shapes)
+                  + f" | prefill {times['prefill_tokens']} | {max(shapes)} ÷ 1 |",
+                  "|---|" + "---:|" * (len(shapes) + 2)]
+        for path, ms in times["block_ms"].items():
+            mark = "*" if path == kernels[role] else ""
+            lines.append(f"| {path}{mark} | " + " | ".join(f"{v:.1f}" for v in ms)
+                         + f" | {times['prefill_ms'][path]:.0f} | {ms[-1] / ms[0]:.2f} |")
+        lines.append("")
+    return lines[:-1]
+
+
 def pair_markdown(result: dict[str, Any]) -> str:
     """The card's tables from a :func:`measure_pair` result."""
     arch, loop = result["architecture"], result["loop_latency"]
@@ -144,12 +167,13 @@ def pair_markdown(result: dict[str, Any]) -> str:
         f"| target, 1 token | {loop['target_one_token_ms']:.2f} | 1 |",
         f"| target, {loop['tree_nodes']}-token tree | {loop['target_tree_ms']:.2f} | "
         f"{loop['tree_over_one_token']:.2f} |",
-        f"| draft ({loop['draft_wrapper']}, int8 layers: {arch['draft'].get('int8_layers', 'none')}), 1 token, warm "
+        f"| draft ({loop['draft_wrapper']}), 1 token, warm "
         f"| {loop['draft_one_token_ms']:.3f} | {loop['draft_over_target']:.3f} |",
         f"| draft, {loop['tree_nodes']}-token level | {loop['draft_tree_level_ms']:.3f} | "
         f"{loop['draft_tree_level_ms'] / loop['target_one_token_ms']:.3f} |",
         f"| draft, a step's first pass (cache-cold) | {loop['draft_first_pass_ms']:.3f} | "
         f"{loop['draft_first_pass_over_target']:.3f} |",
+        "", *kernel_lines(result.get("kernels")),
         "", "| acceptance 1 − TV(p, q), held-out prompts | T = 0.6 | T = 1 |", "|---|---:|---:|",
     ]
     groups = sorted({k[len("acceptance_"):].rsplit("_", 1)[0] for k in result if k.startswith("acceptance_")})

@@ -68,6 +68,7 @@ class CachedLM:
 
     forward_name = "hf"
     fast_fallback: str | None = None
+    kernel = "default"  # the linear layers' path (decode.models.kernels)
     # Steering (decode.models.steering). A target whose states steer a draft records, at every forward, the hidden
     # states entering the layers ``taps`` (HF hidden_states indices): ``tapped`` ``(n, len(taps), H)`` float32 of the
     # last forward, and one row per cached slot, kept through commits (:meth:`taps_at`). A steered draft holds its
@@ -104,6 +105,19 @@ class CachedLM:
         layer_types = _layer_types(self.config.get_text_config(decoder=True))
         self._layer_windows: list[int | None] = [self._type_windows[t] for t in layer_types]
         self.reset()
+
+    def use_kernel(self, name: str) -> int:
+        """Run the model's linear layers through kernel path ``name`` (:mod:`decode.models.kernels`); the bytes of
+        the copies it made.
+
+        Raises:
+            ValueError: an unknown path, or one that cannot run this model's weights here.
+        """
+        from decode.models.kernels import use_kernel
+
+        nbytes = use_kernel(self.model, name)
+        self.kernel = name
+        return nbytes
 
     # --- steering -------------------------------------------------------------------------------------
     def attach_steering(self, steering, target: CachedLM | None = None) -> None:

@@ -18,15 +18,12 @@ commits and crops.
 The target keeps HF's forward: it is where the compute is, and its baseline (HF ``generate``) must see the same
 model code as ddte's loop.
 
-**int8 weight-only layers** (``int8="single"`` or ``"all"``): each decoder layer's four matrices also get an int8
-copy, symmetric per output channel (``w ≈ scale[o] · q[o, :]``, ``|q| ≤ 127``), read by
-``torch._weight_int8pack_mm`` in the passes chosen: one-token passes only (``single``: the trunk's passes, where a
-pass streams its weights once and reads half the bytes), or every pass (``all``). The output head and the
-embeddings stay in the model's dtype. A quantized pass gives another q, not an approximation the verifier has to
-correct for: the drafting loop samples from that q and hands the same q to the verifier, so decoding stays exactly
-lossless (tests/decode/exact/test_int8_draft.py, with a negative control). Which mode pays is the CPU's business
-(``ddte pair-card`` reports the draft's passes under the pair's setting; run it once per setting to compare): never
-use it for a target, whose values must stay its own.
+**Kernels.** Each layer's matrices run through a :class:`~decode.models.kernels.PreparedLinear` of the path
+``kernel`` names (:mod:`decode.models.kernels`; ``default`` is ``F.linear``), the output head too where it is a plain
+linear layer (a draft vocabulary's head keeps its own product). A quantized path gives another q, not an
+approximation the verifier has to correct for: the drafting loop samples from that q and hands the same q to the
+verifier, so decoding stays exactly lossless (tests/decode/exact/test_int8_draft.py, with a negative control).
+Which path pays is the CPU's business: :mod:`decode.models.kernel_choice` measures it.
 """
 
 from __future__ import annotations
@@ -36,20 +33,12 @@ import torch
 import torch.nn.functional as F
 
 from decode.models.cached_lm import CachedLM, attention_windows
+from decode.models.kernels import DEFAULT, kernel_path
 
 _INITIAL_SLOTS = 256
 # model types whose decoder layer the fast forward reproduces (see the module docstring)
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-INT8_MODES = ("none", "single", "all")  # which passes read int8 weight-only layers: none, one-token passes, all
 _MATRICES = ("wqkv", "wo", "wgu", "wd")  # a layer's matrices, each with its bias under "b" + name[1:]
-
-
-def int8_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-output-channel int8 of ``weight`` ``(N, K)``: ``(q (N, K) int8, scale (N,))`` in weight's dtype,
-    ``weight ≈ scale[:, None] · q``."""
-    scale = weight.float().abs().amax(dim=1).clamp_min(1e-12) / 127.0
-    q = torch.round(weight.float() / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-    return q, scale.to(weight.dtype)
 
 
 def fast_path_unsupported(model) -> str | None:
@@ -80,19 +69,35 @@ class FastCachedLM(CachedLM):
     forward_name = "fast"
 
     def __init__(self, model, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-                 int8: str = "none") -> None:
+                 kernel: str = DEFAULT) -> None:
         reason = fast_path_unsupported(model)
         if reason is not None:
             raise ValueError(f"the fast forward does not support this model: {reason}")
-        if int8 not in INT8_MODES:
-            raise ValueError(f"int8 must be one of {', '.join(INT8_MODES)}, got {int8!r}")
         super().__init__(model, device, dtype)
-        self.int8 = int8
         self._load_weights()
-        if int8 != "none":
-            for w in self.layers:
-                for name in _MATRICES:
-                    w["q" + name] = int8_weight(w[name])
+        self.use_kernel(kernel)
+
+    def use_kernel(self, name: str) -> int:
+        """Run every layer matrix (and a plain output head) through kernel path ``name``; the bytes it copied.
+
+        Raises:
+            ValueError: an unknown path, or one that cannot run this model's weights here.
+        """
+        path = kernel_path(name)
+        reason = path.unavailable(self.dtype, self.device)
+        if reason is not None:
+            raise ValueError(reason)
+        nbytes = 0
+        for w in self.layers:
+            for matrix in _MATRICES:
+                w["k" + matrix] = path.prepare(w[matrix], w["b" + matrix[1:]])
+                nbytes += w["k" + matrix].nbytes
+        self._head = self.head
+        if isinstance(self.head, torch.nn.Linear):
+            self._head = path.prepare(self.head.weight, self.head.bias)
+            nbytes += self._head.nbytes
+        self.kernel = name
+        return nbytes
 
     def _enable_steer(self) -> None:
         """Nothing to hook: this forward adds :attr:`steer` itself."""
@@ -180,7 +185,6 @@ class FastCachedLM(CachedLM):
             positions = torch.from_numpy(pos).to(self.device)
             cos, sin = self.cos[positions].unsqueeze(0), self.sin[positions].unsqueeze(0)  # (1, n, d)
             masks = self._masks(allowed, pos, n, start)
-            int8 = self.int8 == "all" or (self.int8 == "single" and n == 1)
             x = self.embed[index]  # (n, H)
             inputs = []  # each layer's input (HF's hidden_states[i]), kept only when taps read them
             for i, w in enumerate(self.layers):
@@ -188,16 +192,16 @@ class FastCachedLM(CachedLM):
                     inputs.append(x)
                 mask = None if masks is None else self._layer_mask(i, masks)
                 x = x + self._attention(i, F.rms_norm(x, x.shape[-1:], w["ln1"], self.eps), w, cos, sin, mask,
-                                        start, n, int8)
+                                        start, n)
                 h = F.rms_norm(x, x.shape[-1:], w["ln2"], self.eps)
-                gate, up = _linear(h, w, "wgu", int8).chunk(2, dim=-1)
+                gate, up = w["kwgu"](h).chunk(2, dim=-1)
                 if self._steer is not None:  # SD²: the step's bias on the up projection, every token alike
                     up = up + self._steer[i]
-                x = x + _linear(F.silu(gate) * up, w, "wd", int8)
+                x = x + w["kwd"](F.silu(gate) * up)
             hidden = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
             if self.taps:  # hidden_states[L] is the final normed state, as in HF's output
                 self.tapped = torch.stack([(inputs + [hidden])[i] for i in self.taps], dim=1).float()
-            logits = self.head(hidden).float()  # (n, V)
+            logits = self._head(hidden).float()  # (n, V)
             return (logits, hidden.float()) if output_hidden else logits
 
     def _masks(self, allowed: np.ndarray | None, pos: np.ndarray, n: int,
@@ -212,11 +216,10 @@ class FastCachedLM(CachedLM):
             patterns = {None: self._causal_pattern(n, start)}
         return {w: self._additive_mask(p).unsqueeze(0) for w, p in patterns.items()}
 
-    def _attention(self, i: int, h: torch.Tensor, w: dict, cos, sin, mask, start: int, n: int,
-                   int8: bool = False) -> torch.Tensor:
+    def _attention(self, i: int, h: torch.Tensor, w: dict, cos, sin, mask, start: int, n: int) -> torch.Tensor:
         """Self-attention of layer i for the block's n tokens over the cached slots and themselves."""
         d = self.head_dim
-        qkv = _linear(h, w, "wqkv", int8)  # (n, (heads + 2 kv_heads) · d)
+        qkv = w["kwqkv"](h)  # (n, (heads + 2 kv_heads) · d)
         q = qkv[:, : self._q_width].view(n, self.n_heads, d)
         k = qkv[:, self._q_width : self._q_width + self._kv_width].view(n, self.n_kv, d)
         if w["qn"] is not None:
@@ -231,17 +234,7 @@ class FastCachedLM(CachedLM):
             keys = keys.repeat_interleave(self.n_heads // self.n_kv, dim=0)
             values = values.repeat_interleave(self.n_heads // self.n_kv, dim=0)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and n > 1)
-        return _linear(out.transpose(0, 1).reshape(n, self._q_width), w, "wo", int8)
-
-
-def _linear(x: torch.Tensor, w: dict, name: str, int8: bool) -> torch.Tensor:
-    """``x (n, K) @ w[name].T + bias`` ``(n, N)``: through the int8 copy ``w["q" + name]`` when ``int8``."""
-    bias = w["b" + name[1:]]
-    if not int8:
-        return F.linear(x, w[name], bias)
-    q, scale = w["q" + name]
-    out = torch._weight_int8pack_mm(x.contiguous(), q, scale)
-    return out if bias is None else out + bias
+        return w["kwo"](out.transpose(0, 1).reshape(n, self._q_width))
 
 
 def _fused_bias(*linears: torch.nn.Linear) -> torch.Tensor | None:
@@ -258,20 +251,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def cached_lm(model, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, fast: bool = True,
-              int8: str = "none"):
+def cached_lm(model, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, fast: bool = True):
     """A :class:`FastCachedLM` where the fast forward supports the model (and ``fast``), else a :class:`CachedLM`
     (HF's forward, the same logits) whose ``fast_fallback`` says why the fast one was not taken (None when
-    ``fast`` was off).
-
-    Raises:
-        ValueError: ``int8`` other than "none" for a model the fast forward cannot run (only it has int8 layers).
-    """
+    ``fast`` was off). Both start on the default kernels (:meth:`~CachedLM.use_kernel` changes them)."""
     reason = fast_path_unsupported(model) if fast else None
     if fast and reason is None:
-        return FastCachedLM(model, device, dtype, int8)
-    if int8 != "none":
-        raise ValueError(f"int8 draft layers need the fast forward, which this draft cannot take ({reason or 'off'})")
+        return FastCachedLM(model, device, dtype)
     lm = CachedLM(model, device, dtype)
     lm.fast_fallback = reason
     return lm

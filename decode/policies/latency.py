@@ -292,15 +292,17 @@ MACHINE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 25, 32, 41)
 
 def machine_identity(target: CachedLM, draft: CachedLM) -> str:
     """What a table's times depend on besides the pair: the processor, torch's threads, both models' dtypes and the
-    draft's int8 layers. Tables are cached under this (with the pair's fingerprint)."""
+    kernel paths they run (decode/models/kernels.py). Tables are cached under this (with the pair's fingerprint)."""
     from ddte_core.machine import cpu_model
 
     processor = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else cpu_model()
-    int8 = getattr(draft, "int8", "none")
     threads = torch.get_num_threads()
+
+    def model(lm: CachedLM) -> str:
+        return str(lm.dtype).removeprefix("torch.") + ("" if lm.kernel == "default" else f" {lm.kernel}")
+
     return (f"{processor}; {threads} torch thread{'' if threads == 1 else 's'}; "
-            f"target {str(target.dtype).removeprefix('torch.')}"
-            f", draft {str(draft.dtype).removeprefix('torch.')}" + (f" int8 {int8}" if int8 != "none" else ""))
+            f"target {model(target)}, draft {model(draft)}")
 
 
 def machine_table_path(fingerprint: str, identity: str, cache: Path) -> Path:

@@ -31,12 +31,39 @@ def test_the_smollm2_pair_names_a_fetched_bf16_target_and_chat_prompts(tmp_path,
 
 
 @pytest.mark.parametrize(("extra", "message"), [({"colour": "red"}, "unknown: colour"),
-                                                ({"target_dtype": "int8"}, "target_dtype must be")])
+                                                ({"target_dtype": "int8"}, "target_dtype must be"),
+                                                ({"kernels": "int8-dynamic"}, "target takes only exact paths"),
+                                                ({"kernels": "target=turbo"}, "unknown kernel path"),
+                                                ({"draft_int8": "all"}, "replaced by kernels"),
+                                                ({"target_quant": "onednn"}, "target_quant must be one of")])
 def test_bad_pair_yamls_are_refused(tmp_path, extra, message):
     path = tmp_path / "pair.yaml"
     path.write_text(json.dumps({"target": "t", "draft": "d", **extra}))
     with pytest.raises(ValueError, match=message):
         read_pair_config(path)
+
+
+def test_a_pairs_kernel_request_is_what_use_kernels_takes(tmp_path):
+    root = save_tiny_pair(tmp_path / "pair", vocab=64)
+    path = root / "pair.yaml"
+    path.write_text(json.dumps({"target": str(root / "target"), "draft": str(root / "draft"),
+                                "kernels": "target=onednn,draft=int8-weight"}))
+    pair = read_pair_config(path).load()
+    assert (pair.target.kernel, pair.draft.kernel) == ("default", "default")  # loading measures nothing
+    choice = pair.use_kernels()
+    assert (choice.target, choice.draft) == (pair.target.kernel, pair.draft.kernel) == ("onednn", "int8-weight")
+    assert pair.use_kernels("default").target == pair.target.kernel == "default"  # a command's --kernels wins
+
+
+def test_a_quantized_target_is_an_opt_in_that_says_so(tmp_path):
+    root = save_tiny_pair(tmp_path / "pair", vocab=64)
+    path = root / "pair.yaml"
+    path.write_text(json.dumps({"target": str(root / "target"), "draft": str(root / "draft"),
+                                "kernels": "default", "target_quant": "int8-weight"}))
+    pair = read_pair_config(path).load()
+    choice = pair.use_kernels()
+    assert (pair.target.kernel, pair.draft.kernel) == ("int8-weight", "default")
+    assert "a quantized target: another model" in choice.line()
 
 
 def test_each_model_loads_in_its_own_dtype_unless_dtype_overrides_both(tmp_path):

@@ -1,5 +1,5 @@
-"""The pretrained Qwen2.5-Coder pair (1.5B target, 0.5B draft, both bf16; the draft's layers int8 as the pair config
-sets them): tree attention, rollback and greedy decoding against full recomputes.
+"""The pretrained Qwen2.5-Coder pair (1.5B target, 0.5B draft, both bf16, on the default kernels as loaded): tree
+attention, rollback and greedy decoding against full recomputes, and the exact kernel paths against the default.
 
 These need both models fetched (``ddte fetch qwen-coder``; CI runs it before the suite, once per machine) and skip
 without them. Prompts are plain text (no chat template) and short, so that a full recompute costs little.
@@ -35,15 +35,37 @@ def prompt(pair) -> list[int]:
     return list(pair.tokenizer(PROMPT_TEXT)["input_ids"])
 
 
-def test_the_pair_runs_a_bf16_draft_with_int8_layers_and_a_target_in_the_cpus_dtype(pair):
-    """``target_dtype: bfloat16-native``: bf16 where the CPU multiplies bf16 natively, fp32 elsewhere."""
+def test_the_pair_runs_a_bf16_draft_and_a_target_in_the_cpus_dtype(pair):
+    """``target_dtype: bfloat16-native``: bf16 where the CPU multiplies bf16 natively, fp32 elsewhere; ``kernels:
+    auto`` (each command measures the paths once per machine)."""
     from ddte_core.machine import native_bf16_cpu
 
     want = torch.bfloat16 if native_bf16_cpu() else torch.float32
     assert pair.target.dtype == want and pair.draft.dtype == torch.bfloat16
     assert pair.target.vocab_size == pair.draft.vocab_size == 151936
-    assert pair.draft.forward_name == "fast" and pair.draft.int8 == "all"
+    assert pair.draft.forward_name == "fast" and pair.kernels == "auto"
+    assert pair.target.kernel == pair.draft.kernel == "default"
     assert pair.tokenizer.chat_template and pair.chat
+
+
+def test_the_targets_exact_kernel_path_keeps_its_logits(pair, prompt):
+    """onednn (prepacked weights, the target's own dtype) against F.linear: bf16 rounding apart, the same logits, in
+    a prefill and in a tree block."""
+    from decode.models.kernels import KERNEL_PATHS
+
+    lm = pair.target
+    if KERNEL_PATHS["onednn"].unavailable(lm.dtype, lm.device):
+        pytest.skip("no onednn path for this dtype here")
+    tip = len(prompt) - 1
+    block = list(pair.tokenizer(" if n < 2:")["input_ids"])
+    want = lm.prefill(prompt), lm.extend_tree(block, [tip, *[-(j + 1) for j in range(len(block) - 1)]])
+    try:
+        lm.use_kernel("onednn")
+        got = lm.prefill(prompt), lm.extend_tree(block, [tip, *[-(j + 1) for j in range(len(block) - 1)]])
+    finally:
+        lm.use_kernel("default")
+    for a, b in zip(got, want, strict=True):
+        assert max(_relative_gap(x, y) for x, y in zip(a, b, strict=True)) < BF16_TOL
 
 
 def test_tree_attention_and_rollback_match_a_recompute(pair, prompt):

@@ -1,0 +1,268 @@
+"""Which kernel path each model of a pair runs on this machine: measured on the passes the loop runs, chosen by one
+deterministic rule, cached per pair and machine, and applied.
+
+A request (``--kernels``, a pair's ``kernels:``) is ``auto`` (measure), one path for both models, or
+``target=PATH,draft=PATH`` (either may be ``auto``). The target takes only exact paths
+(:attr:`decode.models.kernels.KernelPath.exact`: the same product from the same weights in the same dtype), so its
+law stays its own; the draft takes any, and the verifier sees the q it ran.
+
+Measurement (:func:`measure_paths`): for each eligible path, one prefill of :data:`PREFILL_TOKENS` random tokens, then
+passes of each block size in :data:`ROLE_SHAPES` over that cache, rolled back (the tree widths a step runs; the
+draft's trunk is one-token passes). :func:`choose_path` scores each path by the weighted geometric mean of its times
+over the default path's, the one-token pass weighing most for the draft, and takes the lowest (ties to the earlier
+path). The times and the choice are cached like the latency table (:mod:`decode.policies.latency`): keyed by the
+pair's fingerprint and the machine (processor and its flags, torch threads, both dtypes), never reused elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ddte_core.paths import staged_file
+from decode.models.cached_lm import CachedLM
+from decode.models.kernels import DEFAULT, KERNEL_PATHS, kernel_path
+
+ROLES = ("target", "draft")
+AUTO = "auto"
+PREFILL_TOKENS = 64
+# block sizes timed over the prefilled cache, and each one's weight in the score (the prefill weighs 1)
+ROLE_SHAPES = {"target": {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}, "draft": {1: 4.0, 2: 1.0, 4: 1.0, 8: 1.0}}
+
+
+@dataclass(frozen=True)
+class KernelRequest:
+    """What a command asked for, per role: a path name or ``auto``."""
+
+    target: str = AUTO
+    draft: str = AUTO
+
+    @classmethod
+    def parse(cls, text: str) -> KernelRequest:
+        """``auto``, ``PATH`` (both models) or ``target=PATH,draft=PATH`` (either may be left out: auto).
+
+        Raises:
+            ValueError: an unknown path or role, or a path the target may not take.
+        """
+        text = text.strip()
+        if "=" not in text:
+            request = cls(text, text)
+        else:
+            roles: dict[str, str] = {}
+            for part in text.split(","):
+                role, eq, name = part.partition("=")
+                role, name = role.strip(), name.strip()
+                if not eq or role not in ROLES or role in roles or not name:
+                    raise ValueError(f"--kernels: {text!r} is not auto, a path, or target=PATH,draft=PATH")
+                roles[role] = name
+            request = cls(**roles)
+        for role in ROLES:
+            name = getattr(request, role)
+            if name != AUTO:
+                kernel_path(name)  # ValueError naming the known paths
+        if request.target != AUTO and not KERNEL_PATHS[request.target].exact:
+            raise ValueError(f"--kernels: the target takes only exact paths "
+                             f"({', '.join(n for n, p in KERNEL_PATHS.items() if p.exact)}); {request.target} changes "
+                             "its values (give it to the draft: draft=" + request.target + ")")
+        return request
+
+    @property
+    def measures(self) -> bool:
+        return AUTO in (self.target, self.draft)
+
+    def __str__(self) -> str:
+        return self.target if self.target == self.draft else f"target={self.target},draft={self.draft}"
+
+
+@dataclass
+class PathTimes:
+    """One role's measured passes: ``block_ms[path][i]`` for ``shapes[i]`` tokens over a ``prefill_tokens`` cache,
+    ``prefill_ms[path]`` for the prefill itself (medians, milliseconds)."""
+
+    shapes: list[int]
+    prefill_tokens: int
+    block_ms: dict[str, list[float]] = field(default_factory=dict)
+    prefill_ms: dict[str, float] = field(default_factory=dict)
+
+    def rows(self) -> list[tuple[str, list[float], float]]:
+        """``(path, block times, prefill time)`` per measured path, in measuring order."""
+        return [(path, self.block_ms[path], self.prefill_ms[path]) for path in self.block_ms]
+
+
+@dataclass
+class KernelChoice:
+    """The path each role runs, and what was measured to choose it (a role given a fixed path has no times)."""
+
+    target: str
+    draft: str
+    times: dict[str, PathTimes] = field(default_factory=dict)
+    machine: str = ""
+    pair: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> KernelChoice:
+        """ValueError for a text that is no kernel choice."""
+        try:
+            data = json.loads(text)
+            times = {role: PathTimes(**t) for role, t in data.pop("times").items()}
+            choice = cls(**data, times=times)
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            raise ValueError(f"not a kernel choice: {err}") from err
+        for role in ROLES:
+            kernel_path(getattr(choice, role))
+        return choice
+
+    def line(self) -> str:
+        """One line: each role's path and, where measured, its pass times against the default path's."""
+        parts = []
+        for role in ROLES:
+            name = getattr(self, role)
+            times = self.times.get(role)
+            if role == "target" and not KERNEL_PATHS[name].exact:
+                parts.append(f"target {name} (a quantized target: another model than the pair's, by its opt-in)")
+                continue
+            if times is None or name not in times.block_ms or DEFAULT not in times.block_ms:
+                parts.append(f"{role} {name}")
+                continue
+            i = times.shapes.index(1)
+            j = times.shapes.index(max(times.shapes))
+            ms, base = times.block_ms[name], times.block_ms[DEFAULT]
+            parts.append(f"{role} {name} (1 token {ms[i]:.1f} ms, {times.shapes[j]} tokens {ms[j]:.1f} ms; "
+                         f"default {base[i]:.1f} / {base[j]:.1f})")
+        return "kernels: " + ", ".join(parts)
+
+
+def eligible_paths(model: CachedLM, role: str) -> list[str]:
+    """The paths ``model`` can run here, in :data:`KERNEL_PATHS` order: exact ones only for the target."""
+    return [name for name, path in KERNEL_PATHS.items()
+            if (path.exact or role == "draft") and path.unavailable(model.dtype, model.device) is None]
+
+
+def measure_paths(model: CachedLM, role: str, paths: list[str], repeats: int = 2,
+                  prefill_tokens: int = PREFILL_TOKENS) -> PathTimes:
+    """Time each path's passes on ``model`` (see the module docstring); leaves ``model`` on the last path and empty."""
+    shapes = list(ROLE_SHAPES[role])
+    prefill_tokens = max(1, min(prefill_tokens, model.context_limit - max(shapes) - 1))
+    g = torch.Generator().manual_seed(0)
+    vocab = model.vocab_size
+    context = torch.randint(0, vocab, (prefill_tokens,), generator=g).tolist()
+    blocks = [torch.randint(0, vocab, (m,), generator=g).tolist() for m in shapes]
+    times = PathTimes(shapes, prefill_tokens)
+    for name in paths:
+        model.use_kernel(name)
+        prefill, block = [], [[] for _ in shapes]
+        for r in range(repeats + 1):  # the first round warms the path's first calls up
+            start = time.perf_counter()
+            model.prefill(context)
+            elapsed = time.perf_counter() - start
+            if r:
+                prefill.append(elapsed)
+            for i, tokens in enumerate(blocks):
+                start = time.perf_counter()
+                model.extend_tree(tokens, [model.length - 1] * len(tokens))
+                elapsed = time.perf_counter() - start
+                model.commit([])
+                if r:
+                    block[i].append(elapsed)
+        times.block_ms[name] = [1e3 * statistics.median(t) for t in block]
+        times.prefill_ms[name] = 1e3 * statistics.median(prefill)
+    model.reset()
+    return times
+
+
+def choose_path(times: PathTimes, role: str) -> str:
+    """The measured path with the lowest score: the weighted geometric mean over the prefill and every block size of
+    its time over the first measured path's (the default). Deterministic: ties go to the earlier path."""
+    weights = ROLE_SHAPES[role]
+    base_name = next(iter(times.block_ms))
+    base, base_prefill = times.block_ms[base_name], times.prefill_ms[base_name]
+
+    def score(name: str) -> float:
+        logs = [weights[m] * math.log(t / b) for m, t, b in zip(times.shapes, times.block_ms[name], base, strict=True)]
+        logs.append(math.log(times.prefill_ms[name] / base_prefill))
+        return sum(logs) / (sum(weights[m] for m in times.shapes) + 1.0)
+
+    return min(times.block_ms, key=lambda name: (round(score(name), 9), list(times.block_ms).index(name)))
+
+
+def kernel_identity(target: CachedLM, draft: CachedLM) -> str:
+    """What a kernel choice depends on besides the pair: the processor and its flags, torch's threads, both dtypes."""
+    from ddte_core.machine import cpu_flags_digest, cpu_model
+
+    processor = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else \
+        f"{cpu_model()} flags {cpu_flags_digest()}"
+    threads = torch.get_num_threads()
+    return (f"{processor}; {threads} torch thread{'' if threads == 1 else 's'}; "
+            f"target {str(target.dtype).removeprefix('torch.')}, draft {str(draft.dtype).removeprefix('torch.')}")
+
+
+def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fingerprint: str,
+                   cache: Path | None, announce: Callable[[str], None] | None = None) -> KernelChoice:
+    """Each role's path under ``request``, measured here where it says ``auto`` (read from ``cache`` when this pair
+    and machine were measured before; written there whole otherwise), then applied to both models.
+
+    Raises:
+        ValueError: a fixed path one of the models cannot run here.
+    """
+    identity = kernel_identity(target, draft)
+    models = {"target": target, "draft": draft}
+    for role in ROLES:
+        name = getattr(request, role)
+        if name != AUTO:
+            reason = kernel_path(name).unavailable(models[role].dtype, models[role].device)
+            if reason is not None:
+                raise ValueError(f"--kernels: the {role} cannot take {name}: {reason}")
+    measured = _cached_choice(cache, fingerprint, identity) if request.measures else None
+    if request.measures and measured is None:
+        if announce is not None:
+            announce(f"measuring this machine's kernels once ({identity})" + (f"; cached in {cache}" if cache else ""))
+        measured = KernelChoice(DEFAULT, DEFAULT, machine=identity, pair=fingerprint)
+        for role in ROLES:
+            model = models[role]
+            times = measure_paths(model, role, eligible_paths(model, role))
+            measured.times[role] = times
+            setattr(measured, role, choose_path(times, role))
+        if cache is not None:
+            _write_choice(cache, measured)
+    choice = KernelChoice(*(getattr(measured, role) if getattr(request, role) == AUTO else getattr(request, role)
+                            for role in ROLES), times=measured.times if measured else {}, machine=identity,
+                          pair=fingerprint)
+    for role in ROLES:
+        if models[role].kernel != getattr(choice, role):  # a measurement leaves a model on its last path
+            models[role].use_kernel(getattr(choice, role))
+    return choice
+
+
+def choice_path(cache: Path, fingerprint: str, identity: str) -> Path:
+    """Where the kernel choice of this pair on this machine is cached: ``<cache>/kernels-<digest>.json``."""
+    digest = hashlib.sha256(f"{fingerprint}\n{identity}".encode()).hexdigest()[:20]
+    return cache / f"kernels-{digest}.json"
+
+
+def _cached_choice(cache: Path | None, fingerprint: str, identity: str) -> KernelChoice | None:
+    if cache is None:
+        return None
+    path = choice_path(cache, fingerprint, identity)
+    try:
+        choice = KernelChoice.from_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # none yet, unreadable, or from an older ddte: measure again
+    return choice if (choice.pair, choice.machine) == (fingerprint, identity) else None
+
+
+def _write_choice(cache: Path, choice: KernelChoice) -> None:
+    path = choice_path(cache, choice.pair, choice.machine)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with staged_file(path) as tmp:
+        tmp.write_text(choice.to_json(), encoding="utf-8")

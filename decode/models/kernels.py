@@ -1,0 +1,287 @@
+"""Linear-layer kernels: the one owner of how a model's matrices are multiplied on this machine.
+
+A decoder pass is its linear layers. On a CPU the kernel behind them decides whether a pass over a tree of 8 tokens
+costs 1.2× or 3× a one-token pass (``stack-notes.md`` §10): MKL's sgemm behind ``F.linear`` has a slow band at
+M = 4–8 rows; the same weights prepacked once for oneDNN are nearly flat; a dynamically quantized int8 product reads
+a quarter of fp32's bytes. Which pays is the machine's business, so :mod:`decode.models.kernel_choice` measures the
+paths offered here on the passes the loop runs and picks one per model role.
+
+A :class:`KernelPath` turns one ``(weight (N, K), bias (N,) | None)`` into a :class:`PreparedLinear`, a callable
+``x (M, K) -> (M, N)`` in the weight's dtype. Both forwards take them: HF's through :func:`use_kernel` (each
+``nn.Linear`` of the model swapped for a :class:`KernelLinear`), the draft's fast forward
+(:class:`~decode.models.fast_llama.FastCachedLM`) by preparing its fused matrices.
+
+Exact paths (``exact=True``) compute the same product from the same weights in the same dtype: their results differ
+from ``F.linear``'s by float rounding only, so a target may take them and keep its own law. The int8 paths change
+the product (another q): only a draft takes them, and the drafting loop samples from the q they give and hands that
+q to the verifier, so decoding stays exactly lossless (``tests/decode/exact/test_int8_draft.py``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["KERNEL_PATHS", "KernelLinear", "KernelPath", "PreparedLinear", "kernel_path", "release_stock_weights",
+           "stock_kernels", "use_kernel"]
+
+DEFAULT = "default"
+
+
+class PreparedLinear:
+    """One matrix ready for a kernel: ``self(x (M, K)) -> (M, N)``, in the input's float dtype.
+
+    Attributes:
+        path: the :class:`KernelPath`'s name.
+        nbytes: bytes of the copies this path made (0 where it reads the weight as it is).
+        out_features: N.
+    """
+
+    def __init__(self, path: str, run: Callable[[torch.Tensor], torch.Tensor], out_features: int,
+                 nbytes: int = 0) -> None:
+        self.path, self._run, self.out_features, self.nbytes = path, run, out_features, nbytes
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x)
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """A way to multiply by a weight matrix.
+
+    Attributes:
+        name: how configs and ``--kernels`` name it.
+        exact: the same product from the same weights in the same dtype (float rounding aside): a target may take it.
+        summary: one line for ``--help`` and the pair card.
+        dtypes: the weight dtypes it runs (others are refused by :meth:`unavailable`).
+        prepare_fn: ``(weight, bias) -> (run, nbytes)``.
+        probe: what must exist in this torch build (None: always there).
+    """
+
+    name: str
+    exact: bool
+    summary: str
+    dtypes: tuple[torch.dtype, ...]
+    prepare_fn: Callable[[torch.Tensor, torch.Tensor | None], tuple[Callable, int]]
+    probe: Callable[[], bool] | None = None
+
+    def unavailable(self, dtype: torch.dtype, device: torch.device) -> str | None:
+        """Why this path cannot run weights of ``dtype`` on ``device`` (None when it can)."""
+        if self.name != DEFAULT and device.type != "cpu":
+            return f"{self.name} is a CPU kernel"
+        if dtype not in self.dtypes:
+            return f"{self.name} runs {', '.join(str(d).removeprefix('torch.') for d in self.dtypes)} weights"
+        if self.probe is not None and not self.probe():
+            return f"this torch build has no {self.name} kernel"
+        return None
+
+    def prepare(self, weight: torch.Tensor, bias: torch.Tensor | None) -> PreparedLinear:
+        """``weight (N, K)`` and ``bias (N,)`` (or None) ready for this path. The caller checks :meth:`unavailable`."""
+        with torch.no_grad():
+            run, nbytes = self.prepare_fn(weight.detach(), None if bias is None else bias.detach())
+        return PreparedLinear(self.name, run, weight.shape[0], nbytes)
+
+
+def _flat(run: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``run`` over 2-D input, applied to ``x (..., K)`` (HF's modules pass ``(batch, M, K)``)."""
+
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            return run(x)
+        return run(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
+
+    return apply
+
+
+def _prepare_default(weight, bias):
+    return (lambda x: F.linear(x, weight, bias)), 0
+
+
+def _prepare_onednn(weight, bias):
+    # one reorder into oneDNN's blocked layout; every call then skips MKL's per-call packing and its slow small-M band
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+    pointwise = torch.ops.mkldnn._linear_pointwise
+
+    def run(x):
+        return pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+    return _flat(run), packed.numel() * packed.element_size()
+
+
+def _int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8 of ``weight (N, K)``: ``(q (N, K) int8, scale (N,) float32)``,
+    ``weight ≈ scale[:, None] · q``."""
+    scale = weight.float().abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    q = torch.round(weight.float() / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+    return q, scale
+
+
+def _prepare_int8_dynamic(weight, bias):
+    # fbgemm's dynamic W8A8 product (what torch.ao's quantize_dynamic runs), reached through its ops: the activations
+    # are quantized per call, so the product differs from the float one (a draft's path only). Building the quantized
+    # weight goes through a quantized tensor, whose creation warns that it is deprecated; nothing else here is.
+    q, scale = _int8_rows(weight)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+        zero = torch.zeros_like(scale, dtype=torch.long)
+        quantized = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
+        packed = torch.ops.quantized.linear_prepack(quantized, None if bias is None else bias.float())
+    dynamic = torch.ops.quantized.linear_dynamic
+    dtype = weight.dtype
+
+    def run(x):
+        out = dynamic(x.float().contiguous(), packed, True)  # reduce_range: 7-bit activations, exact on non-VNNI CPUs
+        return out if dtype == torch.float32 else out.to(dtype)
+
+    return _flat(run), q.numel() + scale.numel() * 4
+
+
+def _prepare_int8_weight(weight, bias):
+    # int8 weights, float activations: torch._weight_int8pack_mm streams half (bf16) or a quarter (fp32) of the bytes
+    q, scale = _int8_rows(weight)
+    scale = scale.to(weight.dtype)
+
+    def run(x):
+        out = torch._weight_int8pack_mm(x.contiguous(), q, scale)
+        return out if bias is None else out + bias
+
+    return _flat(run), q.numel() + scale.numel() * scale.element_size()
+
+
+def _has_dynamic_int8() -> bool:
+    engines = torch.backends.quantized.supported_engines
+    return hasattr(torch.ops.quantized, "linear_dynamic") and ("fbgemm" in engines or "x86" in engines)
+
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+KERNEL_PATHS: dict[str, KernelPath] = {
+    path.name: path
+    for path in (
+        KernelPath(DEFAULT, True, "F.linear as the model runs it (MKL sgemm for fp32 on CPU)", _FLOATS,
+                   _prepare_default),
+        KernelPath("onednn", True, "the same weights prepacked once for oneDNN (fp32, or bf16 where the CPU has it)",
+                   (torch.float32, torch.bfloat16), _prepare_onednn, lambda: torch.backends.mkldnn.is_available()),
+        KernelPath("int8-dynamic", False, "dynamic int8 (weights per channel, activations per call; fbgemm)",
+                   (torch.float32, torch.bfloat16), _prepare_int8_dynamic, _has_dynamic_int8),
+        KernelPath("int8-weight", False, "int8 weights, float activations (torch._weight_int8pack_mm)",
+                   (torch.float32, torch.bfloat16), _prepare_int8_weight),
+    )
+}
+
+
+def kernel_path(name: str) -> KernelPath:
+    """The path called ``name``; ValueError listing the known ones."""
+    if name not in KERNEL_PATHS:
+        raise ValueError(f"unknown kernel path {name!r} (one of: {', '.join(KERNEL_PATHS)})")
+    return KERNEL_PATHS[name]
+
+
+class KernelLinear(nn.Module):
+    """An ``nn.Linear`` of an HF model, run through a :class:`PreparedLinear`.
+
+    The module keeps the layer's ``weight`` and ``bias`` (tied weights, ``model.dtype`` and HF's generation utilities
+    read them) unless :func:`release_stock_weights` drops them. :func:`stock_kernels` routes it back through
+    ``F.linear`` for a baseline on the stock model.
+    """
+
+    def __init__(self, linear: nn.Linear, prepared: PreparedLinear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.prepared = prepared
+        self.stock = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stock:
+            if self.weight.shape[-1] != self.in_features:
+                raise ValueError("this layer's stock weights were released (release_stock_weights)")
+            return F.linear(x, self.weight, self.bias)
+        return self.prepared(x)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, path={self.prepared.path}"
+
+
+def _linear_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """``(parent, attribute, module)`` of every ``nn.Linear`` (or :class:`KernelLinear`) in ``model``."""
+    found = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, nn.Linear | KernelLinear):
+                found.append((parent, name, child))
+    return found
+
+
+def use_kernel(model: nn.Module, name: str) -> int:
+    """Run every linear layer of ``model`` through path ``name`` (in place; ``default`` restores plain ``nn.Linear``
+    layers). Returns the bytes of the copies the path made.
+
+    Raises:
+        ValueError: an unknown path, or one that cannot run this model's weights here.
+    """
+    path = kernel_path(name)
+    nbytes = 0
+    for parent, attribute, module in _linear_modules(model):
+        weight, bias = module.weight, module.bias
+        reason = path.unavailable(weight.dtype, weight.device)
+        if reason is not None:
+            raise ValueError(reason)
+        if name == DEFAULT:
+            linear = nn.Linear(module.in_features, module.out_features, bias=bias is not None,
+                               device="meta", dtype=weight.dtype)
+            linear.weight, linear.bias = weight, bias
+            setattr(parent, attribute, linear)
+            continue
+        linear = module if isinstance(module, nn.Linear) else _as_linear(module)
+        prepared = path.prepare(weight, bias)
+        nbytes += prepared.nbytes
+        setattr(parent, attribute, KernelLinear(linear, prepared))
+    return nbytes
+
+
+def _as_linear(module: KernelLinear) -> nn.Linear:
+    linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None, device="meta",
+                       dtype=module.weight.dtype)
+    linear.weight, linear.bias = module.weight, module.bias
+    return linear
+
+
+def release_stock_weights(model: nn.Module) -> int:
+    """Drop the stock weight of every :class:`KernelLinear` whose path runs on its own copy and that no other module
+    shares (a tied embedding stays); the bytes freed. The prepacked copy then is the layer's only one: for a process
+    that will never run the stock model (a collection worker; two hold a 1.5B fp32 target in 24 GiB only so)."""
+    modules = [m for _, _, m in _linear_modules(model) if isinstance(m, KernelLinear)]
+    kept = {id(p) for m in model.modules() if not isinstance(m, KernelLinear) for p in m.parameters(recurse=False)}
+    freed = 0
+    for module in modules:
+        weight = module.weight
+        if module.prepared.nbytes == 0 or id(weight) in kept or weight.numel() == 0:
+            continue
+        if sum(other.weight is weight for other in modules) > 1:
+            continue
+        freed += weight.numel() * weight.element_size()
+        module.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
+    return freed
+
+
+class stock_kernels:  # noqa: N801 - a context manager named as what it gives
+    """Inside ``with stock_kernels(model):`` every :class:`KernelLinear` of ``model`` runs ``F.linear`` on its own
+    weights: the stock model, for baselines such as HF ``generate`` (what users have)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._modules = [m for _, _, m in _linear_modules(model) if isinstance(m, KernelLinear)]
+
+    def __enter__(self) -> stock_kernels:
+        for module in self._modules:
+            module.stock = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module in self._modules:
+            module.stock = False

@@ -1,0 +1,220 @@
+"""Kernel paths for linear layers (decode/models/kernels.py) and the choice among them (decode/models/kernel_choice.py).
+
+Exact paths must give the default path's logits to float rounding, through HF's forward (Llama, Qwen2 and
+non-Llama families) and the draft's fast forward, including tree blocks, commits and crops; greedy decoding on a
+multi-path tree with the chosen kernels must equal greedy decoding by full recompute. The choice is a deterministic
+function of a measured table, and a table of another machine is measured again, not used.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from decode.drafting.actions import Action
+from decode.drafting.rng import TorchRandom
+from decode.drafting.sampling import SamplingConfig
+from decode.engine import SpeculativeDecoder
+from decode.models import kernel_choice
+from decode.models.cached_lm import CachedLM
+from decode.models.fast_llama import FastCachedLM, cached_lm
+from decode.models.kernel_choice import KernelChoice, KernelRequest, PathTimes, choose_kernels, choose_path
+from decode.models.kernels import KERNEL_PATHS, KernelLinear, release_stock_weights, stock_kernels, use_kernel
+from decode.policies.base import StaticPolicy
+from decode.verifiers import get_verifier
+from tests.decode.architectures import arch_model
+from tests.decode.test_architectures import V, _gap, _recompute, _worst_gap
+
+EXACT = [name for name, path in KERNEL_PATHS.items() if path.exact and name != "default"]
+QUANTIZED = [name for name, path in KERNEL_PATHS.items() if not path.exact]
+FAMILIES = ["llama", "qwen2", "gemma2", "phi", "gpt_neox"]  # Llama, Qwen2 and three families of other layouts
+TOL = 1e-5  # relative to the row's largest |logit|: fp32 rounding sits near 1e-7, a wrong product far above
+
+
+def _available(name: str, dtype=torch.float32) -> bool:
+    return KERNEL_PATHS[name].unavailable(dtype, torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("path", EXACT)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_exact_path_keeps_the_targets_logits(family: str, path: str) -> None:
+    if not _available(path):
+        pytest.skip(f"{path} is not in this torch build")
+    lm = CachedLM(arch_model(family, 1, V, 64, 2, 8))
+    seq = list(range(3, 40))
+    want = lm.prefill(seq)
+    assert lm.use_kernel(path) > 0  # it prepacked copies
+    assert any(isinstance(m, KernelLinear) for m in lm.model.modules())
+    assert _gap(lm.prefill(seq), want) < TOL
+    # tree blocks, commits and crops on the path, against a plain recompute on the stock layers
+    assert _gap(_stock_recompute(lm, seq), want) < 1e-6
+    assert _worst_gap_stock(lm) < TOL
+
+
+def _stock_recompute(lm: CachedLM, seq: list[int]) -> torch.Tensor:
+    with stock_kernels(lm.model):
+        return _recompute(lm, seq)
+
+
+def _worst_gap_stock(lm: CachedLM) -> float:
+    """:func:`_worst_gap` with every reference recomputed on the stock layers."""
+    import tests.decode.test_architectures as arch
+
+    saved = arch._recompute
+    arch._recompute = _stock_recompute
+    try:
+        return _worst_gap(lm)
+    finally:
+        arch._recompute = saved
+
+
+@pytest.mark.parametrize("path", EXACT)
+def test_an_exact_path_keeps_the_fast_forwards_logits(path: str) -> None:
+    if not _available(path):
+        pytest.skip(f"{path} is not in this torch build")
+    lm = cached_lm(arch_model("qwen2", 2, V, 32, 1, 8))
+    assert isinstance(lm, FastCachedLM)
+    lm.use_kernel(path)
+    assert lm.kernel == path
+    assert _worst_gap(lm) < TOL  # its references are HF's stock forward
+
+
+@pytest.mark.parametrize("path", QUANTIZED)
+def test_a_quantized_path_changes_the_draft_a_little_and_warns_nothing(path: str) -> None:
+    if not _available(path):
+        pytest.skip(f"{path} is not in this torch build")
+    lm = cached_lm(arch_model("llama", 2, V, 32, 1, 8))
+    seq = list(range(3, 20))
+    want = lm.prefill(seq).softmax(-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the deprecated quantized-tensor constructor must stay quiet
+        lm.use_kernel(path)
+        got = lm.prefill(seq).softmax(-1)
+    gap = float((got - want).abs().max())
+    assert 1e-6 < gap < 0.1
+
+
+def test_the_dynamic_int8_ops_are_still_in_torch() -> None:
+    """The int8-dynamic path reaches fbgemm's ops, which torch.ao.quantization's deprecation may remove: this fails
+    the day they go, rather than the path quietly disappearing from every machine's choice."""
+    assert _available("int8-dynamic")
+    assert _available("onednn") and _available("onednn", torch.bfloat16)
+
+
+def test_stock_kernels_give_back_f_linear_and_default_restores_plain_layers() -> None:
+    model = arch_model("llama", 3, V, 32, 1, 8)
+    lm = CachedLM(model)
+    seq = list(range(5, 25))
+    want = lm.prefill(seq)
+    lm.use_kernel("int8-weight")
+    with stock_kernels(lm.model):
+        assert torch.equal(lm.prefill(seq), want)
+    assert not torch.equal(lm.prefill(seq), want)
+    use_kernel(lm.model, "default")
+    assert not any(isinstance(m, KernelLinear) for m in lm.model.modules())
+    assert torch.equal(lm.prefill(seq), want)
+
+
+def test_released_stock_weights_free_the_copies_but_keep_tied_ones() -> None:
+    model = arch_model("llama", 3, V, 32, 1, 8)
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as small drafts are
+    lm = CachedLM(model)
+    seq = list(range(5, 25))
+    lm.use_kernel("onednn")
+    want = lm.prefill(seq)
+    freed = release_stock_weights(lm.model)
+    assert freed == sum(m.in_features * m.out_features * 4 for m in lm.model.modules()
+                        if isinstance(m, KernelLinear) and m is not lm.model.lm_head)
+    assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
+    assert torch.equal(lm.prefill(seq), want)
+    with pytest.raises(ValueError, match="released"), stock_kernels(lm.model):
+        lm.prefill(seq)
+
+
+def _greedy(model, prompt: list[int], steps: int) -> list[int]:
+    seq = list(prompt)
+    with torch.inference_mode():
+        for _ in range(steps):
+            logits = model(torch.tensor([seq]), use_cache=False).logits[0, -1].float()
+            top2 = logits.topk(2).values
+            assert float(top2[0] - top2[1]) > TOL * float(logits.abs().max()), "near-tie: pick another seed"
+            seq.append(int(logits.argmax()))
+    return seq[len(prompt):]
+
+
+@pytest.mark.parametrize("verifier", ["traversal", "specinfer"])
+def test_greedy_on_a_multi_path_tree_equals_a_full_recompute_on_the_chosen_kernels(verifier: str) -> None:
+    target = CachedLM(arch_model("qwen2", 1, V, 64, 2, 8))
+    draft = cached_lm(arch_model("qwen2", 2, V, 32, 1, 8))
+    choice = choose_kernels(target, draft, KernelRequest("onednn", "int8-dynamic"), "pair", None)
+    assert (choice.target, choice.draft, target.kernel, draft.kernel) == ("onednn", "int8-dynamic") * 2
+    prompt = [5, 9, 3, 17, 22, 40, 2, 11]
+    want = _greedy(target.model, prompt, 24)  # the target's own layers, on its chosen path
+    decoder = SpeculativeDecoder(target, draft, get_verifier(verifier))
+    got = decoder.generate(prompt, 24, StaticPolicy(Action(2, 1, 2)), TorchRandom(0), SamplingConfig(0.0))
+    assert got.tokens == want
+
+
+def _times(block: dict[str, list[float]], prefill: dict[str, float]) -> PathTimes:
+    return PathTimes([1, 2, 4, 8], 64, block, prefill)
+
+
+def test_the_choice_is_a_function_of_the_table() -> None:
+    times = _times({"default": [10, 12, 30, 40], "onednn": [11, 12, 13, 15], "int8-dynamic": [4, 4, 5, 6]},
+                   {"default": 100, "onednn": 95, "int8-dynamic": 40})
+    assert choose_path(times, "draft") == "int8-dynamic"
+    assert all(choose_path(times, "draft") == "int8-dynamic" for _ in range(5))
+    flat = _times({"default": [10, 12, 30, 40], "onednn": [11, 12, 13, 15]}, {"default": 100, "onednn": 95})
+    assert choose_path(flat, "draft") == "onednn"
+    # the one-token pass weighs most for the draft: a path slower there loses what it gains on wide passes
+    steep = _times({"default": [10, 12, 14, 16], "onednn": [13, 12, 13, 15]}, {"default": 100, "onednn": 100})
+    assert choose_path(steep, "draft") == "default"
+    tie = _times({"default": [10, 10, 10, 10], "onednn": [10, 10, 10, 10]}, {"default": 100, "onednn": 100})
+    assert choose_path(tie, "draft") == "default"  # ties go to the earlier path
+
+
+def test_a_choice_measured_elsewhere_is_measured_again(tmp_path, monkeypatch) -> None:
+    target = CachedLM(arch_model("llama", 1, V, 32, 1, 8))
+    draft = cached_lm(arch_model("llama", 2, V, 16, 1, 8))
+    calls = []
+    real = kernel_choice.measure_paths
+    monkeypatch.setattr(kernel_choice, "measure_paths",
+                        lambda model, role, paths, **kw: calls.append(role) or real(model, role, paths, repeats=1))
+    first = choose_kernels(target, draft, KernelRequest(), "pair-a", tmp_path)
+    assert calls == ["target", "draft"]
+    again = choose_kernels(target, draft, KernelRequest(), "pair-a", tmp_path)  # cached: no measurement
+    assert calls == ["target", "draft"] and (again.target, again.draft) == (first.target, first.draft)
+    # the same file, recording another processor: measured anew, not used
+    path = kernel_choice.choice_path(tmp_path, "pair-a", first.machine)
+    forged = KernelChoice.from_json(path.read_text())
+    forged.machine = forged.machine.replace("flags", "flags 0000")
+    path.write_text(forged.to_json())
+    choose_kernels(target, draft, KernelRequest(), "pair-a", tmp_path)
+    assert calls == ["target", "draft"] * 2
+    # and another pair never reads this one's
+    choose_kernels(target, draft, KernelRequest(), "pair-b", tmp_path)
+    assert calls == ["target", "draft"] * 3
+    # a fixed request measures nothing
+    choose_kernels(target, draft, KernelRequest("default", "int8-weight"), "pair-c", tmp_path)
+    assert len(calls) == 6 and draft.kernel == "int8-weight"
+
+
+@pytest.mark.parametrize("text, error", [
+    ("int8-dynamic", "the target takes only exact paths"),
+    ("target=int8-weight,draft=default", "the target takes only exact paths"),
+    ("fastest", "unknown kernel path"),
+    ("target=onednn,target=default", "is not auto"),
+    ("pilot=onednn", "is not auto"),
+])
+def test_bad_kernel_requests_are_refused(text: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        KernelRequest.parse(text)
+
+
+def test_kernel_requests_parse() -> None:
+    assert KernelRequest.parse("auto") == KernelRequest()
+    assert KernelRequest.parse("onednn") == KernelRequest("onednn", "onednn")
+    assert KernelRequest.parse("draft=int8-dynamic") == KernelRequest("auto", "int8-dynamic")
+    assert str(KernelRequest.parse("target=default, draft=int8-weight")) == "target=default,draft=int8-weight"
