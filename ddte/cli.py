@@ -32,6 +32,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "draft-vocab": ("ddte.commands.draft_vocab", "give a draft a reduced output vocabulary chosen from its target's "
                     "responses"),
     "collect": ("ddte.commands.collect", "collect the selector's training set: root features and exact labels"),
+    "dense-labels": ("ddte.commands.dense_labels", "label every position of sampled continuations: per-node features, "
+                     "1 - TV and exact acceptance"),
     "relabel": ("ddte.commands.relabel", "relabel a data set's step times with a latency model measured here"),
     "analyze": ("ddte.commands.analyze", "per-depth acceptance, best static actions and honest head-room"),
     "train": ("ddte.commands.train", "train a selector on a collected data set (Lightning, tracked in MLflow)"),

@@ -1,0 +1,111 @@
+"""Label every position of sampled continuations as a node: the draft's features there, 1 − TV(p, q) and each
+verifier's exact acceptance of K = 1..k_max one-token drafts (data_gen/dense.py). Cheap per-node training data for an
+acceptance model: one draft pass per token and one target pass per continuation, on the kernels the loop runs.
+
+The output is a HF datasets parquet folder with its card (README.md) and dense.json; --resume continues a stopped
+run shard by shard, --shard i/N splits the prompts' chunks between processes sharing the folder.
+
+Examples:
+  ddte dense-labels --pair qwen-coder --output data/dense/qwen --num-prompts 200
+  ddte dense-labels --output data/dense/shipped --num-prompts 8 --length 32 --continuations 2
+  ddte dense-labels --pair qwen-coder --output data/dense/qwen-control --source target   # the target's own text
+  ddte dense-labels --pair qwen-coder --output data/dense/qwen --resume --shard 1/2
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from ddte.commands.common import (
+    UserError,
+    add_pair_arguments,
+    add_threads_argument,
+    apply_threads,
+    load_pair_from_args,
+    seed_argument,
+    user_errors,
+)
+
+DEFAULT_VERIFIERS = ("specinfer", "traversal")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_pair_arguments(parser)
+    add_threads_argument(parser)
+    parser.add_argument("--output", required=True, help="a new folder for the data set (or one to --resume)")
+    parser.add_argument("--prompts", default=None, help="prompt source (default: the pair's train_prompts)")
+    parser.add_argument("--num-prompts", type=int, default=64, help="prompts to label from")
+    parser.add_argument("--continuations", type=int, default=4, help="continuations per prompt and temperature")
+    parser.add_argument("--length", type=int, default=48, help="tokens (nodes) per continuation")
+    parser.add_argument("--k-max", type=int, default=3, help="label K = 1..k-max i.i.d. one-token drafts per node")
+    parser.add_argument("--source", default="draft", choices=("draft", "target"),
+                        help="which model samples the continuations (target: a control)")
+    parser.add_argument("--depth-cycle", type=int, default=8, help="a node's depth is its position modulo this")
+    parser.add_argument("--temperature", type=float, nargs="+", default=[0.6, 1.0], help="sampling temperatures")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--verifiers", nargs="+", default=list(DEFAULT_VERIFIERS), help="verifiers to label")
+    parser.add_argument("--prompts-per-shard", type=int, default=4)
+    parser.add_argument("--shard", default="0/1", help="i/N: label only the chunks c with c %% N == i")
+    parser.add_argument("--resume", action="store_true", help="continue the data set in --output")
+    parser.add_argument("--seed", type=seed_argument, default=0)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _check(args: argparse.Namespace):
+    from data_gen.collection import parse_shard
+    from data_gen.dense import DenseSpec, check_verifiers
+    from decode.verifiers import get_verifier
+
+    for name in ("num_prompts", "prompts_per_shard"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    if len(set(args.temperature)) != len(args.temperature) or any(t < 0 for t in args.temperature):
+        raise UserError("--temperature: give each temperature once, each >= 0")
+    if not 0 < args.top_p <= 1:
+        raise UserError("--top-p must be in (0, 1]")
+    with user_errors(ValueError, KeyError):
+        spec = DenseSpec(args.continuations, args.length, args.k_max, args.source, args.depth_cycle)
+        verifiers = [get_verifier(name) for name in dict.fromkeys(args.verifiers)]
+        check_verifiers(verifiers)
+        shard = parse_shard(args.shard)
+    output = Path(args.output)
+    if output.exists() and not output.is_dir():
+        raise UserError(f"--output {output} is a file")
+    if args.resume and not (output / "dense.json").is_file():
+        raise UserError(f"--resume: {output} holds no dense data set to continue; drop --resume to start one")
+    return spec, verifiers, shard, output
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from bench.decoding import bench_prompt_categories
+    from data_gen.dense_collection import collect_dense, dense_metadata
+    from data_gen.prompts import load_prompt_texts
+
+    spec, verifiers, shard, output = _check(args)
+    apply_threads(args.threads)
+    pair = load_pair_from_args(args)
+    source = args.prompts or pair.train_prompts
+    with user_errors():
+        texts = load_prompt_texts(source, limit=args.num_prompts, tokenizer=pair.tokenizer)
+        categories = bench_prompt_categories(source, len(texts), 0, source) or ["none"] * len(texts)
+    if pair.tokenizer is None:
+        raise UserError("the pair has no tokenizer: prompts are text")
+    room = pair.context_limit - spec.length - 1
+    prompts = [list(pair.tokenizer(text)["input_ids"])[-room:] for text in texts]
+    command = "ddte " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    metadata = dense_metadata(pair.fingerprint(), pair.kernel_choice.line(), spec, args.temperature, args.top_p,
+                              verifiers, source, len(prompts), args.seed, command)
+    index, count = shard
+    chunks = enumerate(range(0, len(prompts), args.prompts_per_shard))
+    mine = sum(min(args.prompts_per_shard, len(prompts) - first) for number, first in chunks if number % count == index)
+    with tqdm(total=mine, unit="prompt", disable=args.no_progress, desc="dense labels") as bar, \
+            user_errors(ValueError, OSError):
+        summary = collect_dense(pair.target, pair.draft, prompts, categories, output, metadata, spec, verifiers,
+                                args.prompts_per_shard, shard, args.resume, progress=bar.update)
+    print(summary.line())
+    return 0

@@ -1,0 +1,117 @@
+"""Dense per-node labels (data_gen/dense.py) against the tree collection's exact labels on the same nodes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from data_gen.dense import DenseSpec, acceptance_column, node_acceptance, node_labels, prompt_nodes
+from data_gen.labels import label_forest
+from data_gen.union import grow_union_forest
+from decode.drafting.actions import Action
+from decode.drafting.sampling import SamplingConfig, distributions
+from decode.models.cached_lm import CachedLM
+from decode.verifiers import LabelRule, get_verifier, verifier_names
+from tests.factories import tiny_llama
+
+VOCAB = 16
+SAMPLING = SamplingConfig(1.0)
+PROMPT = [3, 7, 2, 9, 4]
+
+
+def _pair() -> tuple[CachedLM, CachedLM]:
+    target = CachedLM(tiny_llama(seed=1, vocab=VOCAB, hidden=32, layers=2, logit_scale=2.0))
+    draft = CachedLM(tiny_llama(seed=2, vocab=VOCAB, hidden=16, layers=1, logit_scale=2.0))
+    return target, draft
+
+
+def _law(lm: CachedLM, seq: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return distributions(lm.model(torch.tensor([seq])).logits[0, -1].float(), SAMPLING)
+
+
+def test_dense_labels_equal_the_tree_collections_on_the_same_nodes_and_draws() -> None:
+    """A union forest at the prompt's end, labelled by the tree collection (action (K, 0, 1): K one-token drafts at
+    the root), and the dense label of the same node with the same K draws."""
+    target, draft = _pair()
+    verifiers = [v for v in map(get_verifier, verifier_names()) if v.label_rule != LabelRule.NONE]
+    k_max = 3
+    forest = grow_union_forest(_law(draft, PROMPT), lambda f, nodes: torch.stack(
+        [_law(draft, PROMPT + _path(f, v)) for v in nodes]), 2, k_max, 1, torch.Generator().manual_seed(0))
+    p = torch.stack([_law(target, PROMPT + _path(forest, v)) for v in range(forest.num_nodes)])
+    q = forest.q_matrix()
+    actions = [Action(k, 0, 1) for k in range(1, k_max + 1)]
+    labels = label_forest(forest, p, q, verifiers, actions)
+    checked = 0
+    for s, sample in enumerate(forest.samples):
+        draws = [forest.tokens[branch[0]] for branch in sample.branches[0]]
+        dense = node_labels(p[0], q[0], draws, verifiers, k_max)
+        assert dense["beta"] == pytest.approx(float(labels.trunk_beta[s, 0]), abs=1e-6)
+        for verifier in verifiers:
+            for k in range(1, k_max + 1):
+                want = labels.be_trees[verifier.name][s, k - 1] - 1.0
+                got = dense[acceptance_column(verifier.name, k)]
+                if math.isnan(want):
+                    assert math.isnan(got), (verifier.name, k)
+                else:
+                    assert got == pytest.approx(want, abs=1e-9), (verifier.name, k)
+                    checked += 1
+    assert checked >= 2 * len(verifiers)  # every verifier takes K = 1 at least
+
+
+def _path(forest, node: int) -> list[int]:
+    path = []
+    while node > 0:
+        path.append(forest.tokens[node])
+        node = forest.parents[node]
+    return path[::-1]
+
+
+def test_one_draft_is_accepted_with_probability_one_minus_tv() -> None:
+    g = torch.Generator().manual_seed(3)
+    p, q = torch.rand(VOCAB, generator=g), torch.rand(VOCAB, generator=g)
+    p, q = p / p.sum(), q / q.sum()
+    beta = float(torch.minimum(p, q).sum())
+    for name in verifier_names():  # E over the draw of min(1, p/q) is 1 - TV for every verifier on one draft, but
+        # naive speculative sampling (nss), which accepts when its own draw from p lands on the draft: Σ p·q
+        want = float((p * q).sum()) if name == "nss" else beta
+        got = sum(float(q[t]) * node_acceptance(get_verifier(name), [t], p, q) for t in range(VOCAB))
+        assert got == pytest.approx(want, abs=1e-6), name
+
+
+@pytest.mark.parametrize("source", ["draft", "target"])
+def test_every_position_of_every_continuation_is_a_node_with_its_laws(source: str) -> None:
+    target, draft = _pair()
+    spec = DenseSpec(continuations=2, length=6, k_max=2, source=source, depth_cycle=4)
+    verifiers = [get_verifier("specinfer"), get_verifier("traversal")]
+    rows = prompt_nodes(target, draft, PROMPT, SAMPLING, spec, verifiers, seed=5)
+    assert len(rows) == 2 * 6 and target.length == draft.length == 0
+    assert [r["depth"] for r in rows[:6]] == [0, 1, 2, 3, 0, 1]
+    for c in range(2):
+        run = [r for r in rows if r["continuation"] == c]
+        tokens = [r["token"] for r in run]
+        for j, row in enumerate(run):  # the laws at j are the models' own after the prompt and tokens[:j]
+            seq = PROMPT + tokens[:j]
+            p, q = _law(target, seq), _law(draft, seq)
+            assert row["beta"] == pytest.approx(float(torch.minimum(p, q).sum()), abs=1e-5)
+            assert row["top1"] == pytest.approx(float(q.max()), abs=1e-5)
+            assert row["context_length"] == len(seq)
+            assert 0.0 <= row[acceptance_column("specinfer", 1)] <= 1.0
+    assert len({tuple(r["token"] for r in rows if r["continuation"] == c) for c in range(2)}) == 2
+    again = prompt_nodes(target, draft, PROMPT, SAMPLING, spec, verifiers, seed=5)
+    assert [r["token"] for r in again] == [r["token"] for r in rows]  # seeded
+    assert np.isfinite([r["entropy"] for r in rows]).all()
+
+
+def test_a_verifier_drawing_without_replacement_is_refused() -> None:
+    with pytest.raises(ValueError, match="not i.i.d. draws"):
+        node_labels(torch.ones(4) / 4, torch.ones(4) / 4, [0, 1], [get_verifier("rsd")], 2)
+
+
+def test_a_prompt_without_room_is_refused() -> None:
+    target, draft = _pair()
+    with pytest.raises(ValueError, match="leaves no room"):
+        prompt_nodes(target, draft, list(range(60)), SAMPLING, DenseSpec(length=10), [], seed=0)
