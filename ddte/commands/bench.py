@@ -49,6 +49,7 @@ from ddte.commands.common import (
     load_pair_from_args,
     policy_latency,
     seed_argument,
+    use_machine_kernels,
     user_errors,
 )
 from ddte_core.paths import staged_file
@@ -176,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
             for method in methods:  # every policy file checked against the pair before a table is measured
                 if method.kind in POLICY_FILES:
                     method_policy(method, pair, deployments)
+    print(use_machine_kernels(pair, args), file=sys.stderr)
+    if needs_latency(methods):
         machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
         print(which, file=sys.stderr)
     with user_errors():

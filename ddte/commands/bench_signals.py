@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ddte.commands.common import (
@@ -25,6 +26,7 @@ from ddte.commands.common import (
     add_threads_argument,
     apply_threads,
     load_pair_from_args,
+    use_machine_kernels,
     user_errors,
 )
 
@@ -69,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     pair = load_pair_from_args(args)
     if data is not None:
         _check_same_pair(pair, data)
+    print(use_machine_kernels(pair, args), file=sys.stderr)
     ids = pair.tokenizer(PROMPT)["input_ids"] if pair.tokenizer is not None else list(range(1, 17))
     for sampling in samplings:
         with user_errors():

@@ -128,9 +128,9 @@ def check_kernels_argument(value: str | None) -> None:
 
 
 def load_pair_from_args(args: argparse.Namespace):
-    """The pair named by --pair, or by --target/--draft/--tokenizer, on the kernels --kernels names (one line on
-    stderr says which); UserError when it cannot be loaded."""
-    from ddte_core.paths import latency_cache
+    """The pair named by --pair, or by --target/--draft/--tokenizer, on the default kernels (a command moves it to
+    this machine's with :func:`use_machine_kernels` once its own checks have passed); UserError when it cannot be
+    loaded or --kernels does not parse."""
     from decode.pair import load_pair, read_pair_config
 
     fast = getattr(args, "draft_forward", "fast") == "fast"
@@ -140,11 +140,18 @@ def load_pair_from_args(args: argparse.Namespace):
             pair = read_pair_config(args.pair).load(args.device, args.dtype, fast, args.tokenizer)
         else:
             pair = load_pair(args.target, args.draft, args.tokenizer, args.device, args.dtype, fast)
+    return pair
+
+
+def use_machine_kernels(pair, args: argparse.Namespace) -> str:
+    """Move ``pair`` to the kernels --kernels names (default: the pair's, auto: this machine's fastest, measured once
+    and cached beside the latency tables; a line on stderr announces a measurement); the line saying which."""
+    from ddte_core.paths import latency_cache
+
     with user_errors(OSError, ValueError):
         choice = pair.use_kernels(getattr(args, "kernels", None), latency_cache(),
                                   announce=lambda line: print(line, file=sys.stderr))
-    print(choice.line(), file=sys.stderr)
-    return pair
+    return choice.line()
 
 
 def check_output_file(path: str | Path, what: str = "--output") -> Path:

@@ -26,6 +26,7 @@ from ddte.commands.common import (
     apply_threads,
     load_pair_from_args,
     seed_argument,
+    use_machine_kernels,
     user_errors,
 )
 
@@ -95,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         categories = bench_prompt_categories(source, len(texts), 0, source) or ["none"] * len(texts)
     if pair.tokenizer is None:
         raise UserError("the pair has no tokenizer: prompts are text")
+    print(use_machine_kernels(pair, args), file=sys.stderr)
     room = pair.context_limit - spec.length - 1
     prompts = [list(pair.tokenizer(text)["input_ids"])[-room:] for text in texts]
     command = "ddte " + " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -32,6 +32,7 @@ from ddte.commands.common import (
     load_pair_from_args,
     policy_latency,
     seed_argument,
+    use_machine_kernels,
     user_errors,
 )
 from decode.policies.base import POLICIES
@@ -160,14 +161,10 @@ def run(args: argparse.Namespace) -> int:
     kind, path = next(((kind, path) for kind, path in (("policy", args.policy_file), ("selector", args.selector),
                                                        ("expander", args.expander)) if path), (None, None))
     machine = None
+    read = {str(path): deployment} if deployment else {}
     if kind is not None:
-        read = {str(path): deployment} if deployment else {}
         with user_errors(prefix="--policy-file: " if kind == "policy" else ""):
             policy = load_policy(kind, path, verifier.name, pair, None, read)  # checked before a table is measured
-        machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
-        print(which, file=sys.stderr)
-        if machine is not None:
-            policy = load_policy(kind, path, verifier.name, pair, machine, read)
     else:
         with user_errors(prefix="--action: "):
             action = Action.parse(args.action or DEFAULT_ACTION)
@@ -186,6 +183,12 @@ def run(args: argparse.Namespace) -> int:
         ids = list(pair.tokenizer(text)["input_ids"])
         if not ids:
             raise UserError("the prompt encodes to no tokens")
+    print(use_machine_kernels(pair, args), file=sys.stderr)  # every check passed: the work starts here
+    if kind is not None:
+        machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
+        print(which, file=sys.stderr)
+        if machine is not None:
+            policy = load_policy(kind, path, verifier.name, pair, machine, read)
     note = policy.sampling_note(sampling)
     if note:
         print(note, file=sys.stderr)

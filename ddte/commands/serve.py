@@ -34,6 +34,7 @@ from ddte.commands.common import (
     check_latency_argument,
     load_pair_from_args,
     policy_latency,
+    use_machine_kernels,
     user_errors,
 )
 
@@ -117,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
     if needs_latency([method]):
         with user_errors():
             method_policy(method, pair, deployments)  # checked against the pair before a table is measured
+    print(use_machine_kernels(pair, args), file=sys.stderr)
+    if needs_latency([method]):
         machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
         print(which, file=sys.stderr)
     with user_errors():

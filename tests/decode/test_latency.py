@@ -69,7 +69,7 @@ class _RecordingLM:
     (``ms_per_token`` per token, plus ``cold_ms`` when another model ran last, as after the loop's target pass)."""
 
     def __init__(self, name: str, clock: _FakeClock, ms_per_token: float = 1.0, cold_ms: float = 0.0) -> None:
-        self.device, self.dtype = torch.device("cpu"), torch.float32
+        self.device, self.dtype, self.kernel = torch.device("cpu"), torch.float32, "default"
         self.vocab_size, self.length, self.blocks, self.prefills = 16, 0, [], []
         self.context_limit = 128
         self.name, self.clock, self.ms_per_token, self.cold_ms = name, clock, ms_per_token, cold_ms
