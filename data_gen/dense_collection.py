@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from data_gen.dense import DenseSpec, acceptance_column, prompt_nodes
+from data_gen.store import write_parquet
 from decode.drafting.sampling import SamplingConfig
 from decode.verifiers import Verifier
 
@@ -123,16 +124,7 @@ def _write(rows: list[dict], path: Path, label_columns: list[str]) -> None:
                 "token": Value("int64"), "draft_hidden": List(Value("float32"))}
     for name in (*SCALAR_COLUMNS, *label_columns):
         features[name] = Value("float32")
-    table = Dataset.from_list(rows, features=Features(features))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=path.parent)
-    os.close(fd)
-    try:
-        table.to_parquet(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_parquet(Dataset.from_list(rows, features=Features(features)), path)
 
 
 def _atomic_text(path: Path, text: str) -> None:

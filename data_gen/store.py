@@ -91,7 +91,11 @@ def write_shard(rows: list[dict], path: Path, label_columns: list[str]) -> None:
     }
     for name in (*HIDDEN_NAMES, "scalars", "step_ms", "l1_by_depth", *label_columns):
         features[name] = List(Value("float32"))
-    table = Dataset.from_list(rows, features=Features(features))
+    write_parquet(Dataset.from_list(rows, features=Features(features)), path)
+
+
+def write_parquet(table, path: Path) -> None:
+    """Write a ``datasets.Dataset`` as one parquet file, atomically: a temporary name beside it, then a rename."""
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=path.parent)
     os.close(fd)
     try:

@@ -25,7 +25,7 @@ from decode.models.kernels import KERNEL_PATHS, KernelLinear, release_stock_weig
 from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier
 from tests.decode.architectures import arch_model
-from tests.decode.test_architectures import V, _gap, _recompute, _worst_gap
+from tests.decode.test_architectures import V, _gap, _greedy_by_recompute, _recompute, _worst_gap
 
 EXACT = [name for name, path in KERNEL_PATHS.items() if path.exact and name != "default"]
 QUANTIZED = [name for name, path in KERNEL_PATHS.items() if not path.exact]
@@ -133,17 +133,6 @@ def test_released_stock_weights_free_the_copies_but_keep_tied_ones() -> None:
         lm.prefill(seq)
 
 
-def _greedy(model, prompt: list[int], steps: int) -> list[int]:
-    seq = list(prompt)
-    with torch.inference_mode():
-        for _ in range(steps):
-            logits = model(torch.tensor([seq]), use_cache=False).logits[0, -1].float()
-            top2 = logits.topk(2).values
-            assert float(top2[0] - top2[1]) > TOL * float(logits.abs().max()), "near-tie: pick another seed"
-            seq.append(int(logits.argmax()))
-    return seq[len(prompt):]
-
-
 @pytest.mark.parametrize("verifier", ["traversal", "specinfer"])
 def test_greedy_on_a_multi_path_tree_equals_a_full_recompute_on_the_chosen_kernels(verifier: str) -> None:
     target = CachedLM(arch_model("qwen2", 1, V, 64, 2, 8))
@@ -151,7 +140,7 @@ def test_greedy_on_a_multi_path_tree_equals_a_full_recompute_on_the_chosen_kerne
     choice = choose_kernels(target, draft, KernelRequest("onednn", "int8-dynamic"), "pair", None)
     assert (choice.target, choice.draft, target.kernel, draft.kernel) == ("onednn", "int8-dynamic") * 2
     prompt = [5, 9, 3, 17, 22, 40, 2, 11]
-    want = _greedy(target.model, prompt, 24)  # the target's own layers, on its chosen path
+    want = _greedy_by_recompute(target.model, prompt, 24)  # the target's own layers, on its chosen path
     decoder = SpeculativeDecoder(target, draft, get_verifier(verifier))
     got = decoder.generate(prompt, 24, StaticPolicy(Action(2, 1, 2)), TorchRandom(0), SamplingConfig(0.0))
     assert got.tokens == want

@@ -43,12 +43,15 @@ def test_bad_pair_yamls_are_refused(tmp_path, extra, message):
         read_pair_config(path)
 
 
-def test_a_pairs_kernel_request_is_what_use_kernels_takes(tmp_path):
+def _tiny_pair_yaml(tmp_path, **keys):
     root = save_tiny_pair(tmp_path / "pair", vocab=64)
     path = root / "pair.yaml"
-    path.write_text(json.dumps({"target": str(root / "target"), "draft": str(root / "draft"),
-                                "kernels": "target=onednn,draft=int8-weight"}))
-    pair = read_pair_config(path).load()
+    path.write_text(json.dumps({"target": str(root / "target"), "draft": str(root / "draft"), **keys}))
+    return path
+
+
+def test_a_pairs_kernel_request_is_what_use_kernels_takes(tmp_path):
+    pair = read_pair_config(_tiny_pair_yaml(tmp_path, kernels="target=onednn,draft=int8-weight")).load()
     assert (pair.target.kernel, pair.draft.kernel) == ("default", "default")  # loading measures nothing
     choice = pair.use_kernels()
     assert (choice.target, choice.draft) == (pair.target.kernel, pair.draft.kernel) == ("onednn", "int8-weight")
@@ -56,11 +59,7 @@ def test_a_pairs_kernel_request_is_what_use_kernels_takes(tmp_path):
 
 
 def test_a_quantized_target_is_an_opt_in_that_says_so(tmp_path):
-    root = save_tiny_pair(tmp_path / "pair", vocab=64)
-    path = root / "pair.yaml"
-    path.write_text(json.dumps({"target": str(root / "target"), "draft": str(root / "draft"),
-                                "kernels": "default", "target_quant": "int8-weight"}))
-    pair = read_pair_config(path).load()
+    pair = read_pair_config(_tiny_pair_yaml(tmp_path, kernels="default", target_quant="int8-weight")).load()
     choice = pair.use_kernels()
     assert (pair.target.kernel, pair.draft.kernel) == ("int8-weight", "default")
     assert "a quantized target: another model" in choice.line()
