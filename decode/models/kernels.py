@@ -233,19 +233,19 @@ def use_kernel(model: nn.Module, name: str) -> int:
         if reason is not None:
             raise ValueError(reason)
         if name == DEFAULT:
-            linear = nn.Linear(module.in_features, module.out_features, bias=bias is not None,
-                               device="meta", dtype=weight.dtype)
-            linear.weight, linear.bias = weight, bias
-            setattr(parent, attribute, linear)
-            continue
-        linear = module if isinstance(module, nn.Linear) else _as_linear(module)
-        prepared = path.prepare(weight, bias)
-        nbytes += prepared.nbytes
-        setattr(parent, attribute, KernelLinear(linear, prepared))
+            replacement = _as_linear(module)
+        else:
+            prepared = path.prepare(weight, bias)
+            nbytes += prepared.nbytes
+            replacement = KernelLinear(module if isinstance(module, nn.Linear) else _as_linear(module), prepared)
+        # hooks stay with the layer (a steered draft's up-projection bias is one): the same dicts, so their handles
+        # still remove them
+        replacement._forward_hooks, replacement._forward_pre_hooks = module._forward_hooks, module._forward_pre_hooks
+        setattr(parent, attribute, replacement)
     return nbytes
 
 
-def _as_linear(module: KernelLinear) -> nn.Linear:
+def _as_linear(module: nn.Linear | KernelLinear) -> nn.Linear:
     linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None, device="meta",
                        dtype=module.weight.dtype)
     linear.weight, linear.bias = module.weight, module.bias

@@ -117,6 +117,25 @@ def test_stock_kernels_give_back_f_linear_and_default_restores_plain_layers() ->
     assert torch.equal(lm.prefill(seq), want)
 
 
+@pytest.mark.parametrize("path", ["onednn", "int8-weight", "default"])
+def test_a_layers_hooks_follow_it_onto_a_path(path: str) -> None:
+    """A steered draft on HF's forward adds its bias through hooks on the up projections: they must survive."""
+    from decode.models.steering import UpProjectionBias
+
+    lm = CachedLM(arch_model("llama", 4, V, 32, 1, 8))
+    bias = UpProjectionBias(lm.model)
+    seq = list(range(5, 15))
+    plain = lm.prefill(seq)
+    bias.delta = torch.full((1, lm.model.config.intermediate_size), 0.5)
+    steered = lm.prefill(seq)
+    assert not torch.allclose(plain, steered)
+    lm.use_kernel(path)
+    tol = 1e-5 if KERNEL_PATHS[path].exact else 0.1
+    assert _gap(lm.prefill(seq), steered) < tol
+    bias.remove()
+    assert _gap(lm.prefill(seq), plain) < tol
+
+
 def test_released_stock_weights_free_the_copies_but_keep_tied_ones() -> None:
     model = arch_model("llama", 3, V, 32, 1, 8)
     model.lm_head.weight = model.model.embed_tokens.weight  # tied, as small drafts are
