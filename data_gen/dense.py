@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from data_gen.union import sample_categorical
-from decode.drafting.sampling import SamplingConfig, distributions
+from decode.drafting.sampling import SamplingConfig, distributions, law_entropy
 from decode.drafting.tree import delayed_tree
 from decode.models.cached_lm import CachedLM
 from decode.verifiers import LabelRule, Verifier
@@ -110,10 +110,10 @@ def node_labels(p: torch.Tensor, q: torch.Tensor, draws: Sequence[int], verifier
 
 
 def draft_signals(q: torch.Tensor) -> dict[str, float]:
-    """The draft's entropy (nats), top-1 and top-2 probabilities of ``q`` ``(V,)``."""
-    top = q.topk(2).values.double()
-    logs = torch.where(q > 0, q.double().log(), torch.zeros((), dtype=torch.float64))
-    return {"entropy": float(-(q.double() * logs).sum()), "top1": float(top[0]), "top2": float(top[1])}
+    """The draft's entropy (nats; the per-node signal the expander reads in the loop, ``law_entropy``), top-1 and
+    top-2 probabilities of ``q`` ``(V,)``."""
+    top = q.topk(2).values
+    return {"entropy": law_entropy(q), "top1": float(top[0]), "top2": float(top[1])}
 
 
 def prompt_nodes(target: CachedLM, draft: CachedLM, prompt_ids: Sequence[int], sampling: SamplingConfig,

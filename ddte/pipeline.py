@@ -391,8 +391,8 @@ def _bench(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dic
 def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dict[str, dict[float, list[str]]],
                 selectors: dict[str, Path], expanders: dict[str, Path]) -> dict:
     """The bench itself: its rows, printed and written to bench.json and bench.png; the payload of bench.json."""
+    from decode.models.kernel_choice import machine_identity
     from decode.pair import load_pair_config
-    from decode.policies.latency import machine_identity
 
     if stage.threads:
         import torch

@@ -78,9 +78,6 @@ class KernelRequest:
     def measures(self) -> bool:
         return AUTO in (self.target, self.draft)
 
-    def __str__(self) -> str:
-        return self.target if self.target == self.draft else f"target={self.target},draft={self.draft}"
-
 
 @dataclass
 class PathTimes:
@@ -91,10 +88,6 @@ class PathTimes:
     prefill_tokens: int
     block_ms: dict[str, list[float]] = field(default_factory=dict)
     prefill_ms: dict[str, float] = field(default_factory=dict)
-
-    def rows(self) -> list[tuple[str, list[float], float]]:
-        """``(path, block times, prefill time)`` per measured path, in measuring order."""
-        return [(path, self.block_ms[path], self.prefill_ms[path]) for path in self.block_ms]
 
 
 @dataclass
@@ -196,15 +189,23 @@ def choose_path(times: PathTimes, role: str) -> str:
     return min(times.block_ms, key=lambda name: (round(score(name), 9), list(times.block_ms).index(name)))
 
 
-def kernel_identity(target: CachedLM, draft: CachedLM) -> str:
-    """What a kernel choice depends on besides the pair: the processor and its flags, torch's threads, both dtypes."""
+def machine_identity(target: CachedLM, draft: CachedLM, kernels: bool = True) -> str:
+    """What a measured time depends on besides the pair: the processor (its model name and a digest of its flags, as a
+    hypervisor may give every Xeon one name; or the GPU's name), torch's threads, both models' dtypes and, with
+    ``kernels``, the path each runs. A kernel choice is cached under it without the paths (it chooses them), a latency
+    table (:mod:`decode.policies.latency`) with them."""
     from ddte_core.machine import cpu_flags_digest, cpu_model
 
     processor = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else \
         f"{cpu_model()} flags {cpu_flags_digest()}"
     threads = torch.get_num_threads()
+
+    def model(lm: CachedLM) -> str:
+        dtype = str(lm.dtype).removeprefix("torch.")
+        return dtype if not kernels or lm.kernel == DEFAULT else f"{dtype} {lm.kernel}"
+
     return (f"{processor}; {threads} torch thread{'' if threads == 1 else 's'}; "
-            f"target {str(target.dtype).removeprefix('torch.')}, draft {str(draft.dtype).removeprefix('torch.')}")
+            f"target {model(target)}, draft {model(draft)}")
 
 
 def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fingerprint: str,
@@ -215,7 +216,7 @@ def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fi
     Raises:
         ValueError: a fixed path one of the models cannot run here.
     """
-    identity = kernel_identity(target, draft)
+    identity = machine_identity(target, draft, kernels=False)
     models = {"target": target, "draft": draft}
     for role in ROLES:
         name = getattr(request, role)

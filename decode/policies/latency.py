@@ -39,6 +39,7 @@ from decode.drafting.actions import Action
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig, distributions
 from decode.models.cached_lm import CachedLM
+from decode.models.kernel_choice import machine_identity
 
 
 @dataclass
@@ -288,21 +289,6 @@ def measure_latency(
 # up to the largest default tree (1 + 8 + 4·8), at a short and a long context. Measured once per machine and cached.
 MACHINE_LENGTHS = (64, 512)
 MACHINE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 25, 32, 41)
-
-
-def machine_identity(target: CachedLM, draft: CachedLM) -> str:
-    """What a table's times depend on besides the pair: the processor, torch's threads, both models' dtypes and the
-    kernel paths they run (decode/models/kernels.py). Tables are cached under this (with the pair's fingerprint)."""
-    from ddte_core.machine import cpu_model
-
-    processor = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else cpu_model()
-    threads = torch.get_num_threads()
-
-    def model(lm: CachedLM) -> str:
-        return str(lm.dtype).removeprefix("torch.") + ("" if lm.kernel == "default" else f" {lm.kernel}")
-
-    return (f"{processor}; {threads} torch thread{'' if threads == 1 else 's'}; "
-            f"target {model(target)}, draft {model(draft)}")
 
 
 def machine_table_path(fingerprint: str, identity: str, cache: Path) -> Path:

@@ -225,7 +225,8 @@ def test_a_table_that_cannot_be_read_is_refused_in_user_terms(change, words):
 def test_the_machines_table_is_measured_once_per_pair_and_machine(monkeypatch, tmp_path):
     """`--latency machine`: the first call measures and caches (saying so first), the next reads the cache; another
     pair, or a cached file that is not a table of this pair and machine, is measured anew."""
-    from decode.policies.latency import MACHINE_SIZES, machine_identity, machine_table
+    from decode.models.kernel_choice import machine_identity
+    from decode.policies.latency import MACHINE_SIZES, machine_table
 
     target, draft = _recording_pair(monkeypatch)
     heard = []
