@@ -45,11 +45,14 @@ class DenseSummary:
 
 
 def dense_metadata(fingerprint: str, kernels: str, spec: DenseSpec, temperatures: Sequence[float], top_p: float,
-                   verifiers: Sequence[Verifier], prompts: str, num_prompts: int, seed: int, command: str) -> dict:
-    """What determines the rows (a resumed run must match it), and what produced them."""
+                   verifiers: Sequence[Verifier], prompts: str, num_prompts: int, seed: int, command: str,
+                   first_prompt: int = 0, max_prompt_tokens: int | None = None) -> dict:
+    """What determines the rows (a resumed run must match it), and what produced them. ``first_prompt``: the
+    source's index of the first prompt (rows' ``prompt_id`` count from it, as a tree collection's do)."""
     return {"schema_version": SCHEMA_VERSION, "pair": fingerprint, "kernels": kernels, "spec": asdict(spec),
             "temperatures": list(temperatures), "top_p": top_p, "verifiers": [v.name for v in verifiers],
-            "prompts": prompts, "num_prompts": num_prompts, "seed": seed, "command": command}
+            "prompts": prompts, "first_prompt": first_prompt, "num_prompts": num_prompts,
+            "max_prompt_tokens": max_prompt_tokens, "seed": seed, "command": command}
 
 
 def _row_seed(seed: int, prompt: int, sampling: int) -> int:
@@ -59,7 +62,7 @@ def _row_seed(seed: int, prompt: int, sampling: int) -> int:
 def collect_dense(target, draft, prompts: Sequence[list[int]], categories: Sequence[str], out: Path, metadata: dict,
                   spec: DenseSpec, verifiers: Sequence[Verifier], prompts_per_shard: int = 4,
                   shard: tuple[int, int] = (0, 1), resume: bool = False,
-                  progress: Callable[[int], None] | None = None) -> DenseSummary:
+                  progress: Callable[[int], None] | None = None, first_prompt: int = 0) -> DenseSummary:
     """Label every prompt of this shard's chunks and write them (see the module docstring).
 
     Raises:
@@ -84,10 +87,10 @@ def collect_dense(target, draft, prompts: Sequence[list[int]], categories: Seque
         rows = []
         for i in range(first, min(first + prompts_per_shard, len(prompts))):
             for s, sampling in enumerate(samplings):
-                seed = _row_seed(metadata["seed"], i, s)
+                seed = _row_seed(metadata["seed"], first_prompt + i, s)
                 for row in prompt_nodes(target, draft, prompts[i], sampling, spec, verifiers, seed):
-                    rows.append({"prompt_id": str(i), "category": categories[i], "temperature": sampling.temperature,
-                                 "top_p": sampling.top_p, "seed": seed, **row})
+                    rows.append({"prompt_id": str(first_prompt + i), "category": categories[i],
+                                 "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": seed, **row})
             if progress is not None:
                 progress(1)
         _write(rows, path, [acceptance_column(v.name, k) for v in verifiers for k in range(1, spec.k_max + 1)])
@@ -143,7 +146,9 @@ def dataset_card(metadata: dict) -> str:
 
 One row per node: a position of a continuation of {spec['length']} tokens sampled from the {spec['source']}
 ({spec['continuations']} per prompt and temperature, sharing the prompt's prefill), {metadata['num_prompts']} prompts
-of `{metadata['prompts']}`, T = {', '.join(f'{t:g}' for t in metadata['temperatures'])}, top-p {metadata['top_p']:g}.
+of `{metadata['prompts']}` from index {metadata.get('first_prompt', 0)} (each left-truncated to its last
+{metadata.get('max_prompt_tokens')} tokens),
+T = {', '.join(f'{t:g}' for t in metadata['temperatures'])}, top-p {metadata['top_p']:g}.
 Written by `data_gen/dense_collection.py` (ddte), schema version {metadata['schema_version']}.
 
 | column | what |

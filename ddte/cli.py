@@ -38,6 +38,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("ddte.commands.analyze", "per-depth acceptance, best static actions and honest head-room"),
     "train": ("ddte.commands.train", "train a selector on a collected data set (Lightning, tracked in MLflow)"),
     "export": ("ddte.commands.export", "export a trained selector to one ONNX file with metadata and a parity check"),
+    "acceptance": ("ddte.commands.acceptance", "train the per-node acceptance model on dense labels (Lightning, "
+                   "MLflow) and export it to ONNX"),
     "expander": ("ddte.commands.expander", "fit a per-node expander (halt the trunk while drafting) and export it to "
                  "ONNX"),
     "pipeline": ("ddte.commands.pipeline", "the main job: collect -> train -> export -> bench, and what to deploy"),

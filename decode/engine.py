@@ -60,6 +60,8 @@ class Request:
         policy: the policy serving this generation (what :meth:`Policy.start` returned for its sampling).
         sampling: how this generation turns logits into p and q.
         features: whether the policy reads root features (its declared ``needs_root_features``).
+        draft_hidden: whether the draft's hidden states are kept (root features, or a policy that reads the draft's
+            state at each trunk node: ``needs_draft_hidden``); nothing else is computed for a policy that reads less.
         target_pending, draft_pending: committed tokens each model has not run yet (see the module docstring).
         target_root_logits, draft_root_logits: ``(V,)`` after a one-token prompt, whose root ran at prefill.
         target_prev, draft_prev: each model's state at the token before the root (root features only).
@@ -70,6 +72,7 @@ class Request:
     rng: RandomSource
     sampling: SamplingConfig
     features: bool
+    draft_hidden: bool = False
     stats: GenerationStats = field(default_factory=GenerationStats)
     target_pending: list[int] = field(default_factory=list)
     draft_pending: list[int] = field(default_factory=list)
@@ -84,7 +87,8 @@ class Request:
     def start(cls, policy: Policy, rng: RandomSource, sampling: SamplingConfig) -> Request:
         """A new generation at ``sampling``: the policy starts it; what it starts declares whether it reads features."""
         policy = policy.start(sampling)
-        return cls(policy, rng, sampling, features=policy.needs_root_features)
+        return cls(policy, rng, sampling, features=policy.needs_root_features,
+                   draft_hidden=policy.needs_root_features or policy.needs_draft_hidden)
 
 
 class SpeculativeDecoder:
@@ -151,7 +155,7 @@ class SpeculativeDecoder:
         With root features on, the last prefix token's states become the "previous token" of the first root.
         """
         prefix, root = list(prompt_ids[:-1]), int(prompt_ids[-1])
-        hidden = request.features
+        hidden, draft_hidden = request.features, request.draft_hidden
         if prefix:
             t_logits, t_hidden = _split(self.target.prefill(prefix, output_hidden=hidden), hidden)
             d_logits, d_hidden = _split(self.draft.prefill(prefix, output_hidden=hidden), hidden)
@@ -161,10 +165,12 @@ class SpeculativeDecoder:
                 request.draft_prev = (d_hidden[-1], distributions(d_logits[-1], request.sampling))
             return
         t_logits, t_hidden = _split(self.target.prefill([root], output_hidden=hidden), hidden)
-        d_logits, d_hidden = _split(self.draft.prefill([root], output_hidden=hidden), hidden)
+        d_logits, d_hidden = _split(self.draft.prefill([root], output_hidden=draft_hidden), draft_hidden)
         request.target_root_logits, request.draft_root_logits = t_logits[-1], d_logits[-1]
+        if draft_hidden:
+            request.draft_root_hidden = d_hidden[-1]
         if hidden:  # no previous token: zero states and a uniform law
-            request.draft_root_hidden, request.target_root_hidden = d_hidden[-1], t_hidden[-1]
+            request.target_root_hidden = t_hidden[-1]
             uniform = torch.full_like(t_logits[-1], 1.0 / t_logits.shape[-1])
             request.target_prev = (torch.zeros_like(t_hidden[-1]), uniform)
             request.draft_prev = (torch.zeros_like(d_hidden[-1]), uniform)
@@ -213,11 +219,11 @@ class SpeculativeDecoder:
         if not request.draft_pending:
             return request.draft_root_logits
         pending, request.draft_pending = request.draft_pending, []
-        hidden = request.features
+        hidden = request.draft_hidden
         logits, states = _split(self.draft.extend(pending, commit=True, output_hidden=hidden), hidden)
         if hidden:
             request.draft_root_hidden = states[-1]
-            if len(pending) > 1:  # the previous token was an accepted leaf the draft had not run
+            if request.features and len(pending) > 1:  # the previous token was an accepted leaf the draft had not run
                 request.draft_prev = (states[-2], distributions(logits[-2], request.sampling))
         return logits[-1]
 
@@ -232,7 +238,7 @@ class SpeculativeDecoder:
                 request.stats.network_seconds.append(time.perf_counter() - start)
                 return halt
         return draft_delayed_tree(self.draft, q_root, action, request.sampling, request.rng,
-                                  self.without_replacement, output_hidden=request.features, halting=halting,
+                                  self.without_replacement, output_hidden=request.draft_hidden, halting=halting,
                                   root_hidden=request.draft_root_hidden)
 
     def _target_pass(self, request: Request, drafted: DraftedTree):

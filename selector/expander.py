@@ -14,6 +14,7 @@ metadata.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from decode.policies.expander_file import (
     ExpanderMetadata,
     HaltingRule,
     NodeRule,
+    marginal_gain,
     node_feature_width,
 )
 from selector.expansion import (
@@ -42,6 +44,8 @@ from selector.expansion import (
 )
 
 RULE_SIGNALS = ("learned", "top", "entropy")
+ACCEPTANCE_SIGNALS = ("acceptance", "marginal")  # with an acceptance model (selector/acceptance.py)
+ACCEPTANCE_PREFIX = "ddte.acceptance."
 
 
 @dataclass
@@ -51,12 +55,71 @@ class FittedExpander:
     Attributes:
         weight: ``(F, C)`` and bias ``(C,)``: β̂ = node @ weight + bias, one column per sampling configuration.
         report: per configuration, the cross-fitted figures of :func:`evaluate_expansion` (ratios to static).
+        graph: the acceptance model's ONNX bytes when the file embeds it (its β̂ the head), else None (the ridge).
     """
 
     metadata: ExpanderMetadata
     weight: np.ndarray
     bias: np.ndarray
     report: dict[str, dict]
+    graph: bytes | None = None
+
+
+class AcceptanceFile:
+    """An exported acceptance model (selector/acceptance_train.py) read for the offline fit: β̂ on a collection's
+    trunk nodes, checked against the collection's pair and prompts.
+
+    Raises:
+        ValueError: not an acceptance model, another pair or draft, or one that saw the collection's prompts (its
+            β̂ there would be in-sample and every offline figure optimistic).
+    """
+
+    def __init__(self, path: str | Path, pair_fingerprint: str, draft_hidden: int, prompts: set[str]) -> None:
+        from decode.policies.onnx_session import policy_session
+
+        self.path = Path(path)
+        self.session = policy_session(self.path, "acceptance model")
+        props = dict(self.session.get_modelmeta().custom_metadata_map)
+        if ACCEPTANCE_PREFIX + "temperatures" not in props:
+            raise ValueError(f"{self.path}: not an acceptance model (ddte acceptance writes one)")
+        meta = {key[len(ACCEPTANCE_PREFIX):]: json.loads(value) for key, value in props.items()
+                if key.startswith(ACCEPTANCE_PREFIX)}
+        if meta["pair_fingerprint"] != pair_fingerprint:
+            raise ValueError(f"{self.path}: trained on another pair than the collection's")
+        if int(meta["hidden_size"]) != draft_hidden:
+            raise ValueError(f"{self.path}: reads a draft hidden state of {meta['hidden_size']}, not {draft_hidden}")
+        seen = prompts & {str(p) for p in meta["fit_prompts"]}
+        if seen:
+            raise ValueError(f"{self.path}: trained on {len(seen)} of the collection's prompts (e.g. "
+                             f"{sorted(seen)[0]}); train it on others (ddte dense-labels --first-prompt) so the "
+                             "offline figures are honest")
+        self.temperatures = [float(t) for t in meta["temperatures"]]
+        self.width = draft_hidden + 3
+
+    def column(self, temperature: float) -> int:
+        """The output column of the temperature nearest ``temperature``."""
+        return int(np.argmin([abs(t - temperature) for t in self.temperatures]))
+
+    def beta(self, data: EpisodeData, temperature: float) -> np.ndarray:
+        """``(N, s, D)`` β̂ at every trunk node of ``data``."""
+        nodes = np.ascontiguousarray(data.features[..., :self.width].reshape(-1, self.width), dtype=np.float32)
+        out = self.session.run(None, {INPUT_NAME: nodes})[0][:, self.column(temperature)]
+        return out.reshape(data.features.shape[:-1]).astype(np.float64)
+
+    def signals(self, data: EpisodeData, temperature: float) -> dict[str, np.ndarray]:
+        """The ``acceptance`` (β̂) and ``marginal`` signals ``(N, s, D)`` on ``data`` (its T̂ the chains' times)."""
+        beta = self.beta(data, temperature)
+        chain = chain_times(data)
+        return {"acceptance": beta, "marginal": marginal_gain(beta, chain[:, None, :])}
+
+    def graph(self) -> bytes:
+        return self.path.read_bytes()
+
+
+def chain_times(data: EpisodeData) -> np.ndarray:
+    """``(N, D)`` T̂ of the chains (1, d, 0), d = 0..D-1, at each root."""
+    index = _Index(data.actions)
+    return data.step[:, [index(1, d, 0) for d in range(data.beta.shape[-1])]]
 
 
 def choose_signal(offline: dict[str, float], min_gain: float, signals=RULE_SIGNALS) -> str:
@@ -74,26 +137,37 @@ def folded_head(data: EpisodeData) -> tuple[np.ndarray, float]:
     return weight, float(ridge.intercept_ - scaler.mean_ @ weight)
 
 
-def fit_rule(data: EpisodeData, signal: str, l_max: int, k_max: int) -> tuple[HaltingRule, np.ndarray]:
+def fit_rule(data: EpisodeData, signal: str, l_max: int, k_max: int, extra: dict[str, np.ndarray] | None = None
+             ) -> tuple[HaltingRule, np.ndarray]:
     """The best rule of the grid on every episode of ``data`` for ``signal`` (the learned one on out-of-fold β̂,
-    as noisy as at decode time), and the signal ``(N, s, D)`` it was chosen on."""
-    values = {"top": data.top, "entropy": -data.entropy}.get(signal)
+    as noisy as at decode time; one of ``extra`` as given), and the signal ``(N, s, D)`` it was chosen on."""
+    values = {"top": data.top, "entropy": -data.entropy, **(extra or {})}.get(signal)
     if values is None:
         values = out_of_fold_beta(data)
     return best_rule(data, values, candidate_rules(values, l_max, k_max), _Index(data.actions)), values
 
 
 def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: float = 0.01,
-                 signals=RULE_SIGNALS, progress=None) -> FittedExpander:
+                 signals=None, progress=None, acceptance: str | Path | None = None) -> FittedExpander:
     """Fit an expander for ``verifier`` on a data set (ValueError for one without trunk states or this verifier).
 
-    ``signals``: the signals it may choose among; ``progress``: called with a line per sampling configuration."""
-    if not signals or not set(signals) <= set(RULE_SIGNALS):
-        raise ValueError(f"signals must be among {', '.join(RULE_SIGNALS)}, got {list(signals)}")
+    ``signals``: the signals it may choose among (default: every one available; ``learned``, the ridge head, only
+    without ``acceptance``, whose graph then is the file's); ``acceptance``: an acceptance model trained on other
+    prompts (selector/acceptance_train.py), which adds the ``acceptance`` and ``marginal`` signals;
+    ``progress``: called with a line per sampling configuration."""
+    available = ("top", "entropy", *ACCEPTANCE_SIGNALS) if acceptance else RULE_SIGNALS
+    signals = tuple(signals or available)
+    if not signals or not set(signals) <= set(available):
+        raise ValueError(f"signals must be among {', '.join(available)}, got {list(signals)}")
     from selector.data import data_fingerprint, inspect_dataset
 
     folder = Path(folder)
     metadata, episodes, _ = load_episodes(folder, verifier)
+    model = None
+    if acceptance is not None:
+        prompts = {str(p) for data in episodes.values() for p in data.prompts.tolist()}
+        model = AcceptanceFile(acceptance, metadata["pair"]["fingerprint"],
+                               int(metadata["hidden_sizes"]["draft_hidden_root"]), prompts)
     held = len({p for data in episodes.values() for p in data.prompts.tolist()})
     if folds > held:  # cross-fitting by prompt: a fold per prompt at most
         raise ValueError(f"{folds} folds: the data set holds {held} prompts; at most that many folds")
@@ -107,17 +181,21 @@ def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: fl
         sampling = metadata["sampling"][c]
         if data.features.shape[-1] != width:
             raise ValueError(f"{folder}: node features are {data.features.shape[-1]} wide, expected {width}")
-        figures = evaluate_expansion(data, l_max, k_max, folds)
-        offline = {name: float(figures[name]) for name in (*RULE_SIGNALS, "beta", "oracle")}
+        extra = model.signals(data, float(sampling["temperature"])) if model else None
+        figures = evaluate_expansion(data, l_max, k_max, folds, extra=extra)
+        offline = {name: float(figures[name]) for name in (*RULE_SIGNALS, *(extra or {}), "beta", "oracle")}
         signal = choose_signal(offline, min_gain, signals)
         weight[:, column], bias[column] = folded_head(data)
-        rule, profile = None, None
+        rule, profile, chain = None, None, None
         if signal != "static":
-            rule, values = fit_rule(data, signal, l_max, k_max)
+            rule, values = fit_rule(data, signal, l_max, k_max, extra)
             profile = rule_profile(data, values, rule, min_gain).as_dict()
+        if signal == "marginal":
+            chain = [float(t) for t in np.median(chain_times(data), axis=0)]
+        head_column = model.column(float(sampling["temperature"])) if model else column
         fallback = data.actions[static_best(data)].key
         rules.append(NodeRule(float(sampling["temperature"]), float(sampling["top_p"]), signal, fallback, rule,
-                              offline, column, static_profile(data).as_dict(), profile))
+                              offline, head_column, static_profile(data).as_dict(), profile, chain))
         report[f"T{sampling['temperature']:g}"] = figures
         prompts.update(str(p) for p in data.prompts)
         if progress is not None:
@@ -126,15 +204,25 @@ def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: fl
                      + f" -> {chosen} (fallback {fallback})")
     info = inspect_dataset(folder, verifier)
     meta = ExpanderMetadata(verifier, draft_hidden, rules, pair_fingerprint=metadata["pair"]["fingerprint"],
-                            data_fingerprint=data_fingerprint(info), fit_prompts=sorted(prompts))
-    return FittedExpander(meta, weight.astype(np.float32), bias.astype(np.float32), report)
+                            data_fingerprint=data_fingerprint(info), fit_prompts=sorted(prompts),
+                            head_inputs="node" if model else "node+root")
+    return FittedExpander(meta, weight.astype(np.float32), bias.astype(np.float32), report,
+                          model.graph() if model else None)
 
 
 def write_expander(fitted: FittedExpander, path: str | Path) -> None:
-    """The ONNX file: ``beta = node @ weight + bias`` with the metadata in its ``metadata_props``."""
+    """The ONNX file: the acceptance model's graph where the fit embeds one, else ``beta = node @ weight + bias``;
+    the metadata in its ``metadata_props``."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    if fitted.graph is not None:
+        model = onnx.load_from_string(fitted.graph)
+        del model.metadata_props[:]
+        for key, value in fitted.metadata.to_props().items():
+            model.metadata_props.add(key=key, value=value)
+        onnx.save(model, str(path))
+        return
     width, columns = fitted.weight.shape
     graph = helper.make_graph(
         [helper.make_node("MatMul", [INPUT_NAME, "weight"], ["projected"]),

@@ -227,15 +227,17 @@ def folds_by_prompt(prompts: np.ndarray, folds: int, seed: int = 0) -> list[np.n
 
 
 def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5,
-                       root_choice: np.ndarray | None = None) -> dict:
+                       root_choice: np.ndarray | None = None, extra: dict[str, np.ndarray] | None = None) -> dict:
     """Cross-fitted stream-throughput ratios to the best static action of: the rules on ``top``, ``entropy``,
-    ``learned`` β̂ and exact ``beta``, a root-time choice (``root_choice``, ``(N,)`` action indices, if given; -1
+    ``learned`` β̂, exact ``beta`` and each of ``extra`` (``(N, s, D)`` signals computed without these roots'
+    labels, e.g. by an acceptance model trained on other prompts: only their rules are fitted per fold), a root-time
+    choice (``root_choice``, ``(N,)`` action indices, if given; -1
     leaves a root out, and ``root_time`` is then the ratio to the static action on the roots left in, counted in
     ``root_time_roots``) and the per-tree oracle (hindsight, for scale). Also the correlation of each signal with β
     on the scored nodes."""
     index = _Index(data.actions)
     totals: dict[str, list[float]] = {}
-    signals_all: dict[str, list[np.ndarray]] = {"top": [], "learned": [], "beta": []}
+    signals_all: dict[str, list[np.ndarray]] = {"top": [], "learned": [], "beta": [], **{k: [] for k in extra or {}}}
     rules_seen: dict[str, list[str]] = {}
     for test_rows in folds_by_prompt(data.prompts, folds):
         train_rows = np.setdiff1d(np.arange(len(data.be)), test_rows)
@@ -249,6 +251,7 @@ def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5
             "entropy": (-train.entropy, -test.entropy),
             "learned": (learned_train, predict_beta(head, test)),
             "beta": (train.beta, test.beta),
+            **{name: (values[train_rows], values[test_rows]) for name, values in (extra or {}).items()},
         }
         for name, (fit_on, score_on) in signals.items():
             rule, sums = _fold_rule(train, test, fit_on, score_on, l_max, k_max, index)
@@ -271,7 +274,7 @@ def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5
         out["root_time_roots"] = int(own[0])  # the first of each pair of sums counts roots
     beta_true = np.concatenate([b.reshape(-1) for b in signals_all["beta_true"]])
     out["corr_with_beta"] = {name: float(np.corrcoef(np.concatenate([s.reshape(-1) for s in parts]), beta_true)[0, 1])
-                             for name, parts in signals_all.items() if name in ("top", "learned")}
+                             for name, parts in signals_all.items() if name not in ("beta", "beta_true")}
     out["rules"] = rules_seen
     return out
 

@@ -109,7 +109,16 @@ def real_inputs(module, data_dir: str | Path | None, n: int) -> dict[str, Any] |
 
 
 def _export_graph(net, path: Path, example: dict[str, Any]) -> None:
-    """torch.onnx.export (dynamo) of the network to ONE file with a dynamic batch axis."""
+    """torch.onnx.export (dynamo) of the selector network to ONE file with a dynamic batch axis."""
+    import torch
+
+    args = tuple(torch.from_numpy(example[name][:2]) for name in INPUT_NAMES)  # batch 2: avoids 0/1 specialisation
+    export_onnx(net, path, args, list(INPUT_NAMES), OUTPUT_NAME)
+
+
+def export_onnx(net, path: Path, args: tuple, input_names: list[str], output_name: str) -> None:
+    """torch.onnx.export (dynamo) of ``net`` called on ``args`` (batch of at least 2) to ONE file, each input's
+    first axis a dynamic batch."""
     import torch
 
     batch = torch.export.Dim("batch")
@@ -117,18 +126,17 @@ def _export_graph(net, path: Path, example: dict[str, Any]) -> None:
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = registration.level
     registration.setLevel(logging.ERROR)
-    args = tuple(torch.from_numpy(example[name][:2]) for name in INPUT_NAMES)  # batch 2: avoids 0/1 specialisation
     with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # exporter chatter (progress lines, deprecations); failures still raise
         torch.onnx.export(
             net, args, str(path), dynamo=True, external_data=False, verbose=False,
-            input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME],
-            dynamic_shapes={name: {0: batch} for name in INPUT_NAMES},
+            input_names=input_names, output_names=[output_name],
+            dynamic_shapes={name: {0: batch} for name in input_names},
         )
     registration.setLevel(level)
 
 
-def _attach_metadata(path: Path, metadata: dict[str, str]) -> None:
+def attach_metadata(path: Path, metadata: dict[str, str]) -> None:
     """Write ``metadata`` into the file's metadata_props (replacing keys of the same name)."""
     import onnx
 
@@ -158,7 +166,7 @@ def check_parity(net, path: Path, inputs: dict[str, Any]) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
 
 
-def _writable_tmp(output: Path) -> Path:
+def writable_tmp(output: Path) -> Path:
     """A fresh temporary file beside ``output`` (same file system, so the final rename is atomic)."""
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -254,10 +262,10 @@ def export_selector(
     if log_mlflow and explicit_run and run_id and uri:  # a run the user named must exist before anything is written
         check_run_exists(resolve_tracking_uri(uri), run_id)
 
-    tmp = _writable_tmp(output)
+    tmp = writable_tmp(output)
     try:
         _export_graph(net, tmp, batch)
-        _attach_metadata(tmp, metadata.to_props())
+        attach_metadata(tmp, metadata.to_props())
         diff = check_parity(net, tmp, batch)
         if not diff <= tolerance:
             raise ValueError(f"ONNX parity check failed: max |torch - onnxruntime| = {diff:.3g} > {tolerance:g}")

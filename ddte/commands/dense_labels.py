@@ -39,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, help="a new folder for the data set (or one to --resume)")
     parser.add_argument("--prompts", default=None, help="prompt source (default: the pair's train_prompts)")
     parser.add_argument("--num-prompts", type=int, default=64, help="prompts to label from")
+    parser.add_argument("--first-prompt", type=int, default=0,
+                        help="skip the source's first prompts: e.g. those a tree collection used, so that an "
+                             "acceptance model trained here is scored on prompts it never saw")
+    parser.add_argument("--max-prompt-tokens", type=int, default=384,
+                        help="left-truncate prompts to their last tokens (a long prompt's prefill is most of its cost)")
     parser.add_argument("--continuations", type=int, default=4, help="continuations per prompt and temperature")
     parser.add_argument("--length", type=int, default=48, help="tokens (nodes) per continuation")
     parser.add_argument("--k-max", type=int, default=3, help="label K = 1..k-max i.i.d. one-token drafts per node")
@@ -60,9 +65,11 @@ def _check(args: argparse.Namespace):
     from data_gen.dense import DenseSpec, check_verifiers
     from decode.verifiers import get_verifier
 
-    for name in ("num_prompts", "prompts_per_shard"):
+    for name in ("num_prompts", "prompts_per_shard", "max_prompt_tokens"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.first_prompt < 0:
+        raise UserError("--first-prompt must be at least 0")
     if len(set(args.temperature)) != len(args.temperature) or any(t < 0 for t in args.temperature):
         raise UserError("--temperature: give each temperature once, each >= 0")
     if not 0 < args.top_p <= 1:
@@ -92,22 +99,27 @@ def run(args: argparse.Namespace) -> int:
     pair = load_pair_from_args(args)
     source = args.prompts or pair.train_prompts
     with user_errors():
-        texts = load_prompt_texts(source, limit=args.num_prompts, tokenizer=pair.tokenizer)
+        texts = load_prompt_texts(source, limit=args.first_prompt + args.num_prompts, tokenizer=pair.tokenizer)
         categories = bench_prompt_categories(source, len(texts), 0, source) or ["none"] * len(texts)
+    texts, categories = texts[args.first_prompt:], categories[args.first_prompt:]
+    if not texts:
+        raise UserError(f"--first-prompt {args.first_prompt}: {source} holds no prompts after it")
     if pair.tokenizer is None:
         raise UserError("the pair has no tokenizer: prompts are text")
     print(use_machine_kernels(pair, args), file=sys.stderr)
-    room = pair.context_limit - spec.length - 1
+    room = min(pair.context_limit - spec.length - 1, args.max_prompt_tokens)
     prompts = [list(pair.tokenizer(text)["input_ids"])[-room:] for text in texts]
     command = "ddte " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     metadata = dense_metadata(pair.fingerprint(), pair.kernel_choice.line(), spec, args.temperature, args.top_p,
-                              verifiers, source, len(prompts), args.seed, command)
+                              verifiers, source, len(prompts), args.seed, command,
+                              first_prompt=args.first_prompt, max_prompt_tokens=room)
     index, count = shard
     chunks = enumerate(range(0, len(prompts), args.prompts_per_shard))
     mine = sum(min(args.prompts_per_shard, len(prompts) - first) for number, first in chunks if number % count == index)
     with tqdm(total=mine, unit="prompt", disable=args.no_progress, desc="dense labels") as bar, \
             user_errors(ValueError, OSError):
         summary = collect_dense(pair.target, pair.draft, prompts, categories, output, metadata, spec, verifiers,
-                                args.prompts_per_shard, shard, args.resume, progress=bar.update)
+                                args.prompts_per_shard, shard, args.resume, progress=bar.update,
+                                first_prompt=args.first_prompt)
     print(summary.line())
     return 0

@@ -1,7 +1,8 @@
 """Fit an expander (expansion decided while drafting) on a collected data set and export it to one ONNX file.
 
 At every trunk node the expander computes one signal from the draft's own state (its top probability, its entropy,
-or β̂ from a ridge acceptance head on its hidden state, depth and root scalars) and halts the trunk where the signal
+β̂ from a ridge acceptance head on its hidden state, depth and root scalars, or, with --acceptance, β̂ from an
+acceptance model trained on dense labels and the marginal rule on it) and halts the trunk where the signal
 falls below a threshold; there it drafts its terminal (stop, or K branches of L2 tokens). Per sampling
 configuration, the signal whose best rule beats the best static tree offline by --min-gain (cross-fitted by
 prompt, as `ddte analyze --expansion` reports) is kept, then refitted on all prompts; elsewhere the file falls back
@@ -28,8 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--folds", type=int, default=5, help="prompt folds of the cross-fitting")
     parser.add_argument("--min-gain", type=float, default=0.01,
                         help="relative offline gain over the best static tree a rule needs to be used")
-    parser.add_argument("--signals", nargs="+", default=["learned", "top", "entropy"],
-                        choices=["learned", "top", "entropy"], help="the signals it may choose among")
+    parser.add_argument("--acceptance", default=None,
+                        help="an acceptance model (ddte acceptance) trained on other prompts: adds the signals "
+                             "'acceptance' (its β̂) and 'marginal' (the marginal rule on β̂ and the step times), and "
+                             "the file embeds its graph instead of the ridge head")
+    parser.add_argument("--signals", nargs="+", default=None,
+                        choices=["learned", "top", "entropy", "acceptance", "marginal"],
+                        help="the signals it may choose among (default: learned, top, entropy; with --acceptance: "
+                             "top, entropy, acceptance, marginal)")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite:///mlflow.db)")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
 
@@ -50,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--output {output}: an ONNX file, named *.onnx")
     with user_errors():
         fitted = fit_expander(args.data, args.verifier, args.folds, args.min_gain, args.signals,
-                              progress=print)
+                              progress=print, acceptance=args.acceptance)
         with staged_file(output) as tmp:
             write_expander(fitted, tmp)
     print(f"wrote {output} ({output.stat().st_size / 1024:.0f} KiB): verifier {fitted.metadata.verifier}, "

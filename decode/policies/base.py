@@ -5,14 +5,15 @@ step went. Choosing from root information only keeps every verifier lossless: th
 the draft samples of this step.
 
 A policy declares what it needs from the decoder on its class, so no caller guesses or tests a name:
-``needs_root_features`` (the root features of decode.policies.features, and with them the latency table), ``stateful``
-(it keeps state across the steps of a generation) and ``decides_per_node`` (it also decides while the trunk is
-drafted: the action ``choose`` returns is the widest tree of the step, and ``halts`` may end its trunk early at any
-node, from the draft's own state there; decode/drafting/delayed.py). Each generation begins with ``start(sampling)``,
-which returns the policy that serves it: the policy itself, a fresh copy of a stateful one, or the simpler policy it
-amounts to at that sampling configuration; the decoder reads the capabilities of what ``start`` returns. So one policy
-object serves every generation, at any temperature. :data:`POLICIES` names every policy; :func:`make_policy` builds one
-from its name and options.
+``needs_root_features`` (the root features of decode.policies.features, and with them the latency table),
+``needs_draft_hidden`` (the draft's hidden state at the root and at each trunk node, nothing of the target's),
+``stateful`` (it keeps state across the steps of a generation) and ``decides_per_node`` (it also decides while the
+trunk is drafted: the action ``choose`` returns is the widest tree of the step, and ``halts`` may end its trunk early
+at any node, from the draft's own state there; decode/drafting/delayed.py). Each generation begins with
+``start(sampling)``, which returns the policy that serves it: the policy itself, a fresh copy of a stateful one, or
+the simpler policy it amounts to at that sampling configuration; the decoder reads the capabilities of what ``start``
+returns. So one policy object serves every generation, at any temperature. :data:`POLICIES` names every policy;
+:func:`make_policy` builds one from its name and options.
 """
 
 from __future__ import annotations
@@ -67,12 +68,14 @@ class Policy:
     """The interface: ``start`` a generation, ``choose`` the action at a root, ``observe`` the step's outcome.
 
     Capabilities, declared on the class: ``needs_root_features`` (``choose`` reads ``root.features`` and
-    ``root.latency``), ``stateful`` (it keeps state across steps, so ``start`` must give each generation a fresh
-    copy) and ``decides_per_node`` (``halts`` is asked at every trunk node).
+    ``root.latency``), ``needs_draft_hidden`` (``halts`` reads ``node.hidden``), ``stateful`` (it keeps state across
+    steps, so ``start`` must give each generation a fresh copy) and ``decides_per_node`` (``halts`` is asked at every
+    trunk node).
     """
 
     name: str = ""
     needs_root_features: bool = False
+    needs_draft_hidden: bool = False
     stateful: bool = False
     decides_per_node: bool = False
 

@@ -1,11 +1,11 @@
 """Expansion decided while drafting, at decode time: an exported expander halts the trunk node by node.
 
 The file (decode/policies/expander_file.py) holds, per sampling configuration, a halting rule on one signal of the
-draft's state at each trunk node (its top probability, minus its entropy, or β̂ from the acceptance head in the graph)
-and the static action to fall back on. :class:`ExpanderPolicy` is the loaded file; :meth:`ExpanderPolicy.start` gives
-each generation the policy of its configuration: the static fallback (no features, no network) where the file's guard
-says so, else a :class:`HaltingPolicy`, which returns the rule's widest tree at the root and answers the drafting
-loop's question at every trunk node.
+draft's state at each trunk node (its top probability, minus its entropy, β̂ from the acceptance head in the graph, or
+the marginal rule on β̂ and the machine's step times) and the static action to fall back on. :class:`ExpanderPolicy`
+is the loaded file; :meth:`ExpanderPolicy.start` gives each generation the policy of its configuration: the static
+fallback (no features, no network) where the file's guard says so, else a :class:`HaltingPolicy`, which returns the
+rule's widest tree at the root and answers the drafting loop's question at every trunk node.
 
 The decision at a node reads only the draft's law and hidden state there, its depth and the root scalars (computed
 before drafting from earlier steps): a stopping time of the draft's own draws, never the target's current outputs.
@@ -24,11 +24,13 @@ from decode.drafting.delayed import TrunkNode
 from decode.drafting.sampling import SamplingConfig, law_entropy, nearest_note
 from decode.policies.base import Policy, RootState, StaticPolicy
 from decode.policies.expander_file import (
+    HEAD_SIGNALS,
     INPUT_NAME,
     OUTPUT_NAME,
     ExpanderFileError,
     ExpanderMetadata,
     NodeRule,
+    marginal_gain,
     node_feature_width,
 )
 from decode.policies.guard import machine_note
@@ -40,12 +42,13 @@ ExpanderError = ExpanderFileError  # the name callers catch
 
 class AcceptanceHead:
     """The graph of an expander file: β̂ of one node's feature vector, through fixed bound buffers (no per-call
-    allocation). The root scalars are written once per step (:meth:`set_root`), the node's own features per call."""
+    allocation). The root scalars, where the graph reads them (``reads_root``), are written once per step
+    (:meth:`set_root`), the node's own features per call."""
 
-    def __init__(self, session, width: int, columns: int, column: int = 0) -> None:
+    def __init__(self, session, width: int, columns: int, column: int = 0, reads_root: bool = True) -> None:
         import onnxruntime as ort
 
-        self.session, self.column = session, column
+        self.session, self.column, self.reads_root = session, column, reads_root
         self.input = np.zeros((1, width), dtype=np.float32)
         self.output = np.zeros((1, columns), dtype=np.float32)
         self.binding = session.io_binding()
@@ -93,14 +96,15 @@ class ExpanderPolicy(Policy):
         self.metadata = ExpanderMetadata.from_props(props, str(self.path))
         self.metadata.check_compatible(str(self.path), verifier, draft_hidden, pair_fingerprint)
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        width, columns = node_feature_width(draft_hidden), len(self.metadata.rules)
+        reads_root = self.metadata.reads_root
+        width, columns = node_feature_width(draft_hidden, reads_root), len(self.metadata.rules)
         if [i.name for i in inputs] != [INPUT_NAME] or inputs[0].shape[-1] != width:
             raise ExpanderError(f"{self.path}: input {[(i.name, i.shape) for i in inputs]}, expected "
                                 f"{INPUT_NAME} [batch, {width}]")
         if [o.name for o in outputs] != [OUTPUT_NAME] or outputs[0].shape[-1] != columns:
             raise ExpanderError(f"{self.path}: output {[(o.name, o.shape) for o in outputs]}, expected "
                                 f"{OUTPUT_NAME} [batch, {columns}]")
-        self.head = AcceptanceHead(self.session, width, columns)
+        self.head = AcceptanceHead(self.session, width, columns, reads_root=reads_root)
 
     @classmethod
     def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None) -> ExpanderPolicy:
@@ -116,7 +120,8 @@ class ExpanderPolicy(Policy):
         fallback, rule_runs = node_rule.on_machine(self.machine)
         if not rule_runs:
             return StaticPolicy(fallback)
-        return HaltingPolicy(node_rule, self.head.at(node_rule.column) if node_rule.signal == "learned" else None)
+        head = self.head.at(node_rule.column) if node_rule.signal in HEAD_SIGNALS else None
+        return HaltingPolicy(node_rule, head, self.machine)
 
     def choose(self, root: RootState) -> Action:
         raise RuntimeError("an expander serves a generation through the policy start() returns")
@@ -136,42 +141,78 @@ class ExpanderPolicy(Policy):
 
 
 class HaltingPolicy(Policy):
-    """One generation's per-node policy: a halting rule on one signal (``head`` given: the learned β̂).
+    """One generation's per-node policy: a halting rule on one signal (``head`` given: a β̂ signal).
 
-    ``choose`` keeps the root scalars and returns the widest tree; ``halts`` computes the node's signal and applies
-    the rule. With the learned signal it reads root features (the decoder then computes them and hidden states)."""
+    ``choose`` keeps what the step's signals need and returns the widest tree; ``halts`` computes the node's signal
+    and applies the rule. A head that reads root scalars needs root features (the decoder then computes them); every
+    head needs the draft's hidden states, and nothing else. The marginal signal keeps the step's β̂ at every node it
+    has met (so β̂ is computed at every node, the floor's included) and the step times of chains at the root's
+    context length: from ``machine`` (the running machine's latency table) or the root's table, else the fit's."""
 
     decides_per_node = True
-    stateful = True  # it keeps the step's root scalars between choose and halts
+    stateful = True  # it keeps the step's root scalars and β̂ between choose and halts
 
-    def __init__(self, node_rule: NodeRule, head: AcceptanceHead | None = None) -> None:
-        self.node_rule, self.rule, self.head = node_rule, node_rule.rule, head
+    def __init__(self, node_rule: NodeRule, head: AcceptanceHead | None = None,
+                 machine: LatencyTable | None = None) -> None:
+        self.node_rule, self.rule, self.head, self.machine = node_rule, node_rule.rule, head, machine
         self.name = f"expander:{node_rule.signal}"
-        self.needs_root_features = head is not None
+        self.needs_root_features = head is not None and head.reads_root
+        self.needs_draft_hidden = head is not None
+        self.marginal = node_rule.signal == "marginal"
+        self._betas: list[float] = []
+        self._chain_ms: np.ndarray | None = None
+        self._chain_cache: dict[tuple[int, int], np.ndarray] = {}
 
     def start(self, sampling: SamplingConfig) -> HaltingPolicy:
-        return HaltingPolicy(self.node_rule, self.head)
+        return HaltingPolicy(self.node_rule, self.head, self.machine)
 
     def choose(self, root: RootState) -> Action:
-        if self.head is not None:
+        if self.head is not None and self.head.reads_root:
             if root.features is None:
                 raise ValueError("the learned expander needs root features (the decoder computes them when asked)")
             self.head.set_root(root.features.draft_hidden_root.numel(), root.features.scalars.numpy())
+        if self.marginal:
+            self._betas = []
+            self._chain_ms = self.chain_ms(root.context_length, self.machine or root.latency)
         return self.rule.widest
 
+    def chain_ms(self, context_length: int, table: LatencyTable | None) -> np.ndarray:
+        """``(cap + 1,)`` step times of the chains (1, d, 0), d = 0..cap: ``table``'s at this context length (per
+        16-token bucket, cached), else the fit's."""
+        if table is None:
+            return np.asarray(self.node_rule.chain_ms[:self.rule.cap + 1], dtype=np.float64)
+        key = (id(table), context_length // 16 * 16)
+        if key not in self._chain_cache:
+            chains = [Action(1, d, 0) for d in range(self.rule.cap + 1)]
+            self._chain_cache[key] = np.asarray(table.step_ms_many(key[1], chains), dtype=np.float64)
+        return self._chain_cache[key]
+
     def halts(self, node: TrunkNode) -> bool:
+        if self.marginal:  # β̂ at every node: the product runs over the whole trunk
+            self._betas.append(self.beta(node))
+            return self.rule.halts(node.depth, lambda: self.marginal_signal(node.depth))
         return self.rule.halts(node.depth, lambda: self.signal(node))  # no signal where the depth decides
+
+    def marginal_signal(self, depth: int) -> float:
+        """The marginal rule's signal at ``depth`` (< cap) from the step's β̂ so far (decode/policies/expander_file.py
+        ``marginal_gain``, the function the offline fit runs; β̂ past ``depth`` does not enter it)."""
+        betas = np.asarray(self._betas[:depth + 1], dtype=np.float64)
+        padded = np.pad(betas, (0, len(self._chain_ms) - len(betas)), mode="edge")
+        return float(marginal_gain(padded, self._chain_ms)[depth])
+
+    def beta(self, node: TrunkNode) -> float:
+        """β̂ at ``node`` from the head."""
+        if node.hidden is None:
+            raise ValueError("the learned expander needs the draft's hidden states (the decoder keeps them when asked)")
+        return self.head(node.hidden, law_entropy(node.q), float(node.q.max()), node.depth)
 
     def signal(self, node: TrunkNode) -> float:
         """The rule's signal at ``node``: higher means the draft is surer there."""
         if self.node_rule.signal == "top":
             return float(node.q.max())
-        entropy = law_entropy(node.q)
         if self.node_rule.signal == "entropy":
-            return -entropy
-        if node.hidden is None:
-            raise ValueError("the learned expander needs the draft's hidden states (the decoder keeps them when asked)")
-        return self.head(node.hidden, entropy, float(node.q.max()), node.depth)
+            return -law_entropy(node.q)
+        return self.beta(node)
 
     def describe(self, sampling: SamplingConfig) -> str:
         return f"expander ({self.node_rule.signal}: {self.rule.describe()})"

@@ -8,6 +8,11 @@ path (1, d, 0)) or K i.i.d. branches of L2 tokens (the tree (K, d, L2)). The sig
 * ``top``: the draft's top probability at the node; ``entropy``: minus its entropy (nats), so that higher means
   surer for every signal;
 * ``learned``: β̂, the acceptance head's prediction of 1 − TV(p, q) at the node from the draft's state alone;
+* ``acceptance``: β̂ from an acceptance model trained on dense labels (selector/acceptance.py), the graph's input
+  then the node's own features only (``head_inputs: node``);
+* ``marginal``: the marginal rule on that β̂ (:func:`marginal_gain`): what one more trunk token adds in expected
+  tokens per unit of the time it adds, relative to the step's tokens per unit time if the trunk stopped here, with
+  the step times of the running machine's latency table (else the fit's, ``chain_ms``);
 * ``static``: no rule; the decoder drafts the configuration's ``fallback`` action every step.
 
 The graph is the acceptance head: input ``node`` ``[batch, F]`` float32, output ``beta`` ``[batch, C]``, one column
@@ -27,7 +32,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
+
+import numpy as np
 
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
@@ -39,16 +46,36 @@ INPUT_NAME = "node"
 OUTPUT_NAME = "beta"
 METADATA_VERSION = 1
 PREFIX = "ddte.expander."
-SIGNALS = ("learned", "top", "entropy", "static")
+SIGNALS = ("learned", "top", "entropy", "acceptance", "marginal", "static")
+HEAD_SIGNALS = ("learned", "acceptance", "marginal")  # the signals that run the file's graph
 
 
 class ExpanderFileError(ValueError):
     """An expander file that cannot be used: unreadable, not a ddte expander, or for another pair or verifier."""
 
 
-def node_feature_width(draft_hidden: int) -> int:
-    """F: the draft's hidden state, entropy, top probability, depth and the root scalars."""
-    return int(draft_hidden) + 3 + len(SCALAR_NAMES)
+def node_feature_width(draft_hidden: int, with_root: bool = True) -> int:
+    """F: the draft's hidden state, entropy, top probability, depth and (``with_root``) the root scalars."""
+    return int(draft_hidden) + 3 + (len(SCALAR_NAMES) if with_root else 0)
+
+
+def marginal_gain(beta: np.ndarray, chain_ms: np.ndarray) -> np.ndarray:
+    """The marginal rule's signal ``(..., D)`` at trunk depths 0..D-1, from β̂ ``(..., D)`` at those nodes and the
+    step times ``(..., D)`` of the chains (1, d, 0), d = 0..D-1.
+
+    With P_j = β̂_0 ⋯ β̂_{j-1} the chance the first j trunk tokens are accepted, a chain of d tokens yields
+    E_d = 1 + P_1 + … + P_d tokens in T_d; one more token adds P_{d+1} tokens and T_{d+1} − T_d. The signal is the
+    ratio of the two rates, (P_{d+1} / (T_{d+1} − T_d)) / (E_d / T_d): growing pays while it is above 1 (the
+    threshold a rule fits stands near 1 where β̂ is calibrated). The last step's time difference is the previous one.
+    Reads only the draft's state up to each node, so a rule on it is a stopping time of the draft's draws.
+    """
+    beta = np.clip(np.asarray(beta, dtype=np.float64), 0.0, 1.0)
+    chain = np.asarray(chain_ms, dtype=np.float64)
+    reach = np.cumprod(beta, axis=-1)  # P_{d+1}
+    expected = 1.0 + np.concatenate([np.zeros_like(reach[..., :1]), np.cumsum(reach, axis=-1)[..., :-1]], axis=-1)
+    added = np.diff(chain, axis=-1)
+    added = np.concatenate([added, added[..., -1:]], axis=-1) if added.shape[-1] else np.ones_like(chain)
+    return (reach / np.maximum(added, 1e-6)) / (expected / np.maximum(chain, 1e-6))
 
 
 @dataclass(frozen=True)
@@ -103,6 +130,8 @@ class NodeRule:
             running machine's latency table it names that machine's fallback. None in files fitted before it.
         rule_profile: what the rule earned there (``RuleProfile``): the rule runs only where it beats that
             fallback under the running machine's table.
+        chain_ms: for ``marginal``, the fit's step times of the chains (1, d, 0), d = 0..cap, at its median context
+            length: used where the decoder has no latency table of its own.
     """
 
     temperature: float
@@ -114,6 +143,7 @@ class NodeRule:
     column: int = 0
     profile: dict | None = None
     rule_profile: dict | None = None
+    chain_ms: list[float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.rule, dict):
@@ -127,6 +157,8 @@ class NodeRule:
         if (self.rule is None) != (self.signal == "static"):
             raise ValueError(f"signal {self.signal!r} {'needs' if self.rule is None else 'takes no'} halting rule")
         Action.parse(self.fallback)
+        if self.signal == "marginal" and (self.chain_ms is None or len(self.chain_ms) < self.rule.cap + 1):
+            raise ValueError("the marginal signal needs chain_ms, the step times of chains 0..cap")
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -160,6 +192,13 @@ class ExpanderMetadata:
     data_fingerprint: str = ""
     # prompt ids whose roots fitted the head and chose the rules: a bench or an offline score must leave them out
     fit_prompts: list[str] = field(default_factory=list)
+    # what the graph reads: "node+root" (the ridge head: node features and root scalars) or "node" (an acceptance
+    # model: the node's hidden state, entropy, top probability and depth only)
+    head_inputs: str = "node+root"
+
+    @property
+    def reads_root(self) -> bool:
+        return self.head_inputs == "node+root"
 
     def rule_for(self, sampling: SamplingConfig) -> NodeRule:
         """The rule of the configuration nearest ``sampling``."""
@@ -182,8 +221,10 @@ class ExpanderMetadata:
         values = {}
         for f in fields(cls):
             key = PREFIX + f.name
-            if key not in props:
+            if key not in props and f.default is MISSING and f.default_factory is MISSING:
                 raise ExpanderFileError(f"{where}: metadata lacks {key}")
+            if key not in props:  # a field added since the file was written: its default
+                continue
             try:
                 values[f.name] = props[key] if f.type == "str" else json.loads(props[key])
             except json.JSONDecodeError as err:
@@ -196,6 +237,8 @@ class ExpanderMetadata:
             meta = cls(**values)
         except (TypeError, ValueError) as err:
             raise ExpanderFileError(f"{where}: malformed metadata ({err})") from err
+        if meta.head_inputs not in ("node+root", "node"):
+            raise ExpanderFileError(f"{where}: head_inputs {meta.head_inputs!r}, expected 'node+root' or 'node'")
         if not meta.rules:
             raise ExpanderFileError(f"{where}: no rules")
         return meta

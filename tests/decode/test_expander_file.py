@@ -81,3 +81,31 @@ def test_a_file_for_another_verifier_draft_or_pair_is_refused(args, message):
     with pytest.raises(ExpanderFileError, match=message):
         metadata().check_compatible("f", *args)
     metadata().check_compatible("f", "traversal", 16, None)  # no fingerprint given: not checked
+
+
+def test_the_marginal_signal_weighs_the_tokens_a_node_adds_against_its_time():
+    from decode.policies.expander_file import marginal_gain
+
+    beta = np.array([0.9, 0.5, 0.2])
+    chain = np.array([10.0, 12.0, 14.0])  # a chain of d tokens costs 10 + 2d: each token adds 2
+    got = marginal_gain(beta, chain)
+    # d = 0: one more token adds 0.9 in 2 ms; stopping yields 1 token in 10 ms
+    # d = 1: adds 0.45 in 2 ms, against 1.9 tokens in 12 ms; d = 2: adds 0.09 against 2.35 in 14 ms
+    want = [(0.9 / 2) / (1 / 10), (0.45 / 2) / (1.9 / 12), (0.09 / 2) / (2.35 / 14)]
+    assert np.allclose(got, want)
+    # a β̂ past a node never moves its signal: the rule on it is a stopping time of the draft's own draws
+    assert np.allclose(marginal_gain(np.array([0.9, 0.5, 0.99]), chain)[:2], got[:2])
+    # batched over leading axes, as the offline fit runs it
+    assert np.allclose(marginal_gain(np.stack([beta, beta]), np.stack([chain, chain]))[1], got)
+
+
+def test_a_marginal_rule_needs_its_chain_times_and_old_files_read_without_new_keys():
+    with pytest.raises(ValueError, match="chain_ms"):
+        NodeRule(1.0, 1.0, "marginal", "1,1,0", HaltingRule(1.0, 0, 3, 1, 0))
+    rule = NodeRule(1.0, 1.0, "marginal", "1,1,0", HaltingRule(1.0, 0, 3, 1, 0), chain_ms=[10.0, 12.0, 14.0, 16.0])
+    meta = metadata()
+    meta.rules.append(rule)
+    props = meta.to_props()
+    assert ExpanderMetadata.from_props(props).rules[-1] == rule
+    del props["ddte.expander.head_inputs"]  # a file written before the key: the ridge head's inputs
+    assert ExpanderMetadata.from_props(props).reads_root

@@ -6,7 +6,9 @@ Exact enumeration (algorithms.md §1.3): :class:`ReplayRandom` walks every rando
 and the verifiers' coins) on tiny HF models over a 3-token vocabulary; the law of the first three tokens must equal
 the target's. The rule's threshold is placed between signal values the loop meets, so the trunk halts on some paths
 and grows on others. Signals: the draft's top probability, and a learned head on the draft's hidden state, depth
-and root scalars (a fixed random linear map standing in for an exported one; it sees the same inputs). Negative
+and root scalars (a fixed random linear map standing in for an exported one; it sees the same inputs), and the
+marginal rule on an acceptance model's β̂ (a random map of the node's own features through a sigmoid; the loop then
+keeps the draft's hidden states and computes no root features). Negative
 control, through the same hooks: a loop that looks at the trunk's first draw and drafts nothing when that draw was
 not the draft's favourite must be caught.
 """
@@ -19,7 +21,7 @@ import torch
 
 from decode.drafting.actions import Action
 from decode.drafting.delayed import DraftedTree
-from decode.drafting.sampling import SamplingConfig
+from decode.drafting.sampling import SamplingConfig, distributions
 from decode.drafting.tree import Regime, TreeBuilder
 from decode.engine import SpeculativeDecoder
 from decode.models.cached_lm import CachedLM
@@ -44,18 +46,22 @@ def pair(seed: int = 3) -> tuple[CachedLM, CachedLM]:
 
 
 class LinearHead:
-    """A learned head's interface (decode.policies.expander.AcceptanceHead) over a fixed random linear map."""
+    """A learned head's interface (decode.policies.expander.AcceptanceHead) over a fixed random linear map: on the
+    node's features and root scalars (the ridge head), or on the node's alone through a sigmoid (an acceptance
+    model's β̂, ``reads_root`` False)."""
 
-    def __init__(self, width: int, seed: int = 0) -> None:
+    def __init__(self, width: int, seed: int = 0, reads_root: bool = True) -> None:
         self.weight = np.random.default_rng(seed).normal(size=width).astype(np.float32)
         self.root = np.zeros(0, dtype=np.float32)
+        self.reads_root = reads_root
 
     def set_root(self, hidden_size: int, scalars: np.ndarray) -> None:
         self.root = scalars
 
     def __call__(self, hidden: torch.Tensor, entropy: float, top: float, depth: int) -> float:
         features = np.concatenate([hidden.float().numpy(), [entropy, top, depth], self.root])
-        return float(features @ self.weight)
+        value = float(features @ self.weight)
+        return value if self.reads_root else float(1.0 / (1.0 + np.exp(-value)))
 
 
 class Recorder(HaltingPolicy):
@@ -64,16 +70,21 @@ class Recorder(HaltingPolicy):
     signals: list[float] = []
 
     def halts(self, node):
-        Recorder.signals.append(self.signal(node))
-        return super().halts(node)
+        halt = super().halts(node)  # the marginal signal reads the β̂ this appends
+        if not self.marginal:
+            Recorder.signals.append(self.signal(node))
+        elif node.depth < self.rule.cap:
+            Recorder.signals.append(self.marginal_signal(node.depth))
+        return halt
 
     def start(self, sampling):
-        return Recorder(self.node_rule, self.head)
+        return Recorder(self.node_rule, self.head, self.machine)
 
 
 def policy(signal: str, rule: HaltingRule) -> HaltingPolicy:
-    head = LinearHead(16 + 3 + 11) if signal == "learned" else None
-    return Recorder(NodeRule(1.0, 1.0, signal, "1,0,0", rule), head)
+    head = {"learned": LinearHead(16 + 3 + 11), "marginal": LinearHead(16 + 3, reads_root=False)}.get(signal)
+    chain = [1.0 + d for d in range(rule.cap + 1)] if signal == "marginal" else None
+    return Recorder(NodeRule(1.0, 1.0, signal, "1,0,0", rule, chain_ms=chain), head)
 
 
 def target_law(target: CachedLM) -> dict[tuple[int, ...], float]:
@@ -112,7 +123,7 @@ def _cases():
         verifier = get_verifier(name)
         branch = all(verifier.supports_action(2, d, 1) for d in range(2))
         k, l2 = (2, 1) if branch else (1, 0)
-        for signal in ("top", "learned"):
+        for signal in ("top", "learned", "marginal"):
             yield pytest.param(name, signal, k, l2, id=f"{name}-{signal}-{'branch' if branch else 'stop'}")
 
 
@@ -150,6 +161,42 @@ def test_a_loop_that_peeks_at_the_trunk_draw_is_caught(name):
     rule = HaltingRule(-np.inf, 0, 1, 1, 0)  # a one-token chain: the peek alone must be caught
     got, _ = loop_law(PeekingDecoder(target, draft, get_verifier(name), latency=LATENCY), policy("top", rule))
     assert law_error(got, target_law(target)) > 100 * TOL
+
+
+class TargetPeekingDecoder(SpeculativeDecoder):
+    """Wrong: with a one-token prompt the target's law at the first root is known before drafting; this loop drops the
+    first step's tree when the target likes the trunk's first draw less than the draft does (p(x) < q(x)): a halting
+    decision that reads the target's law at a drawn token."""
+
+    def _draft_tree(self, request, q_root, action) -> DraftedTree:
+        drafted = super()._draft_tree(request, q_root, action)
+        tree = drafted.tree
+        first = next((v for v in range(1, tree.num_nodes) if tree.parents[v] == 0), None)
+        if request.target_pending or first is None:  # not the first step: the target's root law is not known yet
+            return drafted
+        p_root = distributions(request.target_root_logits, request.sampling)
+        token = tree.tokens[first]
+        if p_root[token] >= q_root[token]:
+            return drafted
+        return DraftedTree(TreeBuilder().build(Regime.IID, (1, 0, 0)), drafted.q[:1], drafted.slots[:1],
+                           drafted.draft_calls)
+
+
+@pytest.mark.parametrize("name", ["specinfer", "traversal"])
+def test_a_marginal_expander_that_peeks_at_the_target_is_caught(name):
+    target, draft = pair()
+    prompt = PROMPT[-1:]
+    rule = HaltingRule(-np.inf, 0, 1, 1, 0)
+    decoder = TargetPeekingDecoder(target, draft, get_verifier(name), latency=LATENCY)
+    honest = SpeculativeDecoder(target, draft, get_verifier(name), latency=LATENCY)
+
+    def law(loop):
+        return outcome_law(enumerate_runs(
+            lambda rng: tuple(loop.generate(prompt, TOKENS, policy("marginal", rule), rng, SAMPLING).tokens)))
+
+    want = recomputed_law(target, prompt, TOKENS, VOCAB, SAMPLING)
+    assert law_error(law(honest), want) < TOL
+    assert law_error(law(decoder), want) > 100 * TOL
 
 
 def test_the_drafted_trees_are_what_the_rule_says():

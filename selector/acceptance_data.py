@@ -1,0 +1,90 @@
+"""The dense per-node data set as arrays, split by prompt: what the acceptance model trains and is scored on.
+
+A dense data set (data_gen/dense_collection.py) holds one row per node: the draft's final hidden state there, its
+entropy and top probability, the node's depth, the sampling temperature, the prompt and its category, and the label
+β = 1 − TV(p, q). :func:`load_dense` reads the columns the model needs; :func:`split_by_prompt` keeps every node of a
+prompt in one split, since nodes of one continuation are far from independent.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SCALAR_INPUTS = ("entropy", "top1", "depth", "temperature")  # the order of the model's scalar input
+
+
+@dataclass
+class DenseArrays:
+    """Every node of a dense data set (or a subset).
+
+    Attributes:
+        hidden: ``(N, H)`` float32 the draft's final hidden state at each node.
+        scalars: ``(N, 4)`` float32 entropy (nats), top probability, depth, temperature (:data:`SCALAR_INPUTS`).
+        beta: ``(N,)`` float32 1 − TV(p, q), the label.
+        prompts: ``(N,)`` prompt ids; categories: ``(N,)`` their categories.
+    """
+
+    hidden: np.ndarray
+    scalars: np.ndarray
+    beta: np.ndarray
+    prompts: np.ndarray
+    categories: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.beta)
+
+    def take(self, rows: np.ndarray) -> DenseArrays:
+        return DenseArrays(self.hidden[rows], self.scalars[rows], self.beta[rows], self.prompts[rows],
+                           self.categories[rows])
+
+
+def read_dense_metadata(folder: str | Path) -> dict:
+    """``dense.json`` of a dense data set; ValueError when ``folder`` holds none."""
+    path = Path(folder) / "dense.json"
+    if not path.is_file():
+        raise ValueError(f"{folder}: not a dense data set (no dense.json; ddte dense-labels writes one)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_dense(folder: str | Path) -> tuple[dict, DenseArrays]:
+    """(metadata, every node) of a dense data set; ValueError for a folder without one or without shards."""
+    import pyarrow.parquet as pq
+
+    metadata = read_dense_metadata(folder)
+    shards = sorted(Path(folder).glob("dense-*.parquet"))
+    if not shards:
+        raise ValueError(f"{folder}: no dense-*.parquet shards yet")
+    columns = ["prompt_id", "category", "temperature", "depth", "draft_hidden", "entropy", "top1", "beta"]
+    tables = [pq.read_table(path, columns=columns) for path in shards]
+    hidden = np.concatenate([np.stack(t.column("draft_hidden").to_numpy(zero_copy_only=False)) for t in tables])
+    scalars = np.stack([np.concatenate([t.column(name).to_numpy() for t in tables]).astype(np.float32)
+                        for name in ("entropy", "top1", "depth", "temperature")], axis=1)
+    beta = np.concatenate([t.column("beta").to_numpy() for t in tables]).astype(np.float32)
+    prompts = np.concatenate([np.asarray(t.column("prompt_id").to_pylist(), dtype=object) for t in tables])
+    categories = np.concatenate([np.asarray(t.column("category").to_pylist(), dtype=object) for t in tables])
+    return metadata, DenseArrays(hidden.astype(np.float32), scalars, beta, prompts, categories)
+
+
+def split_by_prompt(prompts: np.ndarray, val_fraction: float, test_fraction: float, seed: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(train, val, test) row indices, whole prompts to each split (at least one prompt each where there are three).
+
+    Raises:
+        ValueError: fewer than three prompts, or fractions that leave no training prompt.
+    """
+    if not (0 < val_fraction < 1 and 0 < test_fraction < 1) or val_fraction + test_fraction >= 1:
+        raise ValueError(f"val_fraction {val_fraction} and test_fraction {test_fraction}: each in (0, 1), sum < 1")
+    unique = np.array(sorted(set(prompts.tolist())), dtype=object)
+    if len(unique) < 3:
+        raise ValueError(f"{len(unique)} prompts: a split by prompt needs at least 3")
+    order = unique[np.random.default_rng(seed).permutation(len(unique))]
+    n_val = max(1, round(val_fraction * len(unique)))
+    n_test = max(1, round(test_fraction * len(unique)))
+    if n_val + n_test >= len(unique):
+        raise ValueError(f"{len(unique)} prompts leave none to train on after the validation and test splits")
+    val, test, train = order[:n_val], order[n_val:n_val + n_test], order[n_val + n_test:]
+    return tuple(np.flatnonzero(np.isin(prompts, part)) for part in (train, val, test))

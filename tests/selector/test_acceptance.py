@@ -1,0 +1,130 @@
+"""The acceptance model (selector/acceptance*.py, `ddte acceptance`) and the expander built on it: trained with
+Lightning on dense labels of prompts the tree collection never used, its ONNX file computes the torch model, it starts
+from the scalars alone, an expander fitted with it embeds its graph and decodes on its pair reading the draft's hidden
+states only, and a model trained on the collection's own prompts is refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from ddte.cli import main
+from tests.factories import COLLECT_PROMPTS
+
+OTHER_PROMPTS = ["while True:\n    break\n", "def mul(a, b):\n    return a * b\n", "y = {'a': 1}\n",
+                 "print('hello')\n", "import sys\nprint(sys.argv)\n", "z = (1, 2)\nprint(z)\n"]
+
+
+def _dense(pair, folder, first_prompt: int, count: int):
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in COLLECT_PROMPTS + OTHER_PROMPTS))
+    out = folder / "dense"
+    assert main(["dense-labels", "--pair", str(pair / "pair.yaml"), "--prompts", str(prompts), "--first-prompt",
+                 str(first_prompt), "--num-prompts", str(count), "--continuations", "3", "--length", "10",
+                 "--temperature", "0.7", "1.0", "--kernels", "default", "--no-progress", "--output", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def dense_after_collection(tiny_pair, tmp_path_factory):
+    """Dense labels on six prompts after the five the tiny collection used (ids 5..10)."""
+    return _dense(tiny_pair, tmp_path_factory.mktemp("dense"), len(COLLECT_PROMPTS), len(OTHER_PROMPTS))
+
+
+@pytest.fixture(scope="module")
+def acceptance_file(dense_after_collection, tmp_path_factory):
+    from selector.acceptance_train import load_acceptance_config, train_acceptance
+
+    folder = tmp_path_factory.mktemp("acceptance")
+    config = load_acceptance_config(None, [f"data.data_dir={dense_after_collection}", "trainer.max_epochs=3",
+                                           f"run.output={folder / 'a.onnx'}", "model.width=8", "run.progress=false",
+                                           f"run.tracking_uri=sqlite:///{folder / 'mlflow.db'}",
+                                           "data.val_fraction=0.2", "data.test_fraction=0.2"])
+    return train_acceptance(config), folder
+
+
+def test_the_model_is_trained_scored_and_exported_with_its_parity(acceptance_file, dense_after_collection):
+    import onnx
+    import onnxruntime as ort
+
+    from selector.acceptance_data import load_dense
+    from selector.acceptance_train import format_acceptance, node_vectors
+
+    result, folder = acceptance_file
+    assert result.parity < 1e-4 and result.call_us > 0
+    assert set(result.test) >= {"model/r2", "entropy/r2", "model/calibration_error"}
+    table = format_acceptance(result)
+    assert "| acceptance model |" in table and "entropy alone (isotonic)" in table
+    props = {p.key: p.value for p in onnx.load(str(result.path)).metadata_props}
+    assert np.allclose(json.loads(props["ddte.acceptance.temperatures"]), [0.7, 1.0])
+    assert set(json.loads(props["ddte.acceptance.fit_prompts"])) == {str(i) for i in range(5, 11)}
+    _, arrays = load_dense(dense_after_collection)
+    session = ort.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
+    beta = session.run(None, {"node": node_vectors(arrays)})[0]
+    assert beta.shape == (len(arrays), 2) and ((beta > 0) & (beta < 1)).all()
+    # the MLflow run holds the curves, the test figures and the calibration plot
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    run = client.get_run(result.run_id)
+    assert {"train/loss", "val/loss", "test/model/r2", "parity_max_abs"} <= set(run.data.metrics)
+    assert {a.path for a in client.list_artifacts(result.run_id, "plots")} == {"plots/calibration.png"}
+    assert run.inputs.dataset_inputs  # the data set is the run's input
+
+
+def test_an_untrained_net_is_the_scalar_model_the_hidden_state_adds_to():
+    from selector.acceptance import AcceptanceNet
+
+    net = AcceptanceNet(16, width=8).eval()
+    scalars = torch.tensor([[1.2, 0.6, 2.0, 1.0]]).expand(5, 4)
+    out = net(torch.randn(5, 16), scalars)
+    assert torch.allclose(out, out[:1].expand(5))  # the residual starts at zero: only the scalars count
+
+
+def test_an_expander_on_the_model_embeds_it_and_decodes_reading_draft_states_only(acceptance_file, tiny_collected,
+                                                                                 tiny_pair, tmp_path):
+    from decode.drafting.rng import TorchRandom
+    from decode.drafting.sampling import SamplingConfig
+    from decode.engine import Request, SpeculativeDecoder
+    from decode.pair import load_pair_config
+    from decode.policies.expander import ExpanderPolicy
+    from decode.policies.expander_file import read_expander_metadata
+    from decode.verifiers import get_verifier
+    from selector.expander import fit_expander, write_expander
+
+    result, _ = acceptance_file
+    fitted = fit_expander(tiny_collected, "traversal", folds=2, min_gain=-1.0, signals=["marginal"],
+                          acceptance=result.path)
+    path = tmp_path / "expander.onnx"
+    write_expander(fitted, path)
+    meta = read_expander_metadata(path)
+    assert meta.head_inputs == "node" and [r.signal for r in meta.rules] == ["marginal", "marginal"]
+    assert all({"acceptance", "marginal", "entropy"} <= set(r.offline) and r.chain_ms for r in meta.rules)
+    pair = load_pair_config(tiny_pair / "pair.yaml")
+    policy = ExpanderPolicy.for_pair(path, "traversal", pair)
+    started = Request.start(policy, TorchRandom(0), SamplingConfig(0.7))
+    assert started.draft_hidden and not started.features  # no root features, no target states
+    decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier("traversal"), pair.eos_token_id)
+    generation = decoder.generate([5, 6, 7, 8], 24, policy, TorchRandom(0), SamplingConfig(0.7))
+    assert generation.stats.new_tokens == 24 and generation.stats.network_seconds
+
+
+def test_a_model_trained_on_the_collections_prompts_is_refused(acceptance_file, tiny_collected, tiny_pair,
+                                                                tmp_path, capsys):
+    from selector.acceptance_train import load_acceptance_config, train_acceptance
+
+    seen = _dense(tiny_pair, tmp_path, 0, 4)  # ids 0..3: the collection's own prompts
+    config = load_acceptance_config(None, [f"data.data_dir={seen}", "trainer.max_epochs=1", "model.width=4",
+                                           f"run.output={tmp_path / 'seen.onnx'}", "run.progress=false",
+                                           f"run.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    path = train_acceptance(config).path
+    capsys.readouterr()
+    out = tmp_path / "e.onnx"
+    assert main(["expander", "--data", str(tiny_collected), "--verifier", "traversal", "--acceptance", str(path),
+                 "--output", str(out), "--no-mlflow", "--folds", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "trained on 4 of the collection's prompts" in err and len(err.splitlines()) == 1
+    assert not out.exists()
