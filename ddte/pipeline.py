@@ -77,6 +77,9 @@ class ExpanderStage:
     enabled: bool = True  # fit and bench an expander per verifier (needs a collection with trunk states)
     folds: int = 5  # prompt folds of the cross-fitting that chooses each configuration's rule
     min_gain: float = 0.01  # offline gain over the best static tree a rule needs (else the expander stays static)
+    # an acceptance model (ddte acceptance) trained on other prompts than the collection's: adds its β̂ and the
+    # marginal rule on it to the signals, and the expanders embed its graph
+    acceptance: str | None = None
 
 
 @dataclass
@@ -162,6 +165,8 @@ def plan_pipeline(config: PipelineConfig, resume: bool = False) -> PipelinePlan:
     if config.expander.folds < 2 or not 0.0 <= config.expander.min_gain < 1.0:
         raise ValueError(f"expander: folds must be >= 2 and min_gain in [0, 1), got {config.expander.folds} and "
                          f"{config.expander.min_gain}")
+    if config.expander.acceptance and not Path(config.expander.acceptance).is_file():
+        raise ValueError(f"expander.acceptance: no file {config.expander.acceptance}")
     return PipelinePlan(config, collect, train_config)
 
 
@@ -499,7 +504,8 @@ def _fit_expanders(stage: ExpanderStage, out: Path, data_dir: Path, verifiers: l
     fitted = {}
     for verifier in verifiers:
         try:
-            expander = fit_expander(data_dir, verifier, stage.folds, stage.min_gain, progress=print)
+            expander = fit_expander(data_dir, verifier, stage.folds, stage.min_gain, progress=print,
+                                    acceptance=stage.acceptance)
         except ValueError as err:
             print(f"expander {verifier}: not fitted ({err})")
             continue

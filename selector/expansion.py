@@ -87,11 +87,19 @@ class _Index:
 
 def rule_throughput(data: EpisodeData, signal: np.ndarray, rule: Rule, index: _Index) -> tuple[float, float]:
     """(roots, Σ ms per token) of a rule over every episode (:func:`_episode_sums`)."""
+    terms, _ = rule_terms(data, signal, rule, index)
+    return float(len(terms)), float(terms.sum())
+
+
+def rule_terms(data: EpisodeData, signal: np.ndarray, rule: Rule, index: _Index) -> tuple[np.ndarray, np.ndarray]:
+    """(``(N,)`` each root's ms per token under ``rule``, ``(N, s)`` the action column each episode drafts): each
+    root's Ê and T̂ averaged over its trees, as :func:`_episode_sums` combines them."""
     depth = halting_depth(signal, rule.theta, rule.floor, rule.cap)  # (N, s)
     columns = _columns(index, rule, depth)
     rows = np.arange(len(data.be))[:, None]
     trees = np.arange(data.be.shape[1])[None, :]
-    return _episode_sums(data.be[rows, trees, columns], rule_step_ms(data, rule, depth, columns))
+    step = rule_step_ms(data, rule, depth, columns)
+    return time_per_token(np.nanmean(data.be[rows, trees, columns], axis=1), step.mean(axis=1)), columns
 
 
 def rule_step_ms(data: EpisodeData, rule: Rule, depth: np.ndarray, columns: np.ndarray) -> np.ndarray:
@@ -227,16 +235,22 @@ def folds_by_prompt(prompts: np.ndarray, folds: int, seed: int = 0) -> list[np.n
 
 
 def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5,
-                       root_choice: np.ndarray | None = None, extra: dict[str, np.ndarray] | None = None) -> dict:
+                       root_choice: np.ndarray | None = None, extra: dict[str, np.ndarray] | None = None,
+                       groups: np.ndarray | None = None) -> dict:
     """Cross-fitted stream-throughput ratios to the best static action of: the rules on ``top``, ``entropy``,
     ``learned`` β̂, exact ``beta`` and each of ``extra`` (``(N, s, D)`` signals computed without these roots'
     labels, e.g. by an acceptance model trained on other prompts: only their rules are fitted per fold), a root-time
     choice (``root_choice``, ``(N,)`` action indices, if given; -1
     leaves a root out, and ``root_time`` is then the ratio to the static action on the roots left in, counted in
     ``root_time_roots``) and the per-tree oracle (hindsight, for scale). Also the correlation of each signal with β
-    on the scored nodes."""
+    on the scored nodes, each rule's share of episodes that draft another tree than the fold's static one
+    (``leaves_static``), and with ``groups`` (``(N,)`` a label per root, e.g. its prompt's category) every ratio per
+    group (``by_group``: each group's roots scored by the rules fitted on the other folds, against the same static)."""
     index = _Index(data.actions)
+    canonical = np.array([a.canonical().key for a in data.actions], dtype=object)
     totals: dict[str, list[float]] = {}
+    by_group: dict[str, dict[str, list[float]]] = {}
+    leaves: dict[str, list[float]] = {}
     signals_all: dict[str, list[np.ndarray]] = {"top": [], "learned": [], "beta": [], **{k: [] for k in extra or {}}}
     rules_seen: dict[str, list[str]] = {}
     for test_rows in folds_by_prompt(data.prompts, folds):
@@ -244,6 +258,9 @@ def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5
         train, test = data.take(train_rows), data.take(test_rows)
         static = static_best(train)
         _add(totals, "static", _static_sums(test, static))
+        test_groups = None if groups is None else groups[test_rows]
+        _add_groups(by_group, test_groups, "static", time_per_token(np.nanmean(test.be[:, :, static], axis=1),
+                                                                    test.step[:, static]))
         head = fit_beta_head(train)
         learned_train = out_of_fold_beta(train)
         signals = {
@@ -254,9 +271,12 @@ def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5
             **{name: (values[train_rows], values[test_rows]) for name, values in (extra or {}).items()},
         }
         for name, (fit_on, score_on) in signals.items():
-            rule, sums = _fold_rule(train, test, fit_on, score_on, l_max, k_max, index)
+            rule = best_rule(train, fit_on, candidate_rules(fit_on, l_max, k_max), index)
+            terms, columns = rule_terms(test, score_on, rule, index)
             rules_seen.setdefault(name, []).append(rule.describe())
-            _add(totals, name, sums)
+            _add(totals, name, (float(len(terms)), float(terms.sum())))
+            _add_groups(by_group, test_groups, name, terms)
+            _add(leaves, name, (float((canonical[columns] != canonical[static]).sum()), float(columns.size)))
             if name in signals_all:
                 signals_all[name].append(score_on)
         if root_choice is not None:
@@ -276,7 +296,21 @@ def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5
     out["corr_with_beta"] = {name: float(np.corrcoef(np.concatenate([s.reshape(-1) for s in parts]), beta_true)[0, 1])
                              for name, parts in signals_all.items() if name not in ("beta", "beta_true")}
     out["rules"] = rules_seen
+    out["leaves_static"] = {name: left / episodes for name, (left, episodes) in leaves.items()}
+    if groups is not None:
+        out["by_group"] = {group: {name: (n / t) / (sums["static"][0] / sums["static"][1])
+                                   for name, (n, t) in sums.items() if name != "static"} | {"roots": sums["static"][0]}
+                           for group, sums in sorted(by_group.items())}
     return out
+
+
+def _add_groups(by_group: dict, groups: np.ndarray | None, name: str, terms: np.ndarray) -> None:
+    """Add each group's (roots, Σ ms per token) of ``terms`` ``(N,)`` under ``name``."""
+    if groups is None:
+        return
+    for group in np.unique(groups):
+        mask = groups == group
+        _add(by_group.setdefault(str(group), {}), name, (float(mask.sum()), float(terms[mask].sum())))
 
 
 def signal_ratios(data: EpisodeData, signals: dict[str, np.ndarray], l_max: int, k_max: int,

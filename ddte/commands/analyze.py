@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--selector", action="append", default=[], metavar="VERIFIER=FILE.onnx",
                         help="a root-time selector to compare with (repeatable)")
     parser.add_argument("--folds", type=int, default=5, help="prompt folds of the cross-fitting (--expansion)")
+    parser.add_argument("--acceptance", default=None, metavar="FILE.onnx",
+                        help="an acceptance model (ddte acceptance) trained on other prompts: adds the rules on its "
+                             "β̂ and the marginal rule on it to the expansion table (--expansion)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else folder / "analysis"
     with user_errors(prefix="--output: "):
         refuse_file_in_the_way(out)  # before any work: the analysis would be lost at the end
-    if args.selector and not args.expansion:
-        raise UserError("--selector scores a root-time selector in the expansion table: give --expansion as well")
+    if (args.selector or args.acceptance) and not args.expansion:
+        raise UserError("--selector and --acceptance score policies in the expansion table: give --expansion as well")
     if args.expansion:  # checked before any work, so a bad one leaves no analysis behind
         if args.folds < 2:
             raise UserError("--folds must be >= 2")
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.expansion:  # before anything is written: a selector it cannot read leaves no half of the analysis
         with user_errors():
             expansion = expansion_report(folder, metadata, dict(item.split("=", 1) for item in args.selector),
-                                         args.folds)
+                                         args.folds, args.acceptance, categories)
     print(format_report(result))
     print(format_findings(result["findings"]))
     if expansion is not None:
@@ -92,28 +95,57 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def expansion_report(folder: Path, metadata: dict, selectors: dict[str, str], folds: int) -> tuple[str, dict]:
-    """The per-node expansion table (markdown) for the verifiers with a root-time selector, or all verifiers."""
+def expansion_report(folder: Path, metadata: dict, selectors: dict[str, str], folds: int,
+                     acceptance: str | None = None, categories: dict[str, str] | None = None) -> tuple[str, dict]:
+    """The per-node expansion table (markdown) for the verifiers with a root-time selector, or all verifiers; with
+    ``acceptance``, the rules on an acceptance model's β̂ and the marginal rule on it as well; with ``categories``
+    (prompt id → category), a table per category and the share of episodes each rule takes off the static tree."""
+    import numpy as np
+
+    from selector.expander import AcceptanceFile
     from selector.expansion import evaluate_expansion, load_episodes, selector_root_choices
 
     verifiers = list(selectors) or list(metadata["verifiers"])
+    extra_names = ["acceptance", "marginal"] if acceptance else []
     lines = ["| T | verifier | best static | root-time selector | top-probability rule | entropy rule | learned "
-             "per-node | exact-β rule (oracle) | per-tree oracle (hindsight) | corr(top, β) | corr(learned, β) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    result = {}
+             "per-node | " + "".join(f"{name} rule | " for name in extra_names) + "exact-β rule (oracle) | "
+             "per-tree oracle (hindsight) | corr(top, β) | corr(learned, β) |"
+             + ("corr(acceptance, β) |" if acceptance else ""),
+             "|---|---|" + "---:|" * (9 + 3 * bool(acceptance))]
+    result, model = {}, None
     for verifier in verifiers:
         _, episodes, rows = load_episodes(folder, verifier)
+        if acceptance and model is None:
+            prompts = {str(p) for data in episodes.values() for p in data.prompts.tolist()}
+            model = AcceptanceFile(acceptance, metadata["pair"]["fingerprint"],
+                                   int(metadata["hidden_sizes"]["draft_hidden_root"]), prompts)
         choices = selector_root_choices(selectors[verifier], folder, verifier) if verifier in selectors else None
         for c, data in episodes.items():
             root = None if choices is None else choices[rows[c]]
-            r = evaluate_expansion(data, metadata["l_max"], metadata["k_max"], folds, root)
-            result[f"{verifier}/T{metadata['sampling'][c]['temperature']:g}"] = r
+            temperature = metadata["sampling"][c]["temperature"]
+            extra = model.signals(data, float(temperature)) if model else None
+            groups = None if categories is None else np.array([categories.get(str(p), "?") for p in data.prompts])
+            r = evaluate_expansion(data, metadata["l_max"], metadata["k_max"], folds, root, extra, groups)
+            result[f"{verifier}/T{temperature:g}"] = r
             root_text = ("-" if root is None or not r["root_time_roots"]
                          else f"{r['root_time']:.3f} ({r['root_time_roots']} roots)")
-            lines.append(f"| {metadata['sampling'][c]['temperature']:g} | {verifier} | 1.000 | {root_text} | "
-                         f"{r['top']:.3f} | {r['entropy']:.3f} | {r['learned']:.3f} | {r['beta']:.3f} | "
-                         f"{r['oracle']:.3f} | {r['corr_with_beta']['top']:.2f} | "
-                         f"{r['corr_with_beta']['learned']:.2f} |")
+            lines.append(f"| {temperature:g} | {verifier} | 1.000 | {root_text} | "
+                         f"{r['top']:.3f} | {r['entropy']:.3f} | {r['learned']:.3f} | "
+                         + "".join(f"{r[name]:.3f} | " for name in extra_names)
+                         + f"{r['beta']:.3f} | {r['oracle']:.3f} | {r['corr_with_beta']['top']:.2f} | "
+                         f"{r['corr_with_beta']['learned']:.2f} |"
+                         + (f" {r['corr_with_beta']['acceptance']:.2f} |" if acceptance else ""))
+    rules = ["top", "entropy", "learned", *extra_names, "beta"]
+    lines += ["", "Share of episodes each rule drafts another tree than the static one on: "
+              + "; ".join(f"{key}: " + ", ".join(f"{name} {r['leaves_static'][name]:.0%}" for name in rules)
+                          for key, r in result.items())]
+    if categories is not None:
+        lines += ["", "| verifier/T | category | roots | " + " | ".join(rules) + " |",
+                  "|---|---|---:|" + "---:|" * len(rules)]
+        for key, r in result.items():
+            for category, g in r["by_group"].items():
+                lines.append(f"| {key} | {category} | {g['roots']:.0f} | "
+                             + " | ".join(f"{g[name]:.3f}" for name in rules) + " |")
     if selectors:
         lines += ["", "The root-time selector is scored only on the roots of prompts it was not fitted on (its "
                   "`fit_prompts`), against the best static action on the same roots."]

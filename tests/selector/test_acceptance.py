@@ -128,3 +128,14 @@ def test_a_model_trained_on_the_collections_prompts_is_refused(acceptance_file, 
     err = capsys.readouterr().err.strip()
     assert "trained on 4 of the collection's prompts" in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+def test_analyze_scores_the_rules_on_the_model_beside_the_others(acceptance_file, tiny_collected, tmp_path, capsys):
+    result, _ = acceptance_file
+    assert main(["analyze", "--data", str(tiny_collected), "--expansion", "--acceptance", str(result.path),
+                 "--folds", "2", "--output", str(tmp_path / "analysis")]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0.7 | traversal")]
+    assert len(table) == 1 and len(table[0].split("|")) == 16  # 14 columns: the two rules and a correlation added
+    expansion = json.loads((tmp_path / "analysis" / "expansion.json").read_text())
+    assert {"acceptance", "marginal"} <= set(expansion["traversal/T0.7"])
+    assert main(["analyze", "--data", str(tiny_collected), "--acceptance", str(result.path)]) == 2

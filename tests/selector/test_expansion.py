@@ -61,6 +61,30 @@ def test_an_informative_draft_confidence_is_exploited_and_noise_is_not():
     assert noise["corr_with_beta"]["top"] == pytest.approx(0.0, abs=0.1)
 
 
+def test_rules_are_scored_per_group_and_count_the_episodes_that_leave_the_static_tree():
+    informative, noise = _episodes(True, roots=400), _episodes(False, roots=400, seed=1)
+    both = EpisodeData(*(np.concatenate([getattr(informative, f), getattr(noise, f)]) for f in (
+        "be", "step", "prompts", "top", "entropy", "beta", "features", "trunk_pass_ms")), informative.actions)
+    both.prompts = np.concatenate([informative.prompts, noise.prompts + 1000])
+    groups = np.array(["confident"] * 400 + ["noise"] * 400)
+    out = evaluate_expansion(both, L_MAX, K_MAX, folds=4, groups=groups)
+    # one rule fitted on both groups: it gains where the draft's confidence means something, and only there
+    assert out["by_group"]["confident"]["top"] > 1.05 and out["by_group"]["confident"]["roots"] == 400
+    assert out["by_group"]["noise"]["top"] < out["by_group"]["confident"]["top"] - 0.05
+    assert out["by_group"]["noise"]["beta"] > 1.1  # the exact β wins on both: the planted β is there too
+    assert 0.0 < out["leaves_static"]["top"] < 1.0 and out["leaves_static"]["beta"] > 0.3
+
+
+def test_the_marginal_rule_on_an_exact_beta_halts_where_the_oracle_does():
+    from decode.policies.expander_file import marginal_gain
+    from selector.expander import chain_times
+
+    data = _episodes(True)
+    marginal = marginal_gain(data.beta, chain_times(data)[:, None, :])
+    out = evaluate_expansion(data, L_MAX, K_MAX, folds=4, extra={"marginal": marginal})
+    assert out["marginal"] > 1.1 and out["marginal"] == pytest.approx(out["oracle"], rel=0.02)
+
+
 def test_a_chain_stopped_below_its_cap_pays_the_pass_that_looked_at_its_last_node():
     data = _episodes(True, roots=8, pass_ms=0.5)
     index = _Index(data.actions)
