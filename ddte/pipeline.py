@@ -42,7 +42,7 @@ from data_gen.config import CollectConfig, load_collect_config
 from ddte.pipeline_results import results_markdown
 from ddte_core.paths import refuse_file_in_the_way
 from ddte_core.yamlconfig import load_yaml_config
-from decode.drafting.sampling import SamplingConfig
+from decode.drafting.sampling import SamplingConfig, nearest_setting
 from decode.policies.selector_file import read_selector_metadata
 from selector.train import TrainConfig, TrainResult, load_train_config, train
 
@@ -367,7 +367,8 @@ def static_candidates(metadata, sampling: list[SamplingConfig], ranking: dict[in
 
     out = {}
     for temperature in temperatures:
-        nearest = min(range(len(sampling)), key=lambda i: abs(sampling[i].temperature - temperature), default=None)
+        nearest = nearest_setting(range(len(sampling)), temperature,
+                                  setting=lambda i: (sampling[i].temperature, sampling[i].top_p)) if sampling else None
         runners_up = ranking.get(nearest, []) if nearest is not None else []
         out[temperature] = distinct_trees([metadata.fallback_for(temperature, 1.0).action, *runners_up], count)
     return out

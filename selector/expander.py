@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from decode.drafting.sampling import nearest_setting
 from decode.policies.expander_file import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -98,7 +99,8 @@ class AcceptanceFile:
 
     def column(self, temperature: float) -> int:
         """The output column of the temperature nearest ``temperature``."""
-        return int(np.argmin([abs(t - temperature) for t in self.temperatures]))
+        return nearest_setting(range(len(self.temperatures)), temperature,
+                               setting=lambda i: (self.temperatures[i], 1.0))
 
     def beta(self, data: EpisodeData, temperature: float) -> np.ndarray:
         """``(N, s, D)`` β̂ at every trunk node of ``data``."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ddte_core.paths import staged_file
 from decode.drafting.actions import Action
-from decode.drafting.sampling import SamplingConfig, nearest_note
+from decode.drafting.sampling import SamplingConfig, nearest_note, nearest_setting
 from decode.policies.base import Policy, StaticPolicy
 from decode.policies.guard import StaticProfile
 from decode.policies.latency import LatencyTable
@@ -78,7 +78,7 @@ class Deployment:
 
     def choice_for(self, verifier: str, temperature: float, top_p: float) -> Choice:
         """The choice of this verifier at the nearest measured sampling configuration."""
-        return min(self.choices_of(verifier), key=lambda c: (abs(c.temperature - temperature), abs(c.top_p - top_p)))
+        return nearest_setting(self.choices_of(verifier), temperature, top_p)
 
     def policy_for(self, verifier: str, pair, machine: LatencyTable | None = None) -> DeployedPolicy:
         """The policy this file chooses for ``verifier`` on ``pair``, at any sampling configuration; every choice's

@@ -37,7 +37,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 import numpy as np
 
 from decode.drafting.actions import Action
-from decode.drafting.sampling import SamplingConfig
+from decode.drafting.sampling import SamplingConfig, nearest_setting
 from decode.policies.features import FEATURE_SCHEMA_VERSION, SCALAR_NAMES
 from decode.policies.guard import RuleProfile, StaticProfile
 from decode.policies.latency import LatencyTable
@@ -202,8 +202,7 @@ class ExpanderMetadata:
 
     def rule_for(self, sampling: SamplingConfig) -> NodeRule:
         """The rule of the configuration nearest ``sampling``."""
-        return min(self.rules, key=lambda r: (abs(r.temperature - sampling.temperature),
-                                              abs(r.top_p - sampling.top_p)))
+        return nearest_setting(self.rules, sampling.temperature, sampling.top_p)
 
     def measured_sampling(self) -> list[SamplingConfig]:
         return [r.sampling for r in self.rules]

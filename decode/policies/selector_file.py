@@ -22,7 +22,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-from decode.drafting.sampling import SamplingConfig
+from decode.drafting.sampling import SamplingConfig, nearest_setting
 from decode.policies.features import FEATURE_SCHEMA_VERSION, HIDDEN_NAMES, SCALAR_NAMES
 from decode.policies.guard import StaticProfile
 
@@ -88,7 +88,7 @@ class SelectorMetadata:
         """The guard of the sampling configuration nearest to (temperature, top_p)."""
         if not self.fallbacks:
             raise SelectorFileError("the selector has no fallback action")
-        return min(self.fallbacks, key=lambda f: (abs(f.temperature - temperature), abs(f.top_p - top_p)))
+        return nearest_setting(self.fallbacks, temperature, top_p)
 
     def measured_sampling(self) -> list[SamplingConfig]:
         """The sampling configurations the guards were fitted at (the others use the nearest)."""
