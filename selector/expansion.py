@@ -445,7 +445,10 @@ def selector_root_choices(path, folder, verifier: str) -> np.ndarray:
 
     session = policy_session(path, "selector")
     meta = SelectorMetadata.from_props(dict(session.get_modelmeta().custom_metadata_map), str(path))
-    sampling = read_metadata(folder)["sampling"]
+    collected = read_metadata(folder)
+    # the decoder's own check: another verifier, pair or hidden sizes is refused in one line, before any run
+    meta.check_compatible(str(path), verifier, collected["hidden_sizes"], collected["pair"]["fingerprint"])
+    sampling = collected["sampling"]
     table = _read_table(folder, [*HIDDEN_NAMES, "scalars", "step_ms", "sampling_index", "prompt_id",
                                  label_column(verifier)])
     feeds = {name: _list_column(table, name) for name in (*HIDDEN_NAMES, "scalars")}

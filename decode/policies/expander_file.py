@@ -30,9 +30,9 @@ fills it and the decoder reads it back.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from decode.drafting.sampling import SamplingConfig, nearest_setting
 from decode.policies.features import FEATURE_SCHEMA_VERSION, SCALAR_NAMES
 from decode.policies.guard import RuleProfile, StaticProfile
 from decode.policies.latency import LatencyTable
+from decode.policies.policy_file import PolicyFileMetadata, read_props
 
 INPUT_NAME = "node"
 OUTPUT_NAME = "beta"
@@ -179,8 +180,14 @@ class NodeRule:
 
 
 @dataclass
-class ExpanderMetadata:
-    """Everything a decoder needs besides the head's weights; serialised to ONNX ``metadata_props``."""
+class ExpanderMetadata(PolicyFileMetadata):
+    """Everything a decoder needs besides the head's weights; serialised to ONNX ``metadata_props``
+    (decode/policies/policy_file.py)."""
+
+    PREFIX: ClassVar[str] = PREFIX
+    ERROR: ClassVar[type[ValueError]] = ExpanderFileError
+    NOUN: ClassVar[str] = "expander"
+    MADE: ClassVar[str] = "fitted"
 
     verifier: str
     draft_hidden: int
@@ -207,27 +214,12 @@ class ExpanderMetadata:
     def measured_sampling(self) -> list[SamplingConfig]:
         return [r.sampling for r in self.rules]
 
-    def to_props(self) -> dict[str, str]:
-        """ONNX ``metadata_props``: every value a string; lists and dicts as JSON."""
-        return {PREFIX + name: value if isinstance(value, str) else json.dumps(value)
-                for name, value in asdict(self).items()}
-
     @classmethod
     def from_props(cls, props: dict[str, str], where: str = "expander") -> ExpanderMetadata:
         """Rebuild from ``metadata_props``; ExpanderFileError names what is missing or malformed."""
         if PREFIX + "rules" not in props:
             raise ExpanderFileError(f"{where}: not a ddte expander (no {PREFIX}rules in its metadata)")
-        values = {}
-        for f in fields(cls):
-            key = PREFIX + f.name
-            if key not in props and f.default is MISSING and f.default_factory is MISSING:
-                raise ExpanderFileError(f"{where}: metadata lacks {key}")
-            if key not in props:  # a field added since the file was written: its default
-                continue
-            try:
-                values[f.name] = props[key] if f.type == "str" else json.loads(props[key])
-            except json.JSONDecodeError as err:
-                raise ExpanderFileError(f"{where}: metadata {key} is not JSON") from err
+        values = cls.values_from_props(props, where)  # a field added since the file was written: its default
         if values["metadata_version"] != METADATA_VERSION:
             raise ExpanderFileError(f"{where}: expander metadata version {values['metadata_version']}, this decoder "
                                     f"reads {METADATA_VERSION}")
@@ -244,24 +236,12 @@ class ExpanderMetadata:
 
     def check_compatible(self, where: str, verifier: str, draft_hidden: int, pair_fingerprint: str | None) -> None:
         """Refuse an expander fitted for another feature schema, verifier, draft or pair."""
-        if self.feature_schema != FEATURE_SCHEMA_VERSION or list(self.scalar_names) != list(SCALAR_NAMES):
-            raise ExpanderFileError(f"{where}: fitted on feature schema {self.feature_schema} ({self.scalar_names}), "
-                                    f"this decoder computes {FEATURE_SCHEMA_VERSION} ({list(SCALAR_NAMES)})")
-        if self.verifier != verifier:
-            raise ExpanderFileError(f"{where}: fitted for verifier '{self.verifier}', not '{verifier}' (one expander "
-                                    "per verifier)")
+        self.check_schema_verifier_pair(where, verifier, pair_fingerprint)
         if self.draft_hidden != int(draft_hidden):
             raise ExpanderFileError(f"{where}: fitted on a draft of hidden size {self.draft_hidden}, this draft has "
                                     f"{draft_hidden}")
-        if pair_fingerprint is not None and self.pair_fingerprint != pair_fingerprint:
-            stored = self.pair_fingerprint or "none"
-            raise ExpanderFileError(f"{where}: fitted on another pair (fingerprint {stored[:12]}…, this pair "
-                                    f"{pair_fingerprint[:12]}…)")
 
 
 def read_expander_metadata(path) -> ExpanderMetadata:
     """The :class:`ExpanderMetadata` of an expander file, read with ``onnx`` (no inference session)."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    return ExpanderMetadata.from_props({p.key: p.value for p in model.metadata_props}, str(path))
+    return ExpanderMetadata.from_props(read_props(path), str(path))

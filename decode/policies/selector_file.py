@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 from decode.drafting.sampling import SamplingConfig, nearest_setting
 from decode.policies.features import FEATURE_SCHEMA_VERSION, HIDDEN_NAMES, SCALAR_NAMES
 from decode.policies.guard import StaticProfile
+from decode.policies.policy_file import PolicyFileMetadata, read_props
 
 INPUT_NAMES = (*HIDDEN_NAMES, "scalars")
 OUTPUT_NAME = "scores"
@@ -55,8 +57,14 @@ class Fallback:
 
 
 @dataclass
-class SelectorMetadata:
-    """Everything a decoder needs besides the weights; serialised to ONNX ``metadata_props`` as ``ddte.<field>``."""
+class SelectorMetadata(PolicyFileMetadata):
+    """Everything a decoder needs besides the weights; serialised to ONNX ``metadata_props`` as ``ddte.<field>``
+    (decode/policies/policy_file.py)."""
+
+    PREFIX: ClassVar[str] = PREFIX
+    ERROR: ClassVar[type[ValueError]] = SelectorFileError
+    NOUN: ClassVar[str] = "selector"
+    MADE: ClassVar[str] = "trained"
 
     actions: list[str]
     hidden_sizes: dict[str, int]
@@ -95,13 +103,13 @@ class SelectorMetadata:
         return [SamplingConfig(f.temperature, f.top_p) for f in self.fallbacks]
 
     def to_props(self) -> dict[str, str]:
-        """ONNX ``metadata_props``: every value a string, lists and dicts as JSON."""
-        out = {}
-        for name, value in asdict(self).items():
-            out[PREFIX + name] = value if isinstance(value, str) else json.dumps(value)
-        out[PREFIX + "decision"] = self.decision  # derived, written for readers of the file
-        out[PREFIX + "output"] = self.output
-        return out
+        """ONNX ``metadata_props``, with the derived decision and output written for readers of the file."""
+        return {**super().to_props(), PREFIX + "decision": self.decision, PREFIX + "output": self.output}
+
+    @classmethod
+    def required_fields(cls) -> set[str]:
+        """Every non-string field but the provenance added within version 2 (strings missing fail as malformed)."""
+        return {f.name for f in fields(cls) if f.type != "str" and f.name not in OPTIONAL_FIELDS}
 
     @classmethod
     def from_props(cls, props: dict[str, str], where: str = "selector") -> SelectorMetadata:
@@ -115,13 +123,7 @@ class SelectorMetadata:
                 "(files written before the never-lose guard carry no fallback action: retrain and re-export, "
                 "`ddte train` then `ddte export`)"
             )
-        values = {}
-        for f in fields(cls):
-            key = PREFIX + f.name
-            if key in props:
-                values[f.name] = props[key] if f.type == "str" else _json(props, f.name, where)
-            elif f.type != "str" and f.name not in OPTIONAL_FIELDS:  # provenance may be absent; the rest is required
-                raise SelectorFileError(f"{where}: metadata lacks {key}")
+        values = cls.values_from_props(props, where)
         try:
             values["fallbacks"] = [Fallback(**f) for f in values["fallbacks"]]
             meta = cls(**values)
@@ -134,22 +136,10 @@ class SelectorMetadata:
     def check_compatible(self, where: str, verifier: str, hidden_sizes: dict[str, int],
                          pair_fingerprint: str | None) -> None:
         """Refuse a selector made for another feature schema, pair, verifier or hidden sizes."""
-        if self.feature_schema != FEATURE_SCHEMA_VERSION:
-            raise SelectorFileError(
-                f"{where}: feature schema {self.feature_schema}, this decoder computes {FEATURE_SCHEMA_VERSION}")
-        if list(self.scalar_names) != list(SCALAR_NAMES):
-            raise SelectorFileError(
-                f"{where}: scalar features {self.scalar_names} differ from this decoder's {list(SCALAR_NAMES)}")
+        self.check_schema_verifier_pair(where, verifier, pair_fingerprint)
         if dict(self.hidden_sizes) != dict(hidden_sizes):
             raise SelectorFileError(f"{where}: trained on hidden sizes {self.hidden_sizes}, but this pair has "
                                     f"{dict(hidden_sizes)}")
-        if self.verifier != verifier:
-            raise SelectorFileError(
-                f"{where}: trained for verifier '{self.verifier}', not '{verifier}' (one selector per verifier)")
-        if pair_fingerprint is not None and self.pair_fingerprint != pair_fingerprint:
-            stored = self.pair_fingerprint or "none"
-            raise SelectorFileError(f"{where}: trained on another pair (fingerprint {stored[:12]}…, this pair "
-                                    f"{pair_fingerprint[:12]}…)")
         for fallback in self.fallbacks:
             if fallback.action not in self.actions:
                 raise SelectorFileError(f"{where}: fallback action {fallback.action} is not one of its actions")
@@ -173,7 +163,4 @@ def _json(props: dict[str, str], name: str, where: str):
 
 def read_selector_metadata(path) -> SelectorMetadata:
     """The :class:`SelectorMetadata` of an exported selector, read with ``onnx`` (no inference session)."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    return SelectorMetadata.from_props({p.key: p.value for p in model.metadata_props}, str(path))
+    return SelectorMetadata.from_props(read_props(path), str(path))

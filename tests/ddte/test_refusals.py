@@ -253,6 +253,16 @@ def test_analyze_refuses_a_truncated_selector(tiny_collected, tmp_path, capsys):
     assert "not a readable ONNX selector" in _one_line(capsys, "analyze")
 
 
+@pytest.mark.parametrize("verifier, message", [("traversal", "trained for verifier 'specinfer', not 'traversal'"),
+                                                ("specinfer", "trained on another pair")])
+def test_analyze_checks_a_selector_as_the_decoder_does(tiny_collected, tmp_path, capsys, verifier, message):
+    shipped = Path(__file__).resolve().parents[2] / "models" / "selectors" / "specinfer.onnx"  # the shipped pair's
+    assert main(["analyze", "--data", str(tiny_collected), "--output", str(tmp_path / "a"), "--expansion",
+                 "--folds", "2", "--selector", f"{verifier}={shipped}"]) == 2
+    assert message in _one_line(capsys, "analyze")
+    assert not (tmp_path / "a").exists()
+
+
 def _as_from_a_terminal() -> None:
     """In the child before exec: SIGINT handled by default and not blocked, as a shell starts a command. An ignored
     or blocked SIGINT survives exec, and in CI's full run the pytest process had one by this test (the run then
