@@ -27,9 +27,9 @@ from decode.policies.expander_file import (
     ExpanderMetadata,
     HaltingRule,
     NodeRule,
-    marginal_gain,
     node_feature_width,
 )
+from decode.policies.halting import marginal_gain
 from selector.expansion import (
     EpisodeData,
     _Index,

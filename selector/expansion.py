@@ -29,8 +29,9 @@ import numpy as np
 
 from data_gen.throughput import best_static, time_per_token
 from decode.drafting.actions import Action
-from decode.policies.expander_file import HaltingRule as Rule  # the rule the decoder runs
 from decode.policies.guard import RuleProfile, StaticProfile, harmonic_mean, length_quantiles
+from decode.policies.halting import HaltingRule as Rule  # the rule the decoder runs
+from decode.policies.halting import halting_depth
 
 
 @dataclass
@@ -64,15 +65,6 @@ class EpisodeData:
         return EpisodeData(self.be[rows], self.step[rows], self.prompts[rows], self.top[rows], self.entropy[rows],
                            self.beta[rows], self.features[rows], self.trunk_pass_ms[rows], self.actions,
                            None if self.lengths is None else self.lengths[rows])
-
-
-def halting_depth(signal: np.ndarray, theta: float, floor: int, cap: int) -> np.ndarray:
-    """``(N, s)`` the first depth d where ``d >= cap`` or (``d >= floor`` and ``signal_d < θ``)."""
-    depth = signal.shape[-1]
-    d = np.arange(depth)
-    halt = (d >= cap) | ((d >= floor) & (signal < theta))  # (N, s, D)
-    halt[..., min(cap, depth - 1)] = True
-    return halt.argmax(axis=-1)
 
 
 class _Index:

@@ -187,9 +187,12 @@ class EntropyStopPolicy(Policy):
     decides_per_node = True
 
     def __init__(self, max_length: int = 8, threshold: float = 2.0) -> None:
+        from decode.policies.halting import HaltingRule
+
         if max_length < 1 or not 0 < threshold < float("inf"):
             raise ValueError(f"need max_length >= 1 and a finite threshold > 0, got {max_length}, {threshold}")
         self.action, self.threshold = Action(1, max_length, 0), threshold
+        self.rule = HaltingRule(-threshold, 0, max_length, 1, 0)  # the expanders' rule on minus the entropy
 
     @classmethod
     def from_options(cls, options: PolicyOptions) -> EntropyStopPolicy:
@@ -204,7 +207,7 @@ class EntropyStopPolicy(Policy):
     def halts(self, node: TrunkNode) -> bool:
         from decode.drafting.sampling import law_entropy  # the interface module stays free of torch
 
-        return law_entropy(node.q) > self.threshold
+        return self.rule.halts(node.depth, lambda: -law_entropy(node.q))
 
     def describe(self, sampling: SamplingConfig) -> str:
         return f"entropy stop (up to {self.action.l1} tokens, halting where H > {self.threshold:g} nats)"

@@ -30,10 +30,10 @@ from decode.policies.expander_file import (
     ExpanderFileError,
     ExpanderMetadata,
     NodeRule,
-    marginal_gain,
     node_feature_width,
 )
 from decode.policies.guard import machine_note
+from decode.policies.halting import marginal_gain
 from decode.policies.latency import LatencyTable
 from decode.policies.onnx_session import policy_session
 

@@ -30,16 +30,14 @@ fills it and the decoder reads it back.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
-
-import numpy as np
 
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig, nearest_setting
 from decode.policies.features import FEATURE_SCHEMA_VERSION, SCALAR_NAMES
 from decode.policies.guard import RuleProfile, StaticProfile
+from decode.policies.halting import HaltingRule, marginal_gain  # noqa: F401  (the file's rule; re-exported)
 from decode.policies.latency import LatencyTable
 from decode.policies.policy_file import PolicyFileMetadata, read_props
 
@@ -58,61 +56,6 @@ class ExpanderFileError(ValueError):
 def node_feature_width(draft_hidden: int, with_root: bool = True) -> int:
     """F: the draft's hidden state, entropy, top probability, depth and (``with_root``) the root scalars."""
     return int(draft_hidden) + 3 + (len(SCALAR_NAMES) if with_root else 0)
-
-
-def marginal_gain(beta: np.ndarray, chain_ms: np.ndarray) -> np.ndarray:
-    """The marginal rule's signal ``(..., D)`` at trunk depths 0..D-1, from β̂ ``(..., D)`` at those nodes and the
-    step times ``(..., D)`` of the chains (1, d, 0), d = 0..D-1.
-
-    With P_j = β̂_0 ⋯ β̂_{j-1} the chance the first j trunk tokens are accepted, a chain of d tokens yields
-    E_d = 1 + P_1 + … + P_d tokens in T_d; one more token adds P_{d+1} tokens and T_{d+1} − T_d. The signal is the
-    ratio of the two rates, (P_{d+1} / (T_{d+1} − T_d)) / (E_d / T_d): growing pays while it is above 1 (the
-    threshold a rule fits stands near 1 where β̂ is calibrated). The last step's time difference is the previous one.
-    Reads only the draft's state up to each node, so a rule on it is a stopping time of the draft's draws.
-    """
-    beta = np.clip(np.asarray(beta, dtype=np.float64), 0.0, 1.0)
-    chain = np.asarray(chain_ms, dtype=np.float64)
-    reach = np.cumprod(beta, axis=-1)  # P_{d+1}
-    expected = 1.0 + np.concatenate([np.zeros_like(reach[..., :1]), np.cumsum(reach, axis=-1)[..., :-1]], axis=-1)
-    added = np.diff(chain, axis=-1)
-    added = np.concatenate([added, added[..., -1:]], axis=-1) if added.shape[-1] else np.ones_like(chain)
-    return (reach / np.maximum(added, 1e-6)) / (expected / np.maximum(chain, 1e-6))
-
-
-@dataclass(frozen=True)
-class HaltingRule:
-    """Halt the trunk at the first depth d with ``d >= cap`` or (``d >= floor`` and ``signal_d < theta``), then draft
-    ``k`` branches of ``l2`` tokens there (``k == 1``: stop, the single path)."""
-
-    theta: float
-    floor: int
-    cap: int
-    k: int
-    l2: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.floor <= self.cap or self.k < 1 or self.l2 < 0 or (self.k > 1 and self.l2 < 1):
-            raise ValueError(f"not a halting rule: {self!r} (need 0 <= floor <= cap, K >= 1, and L2 >= 1 to branch)")
-
-    def halts(self, depth: int, signal: float | Callable[[], float]) -> bool:
-        """Whether the trunk stops growing at ``depth`` (the terminal is drafted there). ``signal`` may be a callable,
-        then called only where the depth alone does not decide (``floor <= depth < cap``)."""
-        if depth >= self.cap or depth < self.floor:
-            return depth >= self.cap
-        return (signal() if callable(signal) else signal) < self.theta
-
-    @property
-    def widest(self) -> Action:
-        """The tree drafted when the trunk reaches the cap: the decoder's upper bound on the step's shape."""
-        return Action(self.k, self.cap, self.l2) if self.k > 1 else Action(1, self.cap, 0)
-
-    def tree_at(self, depth: int) -> Action:
-        """The tree drafted when the trunk halts at ``depth``."""
-        return Action(self.k, depth, self.l2) if self.k > 1 else Action(1, depth, 0)
-
-    def describe(self) -> str:
-        terminal = "stop" if self.k == 1 else f"branch K={self.k}, L2={self.l2}"
-        return f"θ={self.theta:.3g}, floor {self.floor}, cap {self.cap}, then {terminal}"
 
 
 @dataclass

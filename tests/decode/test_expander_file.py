@@ -18,7 +18,7 @@ def metadata(**extra) -> ExpanderMetadata:
 
 @pytest.mark.parametrize("floor, cap", [(0, 1), (0, 4), (1, 3), (2, 2)])
 def test_the_runtime_rule_halts_where_the_offline_rule_does(floor, cap):
-    from selector.expansion import halting_depth
+    from decode.policies.halting import halting_depth
 
     signal = np.random.default_rng(floor + 10 * cap).uniform(size=(50, 2, 6))
     offline = halting_depth(signal, 0.4, floor, cap)
@@ -84,7 +84,7 @@ def test_a_file_for_another_verifier_draft_or_pair_is_refused(args, message):
 
 
 def test_the_marginal_signal_weighs_the_tokens_a_node_adds_against_its_time():
-    from decode.policies.expander_file import marginal_gain
+    from decode.policies.halting import marginal_gain
 
     beta = np.array([0.9, 0.5, 0.2])
     chain = np.array([10.0, 12.0, 14.0])  # a chain of d tokens costs 10 + 2d: each token adds 2

@@ -76,7 +76,7 @@ def test_rules_are_scored_per_group_and_count_the_episodes_that_leave_the_static
 
 
 def test_the_marginal_rule_on_an_exact_beta_halts_where_the_oracle_does():
-    from decode.policies.expander_file import marginal_gain
+    from decode.policies.halting import marginal_gain
     from selector.expander import chain_times
 
     data = _episodes(True)
