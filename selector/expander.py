@@ -165,51 +165,54 @@ def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: fl
 
     folder = Path(folder)
     metadata, episodes, _ = load_episodes(folder, verifier)
-    model = None
-    if acceptance is not None:
-        prompts = {str(p) for data in episodes.values() for p in data.prompts.tolist()}
-        model = AcceptanceFile(acceptance, metadata["pair"]["fingerprint"],
-                               int(metadata["hidden_sizes"]["draft_hidden_root"]), prompts)
-    held = len({p for data in episodes.values() for p in data.prompts.tolist()})
-    if folds > held:  # cross-fitting by prompt: a fold per prompt at most
-        raise ValueError(f"{folds} folds: the data set holds {held} prompts; at most that many folds")
-    l_max, k_max = int(metadata["l_max"]), int(metadata["k_max"])
+    prompts = {str(p) for data in episodes.values() for p in data.prompts.tolist()}
+    model = None if acceptance is None else AcceptanceFile(
+        acceptance, metadata["pair"]["fingerprint"], int(metadata["hidden_sizes"]["draft_hidden_root"]), prompts)
+    if folds > len(prompts):  # cross-fitting by prompt: a fold per prompt at most
+        raise ValueError(f"{folds} folds: the data set holds {len(prompts)} prompts; at most that many folds")
     draft_hidden = int(metadata["hidden_sizes"]["draft_hidden_root"])
     width = node_feature_width(draft_hidden)
     weight = np.zeros((width, len(episodes)), dtype=np.float64)
     bias = np.zeros(len(episodes), dtype=np.float64)
-    rules, report, prompts = [], {}, set()
+    rules, report = [], {}
     for column, (c, data) in enumerate(sorted(episodes.items())):
-        sampling = metadata["sampling"][c]
         if data.features.shape[-1] != width:
             raise ValueError(f"{folder}: node features are {data.features.shape[-1]} wide, expected {width}")
-        extra = model.signals(data, float(sampling["temperature"])) if model else None
-        figures = evaluate_expansion(data, l_max, k_max, folds, extra=extra)
-        offline = {name: float(figures[name]) for name in (*RULE_SIGNALS, *(extra or {}), "beta", "oracle")}
-        signal = choose_signal(offline, min_gain, signals)
         weight[:, column], bias[column] = folded_head(data)
-        rule, profile, chain = None, None, None
-        if signal != "static":
-            rule, values = fit_rule(data, signal, l_max, k_max, extra)
-            profile = rule_profile(data, values, rule, min_gain).as_dict()
-        if signal == "marginal":
-            chain = [float(t) for t in np.median(chain_times(data), axis=0)]
-        head_column = model.column(float(sampling["temperature"])) if model else column
-        fallback = data.actions[static_best(data)].key
-        rules.append(NodeRule(float(sampling["temperature"]), float(sampling["top_p"]), signal, fallback, rule,
-                              offline, head_column, static_profile(data).as_dict(), profile, chain))
-        report[f"T{sampling['temperature']:g}"] = figures
-        prompts.update(str(p) for p in data.prompts)
+        rule, figures = _node_rule(data, metadata, c, column, folds, min_gain, signals, model)
+        rules.append(rule)
+        report[f"T{rule.temperature:g}"] = figures
         if progress is not None:
-            chosen = "static" if rule is None else f"{signal}: {rule.describe()}"
-            progress(f"T={sampling['temperature']:g}: " + ", ".join(f"{k} {v:.3f}" for k, v in offline.items())
-                     + f" -> {chosen} (fallback {fallback})")
-    info = inspect_dataset(folder, verifier)
+            chosen = "static" if rule.rule is None else f"{rule.signal}: {rule.rule.describe()}"
+            progress(f"T={rule.temperature:g}: " + ", ".join(f"{k} {v:.3f}" for k, v in rule.offline.items())
+                     + f" -> {chosen} (fallback {rule.fallback})")
     meta = ExpanderMetadata(verifier, draft_hidden, rules, pair_fingerprint=metadata["pair"]["fingerprint"],
-                            data_fingerprint=data_fingerprint(info), fit_prompts=sorted(prompts),
-                            head_inputs="node" if model else "node+root")
+                            data_fingerprint=data_fingerprint(inspect_dataset(folder, verifier)),
+                            fit_prompts=sorted(prompts), head_inputs="node" if model else "node+root")
     return FittedExpander(meta, weight.astype(np.float32), bias.astype(np.float32), report,
                           model.graph() if model else None)
+
+
+def _node_rule(data: EpisodeData, metadata: dict, config: int, column: int, folds: int, min_gain: float,
+               signals, model: AcceptanceFile | None) -> tuple[NodeRule, dict]:
+    """One sampling configuration's rule: the signal whose cross-fitted rule wins by ``min_gain`` (else static),
+    refitted on every episode; and the cross-fitted figures that chose it."""
+    sampling = metadata["sampling"][config]
+    temperature = float(sampling["temperature"])
+    l_max, k_max = int(metadata["l_max"]), int(metadata["k_max"])
+    extra = model.signals(data, temperature) if model else None
+    figures = evaluate_expansion(data, l_max, k_max, folds, extra=extra)
+    offline = {name: float(figures[name]) for name in (*RULE_SIGNALS, *(extra or {}), "beta", "oracle")}
+    signal = choose_signal(offline, min_gain, signals)
+    rule, profile, chain = None, None, None
+    if signal != "static":
+        rule, values = fit_rule(data, signal, l_max, k_max, extra)
+        profile = rule_profile(data, values, rule, min_gain).as_dict()
+    if signal == "marginal":
+        chain = [float(t) for t in np.median(chain_times(data), axis=0)]
+    head_column = model.column(temperature) if model else column
+    return NodeRule(temperature, float(sampling["top_p"]), signal, data.actions[static_best(data)].key, rule,
+                    offline, head_column, static_profile(data).as_dict(), profile, chain), figures
 
 
 def write_expander(fitted: FittedExpander, path: str | Path) -> None:

@@ -232,68 +232,84 @@ def evaluate_expansion(data: EpisodeData, l_max: int, k_max: int, folds: int = 5
     """Cross-fitted stream-throughput ratios to the best static action of: the rules on ``top``, ``entropy``,
     ``learned`` β̂, exact ``beta`` and each of ``extra`` (``(N, s, D)`` signals computed without these roots'
     labels, e.g. by an acceptance model trained on other prompts: only their rules are fitted per fold), a root-time
-    choice (``root_choice``, ``(N,)`` action indices, if given; -1
-    leaves a root out, and ``root_time`` is then the ratio to the static action on the roots left in, counted in
-    ``root_time_roots``) and the per-tree oracle (hindsight, for scale). Also the correlation of each signal with β
-    on the scored nodes, each rule's share of episodes that draft another tree than the fold's static one
-    (``leaves_static``), and with ``groups`` (``(N,)`` a label per root, e.g. its prompt's category) every ratio per
-    group (``by_group``: each group's roots scored by the rules fitted on the other folds, against the same static)."""
-    index = _Index(data.actions)
-    canonical = np.array([a.canonical().key for a in data.actions], dtype=object)
-    totals: dict[str, list[float]] = {}
-    by_group: dict[str, dict[str, list[float]]] = {}
-    leaves: dict[str, list[float]] = {}
-    signals_all: dict[str, list[np.ndarray]] = {"top": [], "learned": [], "beta": [], **{k: [] for k in extra or {}}}
-    rules_seen: dict[str, list[str]] = {}
+    choice (``root_choice``, ``(N,)`` action indices, if given; -1 leaves a root out, and ``root_time`` is then the
+    ratio to the static action on the roots left in, counted in ``root_time_roots``) and the per-tree oracle
+    (hindsight, for scale). Also the correlation of each signal with β on the scored nodes, each rule's share of
+    episodes that draft another tree than the fold's static one (``leaves_static``), and with ``groups`` (``(N,)`` a
+    label per root, e.g. its prompt's category) every ratio per group (``by_group``: each group's roots scored by the
+    rules fitted on the other folds, against the same static)."""
+    tally = _Tally(data.actions)
     for test_rows in folds_by_prompt(data.prompts, folds):
-        train_rows = np.setdiff1d(np.arange(len(data.be)), test_rows)
-        train, test = data.take(train_rows), data.take(test_rows)
-        static = static_best(train)
-        _add(totals, "static", _static_sums(test, static))
-        test_groups = None if groups is None else groups[test_rows]
-        _add_groups(by_group, test_groups, "static", time_per_token(np.nanmean(test.be[:, :, static], axis=1),
-                                                                    test.step[:, static]))
-        head = fit_beta_head(train)
-        learned_train = out_of_fold_beta(train)
-        signals = {
-            "top": (train.top, test.top),
-            "entropy": (-train.entropy, -test.entropy),
-            "learned": (learned_train, predict_beta(head, test)),
-            "beta": (train.beta, test.beta),
-            **{name: (values[train_rows], values[test_rows]) for name, values in (extra or {}).items()},
-        }
-        for name, (fit_on, score_on) in signals.items():
-            rule = best_rule(train, fit_on, candidate_rules(fit_on, l_max, k_max), index)
-            terms, columns = rule_terms(test, score_on, rule, index)
-            rules_seen.setdefault(name, []).append(rule.describe())
-            _add(totals, name, (float(len(terms)), float(terms.sum())))
-            _add_groups(by_group, test_groups, name, terms)
-            _add(leaves, name, (float((canonical[columns] != canonical[static]).sum()), float(columns.size)))
-            if name in signals_all:
-                signals_all[name].append(score_on)
-        if root_choice is not None:
-            scored = np.flatnonzero(root_choice[test_rows] >= 0)
-            _add(totals, "root_time", _root_sums(test.take(scored), root_choice[test_rows][scored]))
-            _add(totals, "root_time_static", _static_sums(test.take(scored), static))
-        _add(totals, "oracle", _oracle_sums(test))
-        signals_all.setdefault("beta_true", []).append(test.beta)
-    static_tp = totals["static"][0] / totals["static"][1]
-    root_time = {name: totals.pop(name) for name in ("root_time", "root_time_static") if name in totals}
-    out = {name: (be / step) / static_tp for name, (be, step) in totals.items()}
-    if root_time:
-        own, static_sums = root_time["root_time"], root_time["root_time_static"]
-        out["root_time"] = (own[0] / own[1]) / (static_sums[0] / static_sums[1]) if own[1] > 0 else float("nan")
-        out["root_time_roots"] = int(own[0])  # the first of each pair of sums counts roots
-    beta_true = np.concatenate([b.reshape(-1) for b in signals_all["beta_true"]])
-    out["corr_with_beta"] = {name: float(np.corrcoef(np.concatenate([s.reshape(-1) for s in parts]), beta_true)[0, 1])
-                             for name, parts in signals_all.items() if name not in ("beta", "beta_true")}
-    out["rules"] = rules_seen
-    out["leaves_static"] = {name: left / episodes for name, (left, episodes) in leaves.items()}
-    if groups is not None:
-        out["by_group"] = {group: {name: (n / t) / (sums["static"][0] / sums["static"][1])
-                                   for name, (n, t) in sums.items() if name != "static"} | {"roots": sums["static"][0]}
-                           for group, sums in sorted(by_group.items())}
-    return out
+        _score_fold(data, test_rows, l_max, k_max, tally, root_choice, extra,
+                    None if groups is None else groups[test_rows])
+    return tally.report(groups is not None)
+
+
+class _Tally:
+    """What :func:`evaluate_expansion` adds up over its folds."""
+
+    def __init__(self, actions: list[Action]) -> None:
+        self.index = _Index(actions)
+        self.canonical = np.array([a.canonical().key for a in actions], dtype=object)
+        self.totals: dict[str, list[float]] = {}
+        self.by_group: dict[str, dict[str, list[float]]] = {}
+        self.leaves: dict[str, list[float]] = {}
+        self.signals: dict[str, list[np.ndarray]] = {}
+        self.rules: dict[str, list[str]] = {}
+
+    def report(self, grouped: bool) -> dict:
+        static_tp = self.totals["static"][0] / self.totals["static"][1]
+        root_time = {name: self.totals.pop(name) for name in ("root_time", "root_time_static") if name in self.totals}
+        out = {name: (be / step) / static_tp for name, (be, step) in self.totals.items()}
+        if root_time:
+            own, static_sums = root_time["root_time"], root_time["root_time_static"]
+            out["root_time"] = (own[0] / own[1]) / (static_sums[0] / static_sums[1]) if own[1] > 0 else float("nan")
+            out["root_time_roots"] = int(own[0])  # the first of each pair of sums counts roots
+        beta_true = np.concatenate([b.reshape(-1) for b in self.signals.pop("beta_true")])
+        out["corr_with_beta"] = {name: float(np.corrcoef(np.concatenate([s.reshape(-1) for s in parts]),
+                                                         beta_true)[0, 1])
+                                 for name, parts in self.signals.items() if name not in ("beta", "entropy")}
+        out["rules"] = self.rules
+        out["leaves_static"] = {name: left / episodes for name, (left, episodes) in self.leaves.items()}
+        if grouped:
+            out["by_group"] = {group: {name: (n / t) / (sums["static"][0] / sums["static"][1])
+                                       for name, (n, t) in sums.items() if name != "static"}
+                               | {"roots": sums["static"][0]} for group, sums in sorted(self.by_group.items())}
+        return out
+
+
+def _score_fold(data: EpisodeData, test_rows: np.ndarray, l_max: int, k_max: int, tally: _Tally,
+                root_choice: np.ndarray | None, extra: dict[str, np.ndarray] | None, groups: np.ndarray | None
+                ) -> None:
+    """Fit every signal's rule and the static action on the other folds; add their scores on ``test_rows``."""
+    train_rows = np.setdiff1d(np.arange(len(data.be)), test_rows)
+    train, test = data.take(train_rows), data.take(test_rows)
+    static = static_best(train)
+    _add(tally.totals, "static", _static_sums(test, static))
+    _add_groups(tally.by_group, groups, "static", time_per_token(np.nanmean(test.be[:, :, static], axis=1),
+                                                                 test.step[:, static]))
+    signals = {
+        "top": (train.top, test.top),
+        "entropy": (-train.entropy, -test.entropy),
+        "learned": (out_of_fold_beta(train), predict_beta(fit_beta_head(train), test)),
+        "beta": (train.beta, test.beta),
+        **{name: (values[train_rows], values[test_rows]) for name, values in (extra or {}).items()},
+    }
+    for name, (fit_on, score_on) in signals.items():
+        rule = best_rule(train, fit_on, candidate_rules(fit_on, l_max, k_max), tally.index)
+        terms, columns = rule_terms(test, score_on, rule, tally.index)
+        tally.rules.setdefault(name, []).append(rule.describe())
+        _add(tally.totals, name, (float(len(terms)), float(terms.sum())))
+        _add_groups(tally.by_group, groups, name, terms)
+        left = tally.canonical[columns] != tally.canonical[static]
+        _add(tally.leaves, name, (float(left.sum()), float(columns.size)))
+        tally.signals.setdefault(name, []).append(score_on)
+    if root_choice is not None:
+        scored = np.flatnonzero(root_choice[test_rows] >= 0)
+        _add(tally.totals, "root_time", _root_sums(test.take(scored), root_choice[test_rows][scored]))
+        _add(tally.totals, "root_time_static", _static_sums(test.take(scored), static))
+    _add(tally.totals, "oracle", _oracle_sums(test))
+    tally.signals.setdefault("beta_true", []).append(test.beta)
 
 
 def _add_groups(by_group: dict, groups: np.ndarray | None, name: str, terms: np.ndarray) -> None:
