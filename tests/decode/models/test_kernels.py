@@ -25,7 +25,7 @@ from decode.models.kernels import KERNEL_PATHS, KernelLinear, release_stock_weig
 from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier
 from tests.decode.architectures import arch_model
-from tests.decode.test_architectures import V, _gap, _greedy_by_recompute, _recompute, _worst_gap
+from tests.decode.models.test_architectures import V, _gap, _greedy_by_recompute, _recompute, _worst_gap
 
 EXACT = [name for name, path in KERNEL_PATHS.items() if path.exact and name != "default"]
 QUANTIZED = [name for name, path in KERNEL_PATHS.items() if not path.exact]
@@ -60,7 +60,7 @@ def _stock_recompute(lm: CachedLM, seq: list[int]) -> torch.Tensor:
 
 def _worst_gap_stock(lm: CachedLM) -> float:
     """:func:`_worst_gap` with every reference recomputed on the stock layers."""
-    import tests.decode.test_architectures as arch
+    import tests.decode.models.test_architectures as arch
 
     saved = arch._recompute
     arch._recompute = _stock_recompute

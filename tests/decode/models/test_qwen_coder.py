@@ -15,12 +15,12 @@ import torch
 from ddte.cli import main
 from decode.models.registry import KNOWN_PAIRS, is_fetched
 from decode.pair import read_pair_config
-from tests.decode.test_smollm2 import BF16_TOL, _recompute, _relative_gap
+from tests.decode.models.test_smollm2 import BF16_TOL, _recompute, _relative_gap
 
 pytestmark = pytest.mark.skipif(not all(is_fetched(name) for name in KNOWN_PAIRS["qwen-coder"]),
                                 reason="run `ddte fetch qwen-coder` first (CI does)")
 
-# BF16_TOL and the recompute helpers are SmolLM2's (tests/decode/test_smollm2.py): bf16 keeps 8 bits of mantissa
+# BF16_TOL and the recompute helpers are SmolLM2's (tests/decode/models/test_smollm2.py): bf16 keeps 8 bits of mantissa
 # and a cached tree pass may sum in another order than a recompute. A wrong parent moves a row far more.
 PROMPT_TEXT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
