@@ -102,8 +102,6 @@ class AcceptanceResult:
 def load_acceptance_config(path: str | Path | None = DEFAULT_CONFIG, overrides: Sequence[str] = ()
                            ) -> AcceptanceConfig:
     config = load_yaml_config(AcceptanceConfig, path, list(overrides))
-    if not config.data.data_dir:
-        raise ValueError("no data set: give --data DENSE_FOLDER (or data.data_dir=...)")
     if not str(config.run.output).endswith(".onnx"):
         raise ValueError(f"run.output {config.run.output!r}: an .onnx file")
     for name in ("width", "max_epochs", "batch_size"):

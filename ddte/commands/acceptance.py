@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from ddte.commands.common import UserError, add_overrides_argument, check_output_file, user_errors
+from ddte.commands.common import add_overrides_argument, check_output_file, user_errors
 
 DEFAULT_CONFIG = "configs/acceptance/default.yaml"
 
@@ -39,10 +39,10 @@ def run(args: argparse.Namespace) -> int:
                                                      ("run.tracking_uri", args.tracking_uri)) if value is not None]
     with user_errors(ValueError):
         config = load_acceptance_config(args.config, overrides + list(args.overrides))
+        if not config.data.data_dir:
+            raise ValueError("no data set: give --data DENSE_FOLDER (or data.data_dir=...)")
         read_dense_metadata(config.data.data_dir)
-    output = check_output_file(config.run.output)
-    if output.suffix != ".onnx":
-        raise UserError(f"--output {output}: an ONNX file, named *.onnx")
+    check_output_file(config.run.output)
     with user_errors(ValueError, OSError):
         result = train_acceptance(config)
     print(format_acceptance(result))

@@ -143,8 +143,8 @@ def test_the_decision_deploys_the_fastest_measured_policy(tmp_path, margin, sele
 
 
 def test_the_decision_deploys_an_expander_that_beat_the_kept_static_and_the_selector(tmp_path, monkeypatch):
-    from ddte import pipeline_results
     from ddte.pipeline import decide, keep_statics
+    from ddte.pipeline import results as pipeline_results
 
     selector, expander = tmp_path / "selectors" / "traversal.onnx", tmp_path / "expanders" / "traversal.onnx"
     actions = ["1,3,0", "1,5,0"]
@@ -193,8 +193,8 @@ def test_a_policy_ahead_of_the_kept_static_only_within_the_bench_noise_is_not_de
 def test_results_md_says_why_a_selector_whose_guard_never_leaves_its_fallback_has_no_figures(tmp_path, monkeypatch):
     """A selector left out of the bench (its guard never leaves the fallback) reads as exactly that in results.md and
     policy.json's reason, not as a guard that was switched off."""
-    from ddte import pipeline_results
     from ddte.pipeline import decide, keep_statics
+    from ddte.pipeline import results as pipeline_results
 
     monkeypatch.setattr(pipeline_results, "head_room_lines", lambda data_dir, verifiers: [])
     actions = ["1,3,0", "2,1,3"]

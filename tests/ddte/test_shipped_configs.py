@@ -11,11 +11,12 @@ from data_gen.config import load_collect_config
 from ddte.pipeline import load_pipeline
 from ddte.train_pair.config import load_config as load_pair_recipe
 from distill.config import load_distill_config
+from selector.acceptance_train import load_acceptance_config
 from selector.train import load_train_config
 
 REPO = Path(__file__).resolve().parents[2]
 LOADERS = {"collect": load_collect_config, "train": load_train_config, "distill": load_distill_config,
-           "train-pair": load_pair_recipe}
+           "train-pair": load_pair_recipe, "acceptance": load_acceptance_config}
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.name}")

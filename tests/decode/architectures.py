@@ -1,4 +1,4 @@
-"""Tiny random configs of every HF architecture ddte is tested on (the matrix of tests/decode/models/test_architectures.py).
+"""Tiny random configs of every HF architecture ddte is tested on (tests/decode/models/test_architectures.py).
 
 One function builds a config per case name, at any width and depth: the target is 2 layers of width 64, the draft
 1 layer of width 32. Sliding windows are set smaller than the tests' contexts, so a wrong window shows. Nothing is

@@ -139,3 +139,16 @@ def test_analyze_scores_the_rules_on_the_model_beside_the_others(acceptance_file
     expansion = json.loads((tmp_path / "analysis" / "expansion.json").read_text())
     assert {"acceptance", "marginal"} <= set(expansion["traversal/T0.7"])
     assert main(["analyze", "--data", str(tiny_collected), "--acceptance", str(result.path)]) == 2
+
+
+def test_the_command_refuses_bad_input_in_one_line_before_any_work(dense_after_collection, tmp_path, capsys):
+    cases = [(["acceptance"], "give --data"),
+             (["acceptance", "--data", str(tmp_path)], "not a dense data set"),
+             (["acceptance", "--data", str(dense_after_collection), "--output", str(tmp_path / "a.txt")],
+              "an .onnx file"),
+             (["acceptance", "--data", str(dense_after_collection), "model.width=0"], "width must be at least 1")]
+    for argv, message in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())
