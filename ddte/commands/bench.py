@@ -139,20 +139,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.compare import format_comparisons, policy_comparisons
-    from bench.decoding import (
-        BenchSettings,
-        bench_prompt_categories,
-        bench_prompts,
-        category_rows,
-        encode_prompts,
-        environment,
-        method_policy,
-        needs_latency,
-        run_bench,
-    )
-    from bench.display import format_category_table, format_table, plot
-    from decode.policies.deployment import POLICY_FILES
+    from bench.decoding import BenchSettings, run_bench
 
     methods, deployments = check_arguments(args)
     _note_unmeasured_sampling(args, methods, deployments)
@@ -160,6 +147,26 @@ def run(args: argparse.Namespace) -> int:
     plot_path = check_output_file(args.plot, "--plot") if args.plot else None
     apply_threads(args.threads)
     pair = load_pair_from_args(args)
+    prompts, categories = _prompts(args, pair)
+    machine, which = _machine(args, pair, methods, deployments)
+    with user_errors():
+        settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p)
+        rows = run_bench(methods, pair, prompts, settings, args.temperature, deployments, machine)
+    title, by_category, comparisons = _report(args, pair, rows, len(prompts), categories)
+    if output is not None:
+        _write(output, args, methods, pair, which, rows, by_category, comparisons)
+        plot_path = plot_path or output.with_suffix(".png")
+    if plot_path is not None:
+        from bench.display import plot
+
+        plot(rows, plot_path, title)
+    return 0
+
+
+def _prompts(args: argparse.Namespace, pair) -> tuple[list, list | None]:
+    """The bench's prompts as token ids and their categories (a warning on stderr for prompts cut to fit)."""
+    from bench.decoding import bench_prompt_categories, bench_prompts, encode_prompts
+
     truncated: list[int] = []
     with user_errors():
         prompts = encode_prompts(pair, bench_prompts(args.prompts, args.field, args.num_prompts, args.skip_prompts,
@@ -171,24 +178,39 @@ def run(args: argparse.Namespace) -> int:
               f"{pair.context_limit}-token context leaves beside --max-new-tokens {args.max_new_tokens}: their "
               f"first tokens are cut (prompts {', '.join(str(i) for i in truncated[:5])}"
               f"{', ...' if len(truncated) > 5 else ''})", file=sys.stderr)
-    machine, which = None, None
+    return prompts, categories
+
+
+def _machine(args: argparse.Namespace, pair, methods, deployments):
+    """(the latency table policy files read, the line saying which), after every policy file is checked against the
+    pair and the pair moved to this machine's kernels; (None, None) where no method reads one."""
+    from bench.decoding import method_policy, needs_latency
+    from decode.policies.deployment import POLICY_FILES
+
     if needs_latency(methods):
         with user_errors():
             for method in methods:  # every policy file checked against the pair before a table is measured
                 if method.kind in POLICY_FILES:
                     method_policy(method, pair, deployments)
     print(use_machine_kernels(pair, args), file=sys.stderr)
-    if needs_latency(methods):
-        machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
-        print(which, file=sys.stderr)
-    with user_errors():
-        settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p)
-        rows = run_bench(methods, pair, prompts, settings, args.temperature, deployments, machine)
+    if not needs_latency(methods):
+        return None, None
+    machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
+    print(which, file=sys.stderr)
+    return machine, which
+
+
+def _report(args: argparse.Namespace, pair, rows: list[dict], count: int, categories):
+    """Print the tables; returns (the title, the per-category rows, the policy comparisons)."""
+    from bench.compare import format_comparisons, policy_comparisons
+    from bench.decoding import category_rows
+    from bench.display import format_category_table, format_table
+
     temps = ", ".join(f"{t:g}" for t in args.temperature)
     skipped = f" (after the first {args.skip_prompts})" if args.skip_prompts else ""
     heldout = args.prompts in (None, pair.heldout_prompts) or str(args.prompts).endswith(":heldout")
     which = "held-out prompts" if heldout else f"prompts from {args.prompts}"
-    title = (f"{len(prompts)} {which}{skipped} × {args.repeats} repeat(s), {args.max_new_tokens} new tokens, "
+    title = (f"{count} {which}{skipped} × {args.repeats} repeat(s), {args.max_new_tokens} new tokens, "
              f"T = {temps}, top-p {args.top_p:g}")
     print(title)
     print(f"{pair.kernel_choice.line()}; ar and hf-assisted run the stock models (F.linear)")
@@ -203,19 +225,20 @@ def run(args: argparse.Namespace) -> int:
               "biased upward, so the ratio reads low; the interval chooses it again in every bootstrap resample of "
               "the prompts):")
         print(format_comparisons(comparisons))
-    if output is not None:
-        settings_out = {k: v for k, v in vars(args).items() if not k.startswith("_")} | {
-            "methods": [m.key for m in methods]}
-        payload = {"settings": settings_out, "environment": environment(pair.target.device) | {
-            "latency": which, "kernels": pair.kernel_choice.line()},
-                   "rows": rows,
-                   "categories": by_category, "comparisons": comparisons}
-        with staged_file(output) as tmp, tmp.open("w") as f:
-            json.dump(payload, f, indent=2, default=str)
-        plot_path = plot_path or output.with_suffix(".png")
-    if plot_path is not None:
-        plot(rows, plot_path, title)
-    return 0
+    return title, by_category, comparisons
+
+
+def _write(output, args: argparse.Namespace, methods, pair, which, rows, by_category, comparisons) -> None:
+    """bench.json: the settings, the environment, the rows, the categories and the comparisons."""
+    from bench.decoding import environment
+
+    settings_out = {k: v for k, v in vars(args).items() if not k.startswith("_")} | {
+        "methods": [m.key for m in methods]}
+    env = environment(pair.target.device) | {"latency": which, "kernels": pair.kernel_choice.line()}
+    payload = {"settings": settings_out, "environment": env, "rows": rows, "categories": by_category,
+               "comparisons": comparisons}
+    with staged_file(output) as tmp, tmp.open("w") as f:
+        json.dump(payload, f, indent=2, default=str)
 
 
 def _note_unmeasured_sampling(args: argparse.Namespace, methods, deployments) -> None:
