@@ -140,55 +140,25 @@ def run(args: argparse.Namespace) -> int:
     once and the policy built, then every sample runs at this call's sampling settings and the output is written
     whole."""
     from ddte_core.paths import staged_file
-    from decode.drafting.actions import Action, check_in_grid
     from decode.drafting.rng import TorchRandom
     from decode.drafting.sampling import SamplingConfig
-    from decode.engine import SpeculativeDecoder, check_action
-    from decode.pair import render_chat
-    from decode.policies.base import PolicyOptions, make_policy
-    from decode.policies.deployment import load_deployment, load_policy
+    from decode.engine import SpeculativeDecoder
     from decode.stats import GenerationStats
-    from decode.verifiers import get_verifier
 
     ids = check_arguments(args)
     apply_threads(args.threads)
     output = check_output_file(args.output) if args.output else None
     pair = load_pair_from_args(args)
     sampling = SamplingConfig(args.temperature, args.top_p)
-    with user_errors(prefix="--policy-file: "):
-        deployment = load_deployment(args.policy_file) if args.policy_file else None
-        verifier = get_verifier(args.verifier or (deployment.verifier if deployment else DEFAULT_VERIFIER))
-    kind, path = next(((kind, path) for kind, path in (("policy", args.policy_file), ("selector", args.selector),
-                                                       ("expander", args.expander)) if path), (None, None))
-    machine = None
-    read = {str(path): deployment} if deployment else {}
-    if kind is not None:
-        with user_errors(prefix="--policy-file: " if kind == "policy" else ""):
-            policy = load_policy(kind, path, verifier.name, pair, None, read)  # checked before a table is measured
-    else:
-        with user_errors(prefix="--action: "):
-            action = Action.parse(args.action or DEFAULT_ACTION)
-            check_in_grid(action)
-            if args.policy == "static":
-                check_action(verifier, action)
-        with user_errors():
-            policy = make_policy(args.policy, PolicyOptions(action, args.max_draft, args.entropy_threshold))
-    if ids is None:
-        if pair.tokenizer is None:
-            raise UserError("no tokenizer found for the pair: pass --tokenizer DIR or use --prompt-ids")
-        text = args.prompt
-        if args.chat == "on" or (args.chat == "auto" and pair.chat):
-            with user_errors(prefix="--chat: "):
-                text = render_chat(pair.tokenizer, [{"role": "user", "content": args.prompt}])
-        ids = list(pair.tokenizer(text)["input_ids"])
-        if not ids:
-            raise UserError("the prompt encodes to no tokens")
+    verifier, policy, rebuild = _policy(args, pair)
+    ids = _prompt_ids(args, pair) if ids is None else ids
     print(use_machine_kernels(pair, args), file=sys.stderr)  # every check passed: the work starts here
-    if kind is not None:
+    machine = None
+    if rebuild is not None:
         machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
         print(which, file=sys.stderr)
         if machine is not None:
-            policy = load_policy(kind, path, verifier.name, pair, machine, read)
+            policy = rebuild(machine)
     note = policy.sampling_note(sampling)
     if note:
         print(note, file=sys.stderr)
@@ -215,3 +185,48 @@ def run(args: argparse.Namespace) -> int:
         except OSError as err:
             raise UserError(f"cannot write {output}: {err.strerror}") from err
     return 0
+
+
+def _policy(args: argparse.Namespace, pair):
+    """(the verifier, the policy, and for a policy file a function that builds it again on the machine's latency
+    table, else None): every file is read once and checked against the pair before a table is measured."""
+    from decode.drafting.actions import Action, check_in_grid
+    from decode.engine import check_action
+    from decode.policies.base import PolicyOptions, make_policy
+    from decode.policies.deployment import load_deployment, load_policy
+    from decode.verifiers import get_verifier
+
+    with user_errors(prefix="--policy-file: "):
+        deployment = load_deployment(args.policy_file) if args.policy_file else None
+        verifier = get_verifier(args.verifier or (deployment.verifier if deployment else DEFAULT_VERIFIER))
+    kind, path = next(((kind, path) for kind, path in (("policy", args.policy_file), ("selector", args.selector),
+                                                       ("expander", args.expander)) if path), (None, None))
+    if kind is not None:
+        read = {str(path): deployment} if deployment else {}
+        with user_errors(prefix="--policy-file: " if kind == "policy" else ""):
+            policy = load_policy(kind, path, verifier.name, pair, None, read)
+        return verifier, policy, lambda machine: load_policy(kind, path, verifier.name, pair, machine, read)
+    with user_errors(prefix="--action: "):
+        action = Action.parse(args.action or DEFAULT_ACTION)
+        check_in_grid(action)
+        if args.policy == "static":
+            check_action(verifier, action)
+    with user_errors():
+        return verifier, make_policy(args.policy, PolicyOptions(action, args.max_draft, args.entropy_threshold)), None
+
+
+def _prompt_ids(args: argparse.Namespace, pair) -> list[int]:
+    """The prompt's token ids: the text, rendered with the pair's chat template where asked (or the pair is a chat
+    pair and --chat is auto)."""
+    from decode.pair import render_chat
+
+    if pair.tokenizer is None:
+        raise UserError("no tokenizer found for the pair: pass --tokenizer DIR or use --prompt-ids")
+    text = args.prompt
+    if args.chat == "on" or (args.chat == "auto" and pair.chat):
+        with user_errors(prefix="--chat: "):
+            text = render_chat(pair.tokenizer, [{"role": "user", "content": args.prompt}])
+    ids = list(pair.tokenizer(text)["input_ids"])
+    if not ids:
+        raise UserError("the prompt encodes to no tokens")
+    return ids
