@@ -98,7 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     from bench.method import Method
     from ddte.serve.app import Served, create_app
     from ddte_core.machine import cpu_model
-    from decode.drafting.rng import TorchRandom
     from decode.drafting.sampling import SamplingConfig
     from decode.engine import SpeculativeDecoder
     from decode.pair import read_pair_config
@@ -122,6 +121,23 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"pair": args.pair, "method": method.key, "cpu": cpu_model(), "max_tokens": args.max_tokens,
                  "temperature": args.temperature}
 
+    out["server_vs_generate"] = _one_at_a_time(args, decoder, policy, ids, sampling, base, body, out["cpu"],
+                                               method.key)
+    rss_start = _rss_mb()
+    levels = _levels(args, base, body)
+    out["levels"], out["rss_mb_at_start"] = levels, rss_start
+    print(f"\nresident memory: {rss_start:.0f} MB before the levels, {levels[-1]['rss_mb']:.0f} MB after")
+    server.should_exit = True
+    thread.join(30)
+    if args.output:
+        Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def _one_at_a_time(args, decoder, policy, ids, sampling, base: str, body: dict, cpu: str, key: str) -> dict:
+    """Alternating pairs of one request direct and one through the server: both tokens/s and their ratio."""
+    from decode.drafting.rng import TorchRandom
+
     direct, through, ratios = [], [], []
     for i in range(args.pairs + 1):  # the first pair warms both paths up
         start = time.perf_counter()
@@ -134,18 +150,19 @@ def main(argv: list[str] | None = None) -> int:
         through.append(served_tokens / seconds)
         ratios.append(through[-1] / direct_rate)
     low, high = _interval(ratios)
-    out["server_vs_generate"] = {"direct_tokens_per_s": statistics.fmean(direct),
-                                 "server_tokens_per_s": statistics.fmean(through),
-                                 "ratio": statistics.fmean(ratios), "interval_95": [low, high], "pairs": args.pairs}
-    print(f"One request at a time, {args.pairs} pairs ({method.key}, {args.max_tokens} tokens, T = "
-          f"{args.temperature:g}, {out['cpu']}):\n\n| path | tokens/s |\n|---|---:|\n"
+    print(f"One request at a time, {args.pairs} pairs ({key}, {args.max_tokens} tokens, T = "
+          f"{args.temperature:g}, {cpu}):\n\n| path | tokens/s |\n|---|---:|\n"
           f"| generate (direct) | {statistics.fmean(direct):.1f} |\n| server | {statistics.fmean(through):.1f} |\n"
           f"\nserver / direct: {statistics.fmean(ratios):.3f} [{low:.3f}, {high:.3f}]\n")
+    return {"direct_tokens_per_s": statistics.fmean(direct), "server_tokens_per_s": statistics.fmean(through),
+            "ratio": statistics.fmean(ratios), "interval_95": [low, high], "pairs": args.pairs}
 
+
+def _levels(args, base: str, body: dict) -> list[dict]:
+    """Each level of concurrent streaming clients: TTFT, TPOT and resident memory after it."""
     levels = []
     print("| clients | requests | TTFT ms p50 | TTFT ms p90 | TPOT ms p50 | TPOT ms p90 | RSS MB after |\n"
           "|---:|---:|---:|---:|---:|---:|---:|")
-    rss_start = _rss_mb()
     for clients in args.clients:
         records: list[tuple[float, float, int]] = []
         lock = threading.Lock()
@@ -169,13 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         levels.append(level)
         print(f"| {clients} | {len(records)} | {level['ttft_ms_p50']:.0f} | {level['ttft_ms_p90']:.0f} | "
               f"{level['tpot_ms_p50']:.1f} | {level['tpot_ms_p90']:.1f} | {level['rss_mb']:.0f} |", flush=True)
-    out["levels"], out["rss_mb_at_start"] = levels, rss_start
-    print(f"\nresident memory: {rss_start:.0f} MB before the levels, {levels[-1]['rss_mb']:.0f} MB after")
-    server.should_exit = True
-    thread.join(30)
-    if args.output:
-        Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
-    return 0
+    return levels
 
 
 if __name__ == "__main__":
