@@ -64,17 +64,15 @@ class MethodResult:
         s = self.stats
         forwards = s.seconds["draft"] + s.seconds["target"] + s.seconds["prefill"]
         rates = [p["tokens_per_s"] for p in self.per_prompt]
-        decode_tokens = sum(p.get("decode_tokens", 0) for p in self.per_prompt)
-        decode_seconds = sum(p.get("decode_seconds", 0.0) for p in self.per_prompt)
         return {
             "method": self.method.key,
             "temperature": self.temperature,
             "tokens_per_s": s.tokens_per_second,
             "tokens_per_s_stdev_over_prompts": statistics.stdev(rates) if len(rates) > 1 else None,
             "speedup": s.tokens_per_second / ar_tps if ar_tps else None,
-            "tpot_ms": 1000 * decode_seconds / decode_tokens if decode_tokens else None,
-            "block_efficiency": s.block_efficiency if s.steps else None,
-            "mean_acceptance_length": s.block_efficiency if s.steps else None,  # vLLM's name (Spec-Bench's τ)
+            "tpot_ms": tpot_ms(self.per_prompt),
+            # tokens per target pass, the bonus included: vLLM's name for the paper's block efficiency (Spec-Bench's τ)
+            "mean_acceptance_length": s.block_efficiency if s.steps else None,
             "acceptance_rate": s.acceptance_rate if s.steps else None,
             "new_tokens": s.new_tokens,
             "target_passes": s.steps,
@@ -304,6 +302,13 @@ def bench_prompt_categories(source: str | None, count: int, skip: int = 0,
     return [r["category"] for r in build_chat_prompts(chat_set, count=count + skip, workload=workload)[skip:]]
 
 
+def tpot_ms(prompts: list[dict]) -> float | None:
+    """TPOT (ms per new token, prefill excluded: :func:`decode_time`) over per-prompt records; None without
+    decode tokens."""
+    tokens = sum(p.get("decode_tokens", 0) for p in prompts)
+    return 1000 * sum(p.get("decode_seconds", 0.0) for p in prompts) / tokens if tokens else None
+
+
 def category_rows(rows: list[dict], categories: list[str]) -> list[dict]:
     """Per prompt category, each row's tokens/s, TPOT and mean acceptance length over its prompts in that category
     (``categories[i]`` is prompt i's), with the speedup against AR in the same category and temperature."""
@@ -317,11 +322,9 @@ def category_rows(rows: list[dict], categories: list[str]) -> list[dict]:
             tokens = sum(p["new_tokens"] for p in prompts)
             seconds = sum(p["wall_seconds"] for p in prompts)
             passes = sum(p["target_passes"] for p in prompts)
-            decode_tokens = sum(p.get("decode_tokens", 0) for p in prompts)
-            decode_seconds = sum(p.get("decode_seconds", 0.0) for p in prompts)
             entry = {"category": category, "method": row["method"], "temperature": row["temperature"],
                      "prompts": len(prompts), "tokens_per_s": tokens / seconds if seconds else 0.0,
-                     "tpot_ms": 1000 * decode_seconds / decode_tokens if decode_tokens else None,
+                     "tpot_ms": tpot_ms(prompts),
                      "mean_acceptance_length": tokens / passes if passes else None}
             if row["method"] == AR.key:
                 ar[row["temperature"]] = entry["tokens_per_s"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.compare import cross_fitted_choice_ratio
+from bench.display import mean_acceptance_length
 from bench.method import AR, Method, by_method, static_rows
 from decode.drafting.actions import Action
 
@@ -60,7 +61,7 @@ def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, c
             f"| {choice.temperature:g} | {choice.verifier} | {' '.join(f'({a})' for a in actions)} | "
             f"({actions[index]}) | {static['tokens_per_s']:.1f} ± "
             f"{_fmt(static.get('tokens_per_s_stdev_over_prompts'))} | {_fmt(static.get('speedup'), '.2f')}× | "
-            f"{_fmt(static.get('block_efficiency'), '.2f')} | "
+            f"{_fmt(mean_acceptance_length(static), '.2f')} | "
             f"{fastest / statics[0]['tokens_per_s']:.3f} | "
             f"{_fmt(cross_fitted_choice_ratio(statics), '.3f')} | {measured} | {deployed} |"
         )

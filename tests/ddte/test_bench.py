@@ -46,7 +46,7 @@ def test_bench_writes_rows_and_plot(pair_dirs, tmp_path, capsys):
     assert comparison["ratio_vs_best_static"] == pytest.approx(want)
     assert rows["ar"]["speedup"] == pytest.approx(1.0)
     assert all(r["tokens_per_s"] > 0 and r["new_tokens"] > 0 for r in rows.values())
-    assert rows["traversal@2,1,2"]["block_efficiency"] >= 1.0
+    assert rows["traversal@2,1,2"]["mean_acceptance_length"] >= 1.0
     assert payload["environment"]["torch"] and (tmp_path / "bench.png").stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "| traversal@2,1,2 |" in printed and "best static tree in this run" in printed
