@@ -7,8 +7,9 @@ is the loaded file; :meth:`ExpanderPolicy.start` gives each generation the polic
 fallback (no features, no network) where the file's guard says so, else a :class:`HaltingPolicy`, which returns the
 rule's widest tree at the root and answers the drafting loop's question at every trunk node.
 
-The decision at a node reads only the draft's law and hidden state there, its depth and the root scalars (computed
-before drafting from earlier steps): a stopping time of the draft's own draws, never the target's current outputs.
+The decision at a node reads only the draft's law and hidden state there and at the trunk's earlier nodes, its depth,
+the root scalars (computed before drafting from earlier steps) and the machine's step times: a stopping time of the
+draft's own draws, never the target's current outputs.
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ class HaltingPolicy(Policy):
         return self.rule.halts(node.depth, lambda: self.signal(node))  # no signal where the depth decides
 
     def marginal_signal(self, depth: int) -> float:
-        """The marginal rule's signal at ``depth`` (< cap) from the step's β̂ so far (decode/policies/expander_file.py
+        """The marginal rule's signal at ``depth`` (< cap) from the step's β̂ so far (decode/policies/halting.py
         ``marginal_gain``, the function the offline fit runs; β̂ past ``depth`` does not enter it)."""
         betas = np.asarray(self._betas[:depth + 1], dtype=np.float64)
         padded = np.pad(betas, (0, len(self._chain_ms) - len(betas)), mode="edge")
