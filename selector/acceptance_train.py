@@ -293,6 +293,7 @@ def node_vectors(arrays: DenseArrays) -> np.ndarray:
 def train_acceptance(config: AcceptanceConfig) -> AcceptanceResult:
     """Read, split, train, score, export and log (see the module docstring)."""
     from ddte_core.tracking import (
+        flatten_params,
         lightning_logger,
         log_data_set_input,
         log_environment,
@@ -304,29 +305,45 @@ def train_acceptance(config: AcceptanceConfig) -> AcceptanceResult:
     train_rows, val_rows, test_rows = split_by_prompt(arrays.prompts, config.data.val_fraction,
                                                       config.data.test_fraction, config.data.split_seed)
     train, val, test = (arrays.take(rows) for rows in (train_rows, val_rows, test_rows))
-    output = Path(config.run.output)
     uri = resolve_tracking_uri(config.run.tracking_uri)
     with quiet_lightning():
         logger = lightning_logger(uri, config.run.experiment, config.run.run_name or Path(config.data.data_dir).name,
                                   {"ddte.kind": "acceptance"})
         client, run_id = logger.experiment, logger.run_id
-        client.log_dict(run_id, dataclasses.asdict(config), "config.json")
-        log_data_set_input(client, run_id, config.data.data_dir, dense_fingerprint(config.data.data_dir))
-        log_environment(client, run_id)
-        net = fit_net(config, train, val, logger)
+        try:
+            logger.log_hyperparams(flatten_params("", dataclasses.asdict(config)))
+            client.log_dict(run_id, dataclasses.asdict(config), "config.json")
+            log_data_set_input(client, run_id, config.data.data_dir, dense_fingerprint(config.data.data_dir))
+            log_environment(client, run_id)
+            net = fit_net(config, train, val, logger)
+            result = _score_export_log(net, config, metadata, arrays, train, test, client, run_id)
+        except BaseException:
+            client.set_terminated(run_id, "FAILED")
+            raise
+    client.set_terminated(run_id)
+    return result
+
+
+def _score_export_log(net: AcceptanceNet, config: AcceptanceConfig, metadata: dict, arrays: DenseArrays,
+                      train: DenseArrays, test: DenseArrays, client, run_id: str) -> AcceptanceResult:
+    """The test split's figures beside the entropy's, the ONNX file, and both logged to the run."""
+    import matplotlib.pyplot as plt
+
+    output = Path(config.run.output)
     predicted, baseline = predict(net, test.hidden, test.scalars), entropy_baseline(train, test)
     figures, per_category = score_test_split(predicted, baseline, test)
     temperatures = sorted(float(t) for t in np.unique(arrays.scalars[:, 3]))
     props = acceptance_props(metadata, config, arrays, temperatures)
     parity, call_us = export_acceptance(net, output, temperatures, props, node_vectors(test)[:2048])
     for key, value in {**figures, "parity_max_abs": parity, "onnx_call_us": call_us,
-                       "nodes/train": len(train), "nodes/val": len(val), "nodes/test": len(test)}.items():
+                       "nodes/train": len(train), "nodes/test": len(test)}.items():
         client.log_metric(run_id, key if key in ("parity_max_abs", "onnx_call_us") or key.startswith("nodes/")
                           else f"test/{key}", float(value))
     client.log_dict(run_id, per_category, "per_category.json")
-    client.log_figure(run_id, calibration_figure(predicted, baseline, test.beta), "plots/calibration.png")
+    figure = calibration_figure(predicted, baseline, test.beta)
+    client.log_figure(run_id, figure, "plots/calibration.png")
+    plt.close(figure)
     client.log_artifact(run_id, str(output))
-    client.set_terminated(run_id)
     return AcceptanceResult(output, run_id, figures, per_category, parity, call_us)
 
 

@@ -168,18 +168,24 @@ def static_profile(data: EpisodeData) -> StaticProfile:
 
 def rule_profile(data: EpisodeData, signal: np.ndarray, rule: Rule, min_gain: float) -> RuleProfile:
     """The machine-free profile of ``rule`` halting on ``signal`` ``(N, s, D)`` over ``data`` (in-sample): its mean
-    Ê, the share of episodes drafting each tree, and the share paying one draft pass more (:func:`rule_step_ms`)."""
+    Ê, the share of episodes drafting each tree, the share paying one draft pass more (:func:`rule_step_ms`), and
+    per tree the stream weight Σ 1/Ê of the roots that drafted it (``inverse_be``), which keeps what the rule is
+    for: small trees where Ê is low, large ones where it is high (decode/policies/guard.py ``RuleProfile``)."""
     index = _Index(data.actions)
     depth = halting_depth(signal, rule.theta, rule.floor, rule.cap)  # (N, s)
     columns = _columns(index, rule, depth)
     rows = np.arange(len(data.be))[:, None]
     trees = np.arange(data.be.shape[1])[None, :]
-    chosen, counts = np.unique(columns, return_counts=True)
-    shares = {data.actions[int(c)].canonical().key: float(n) / columns.size
-              for c, n in zip(chosen, counts, strict=True)}
-    looked = 0.0 if rule.k > 1 and rule.l2 > 0 else float(((depth >= 1) & (depth < rule.cap)).mean())
-    per_root = np.nanmean(data.be[rows, trees, columns], axis=1)
-    return RuleProfile(float(harmonic_mean(per_root)), shares, looked, length_quantiles(data.lengths), min_gain)
+    keys = np.array([a.canonical().key for a in data.actions], dtype=object)[columns]  # (N, s)
+    shares = {str(k): float((keys == k).mean()) for k in np.unique(keys)}
+    looked_at = np.zeros(depth.shape, dtype=bool) if rule.k > 1 and rule.l2 > 0 else (depth >= 1) & (depth < rule.cap)
+    per_root = np.nanmean(data.be[rows, trees, columns], axis=1)  # (N,) Ē_i
+    # the stream's Σ_i T̄_i / Ē_i, with T̄_i the mean over the root's trees, split by tree: Σ_tree T(tree) · w_tree
+    weight = (1.0 / per_root)[:, None] / columns.size  # (N, 1): each episode's 1 / (N s Ē_i)
+    inverse_be = {str(k): float((weight * (keys == k)).sum()) for k in shares}
+    looked_inverse = float((weight * looked_at).sum())
+    return RuleProfile(float(harmonic_mean(per_root)), shares, float(looked_at.mean()),
+                       length_quantiles(data.lengths), min_gain, inverse_be, looked_inverse)
 
 
 def static_best(data: EpisodeData) -> int:

@@ -118,6 +118,11 @@ class RuleProfile:
         looked: the fraction of episodes that paid one draft pass more than their tree's T̂ (a chain stopped at
             1 ≤ d < cap: the loop ran node d's forward to look at it; selector/expansion.py ``rule_step_ms``).
         lengths: the roots' context lengths (:func:`length_quantiles`).
+        inverse_be: per tree, Σ over the episodes that drafted it of 1 / (N s Ē_i) (Ē_i: its root's Ê): the stream
+            throughput under any table is then 1 / Σ_tree T(tree) · inverse_be[tree] (+ the looks), which keeps the
+            rule's pairing of small trees with low Ê. None in files written before it: then Ê / mean T, which
+            drops that pairing and reads a rule low.
+        looked_inverse: the same weight summed over the episodes that paid a look.
     """
 
     be: float
@@ -125,12 +130,17 @@ class RuleProfile:
     looked: float
     lengths: list[int]
     min_gain: float = field(default=0.0)
+    inverse_be: dict[str, float] | None = None
+    looked_inverse: float = 0.0
 
     @classmethod
     def from_dict(cls, data: dict) -> RuleProfile:
         try:
+            inverse = data.get("inverse_be")
             return cls(float(data["be"]), {str(k): float(v) for k, v in data["trees"].items()},
-                       float(data["looked"]), [int(v) for v in data["lengths"]], float(data.get("min_gain", 0.0)))
+                       float(data["looked"]), [int(v) for v in data["lengths"]], float(data.get("min_gain", 0.0)),
+                       None if inverse is None else {str(k): float(v) for k, v in inverse.items()},
+                       float(data.get("looked_inverse", 0.0)))
         except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"malformed rule profile ({err})") from err
 
@@ -138,12 +148,16 @@ class RuleProfile:
         return asdict(self)
 
     def tokens_per_ms(self, table: LatencyTable) -> float:
-        """The rule's throughput under ``table``: Ê over the mean step time of the trees it drafted."""
+        """The rule's stream throughput under ``table`` (tokens per ms; see ``inverse_be``)."""
+        look_ms = float(np.mean([table.draft(length, 1) for length in self.lengths]))
+        if self.inverse_be is not None:
+            actions = [Action.parse(a) for a in self.inverse_be]
+            weights = np.asarray(list(self.inverse_be.values()))
+            return 1.0 / (float(weights @ mean_step_ms(table, self.lengths, actions)) + self.looked_inverse * look_ms)
         actions = [Action.parse(a) for a in self.trees]
         weights = np.asarray(list(self.trees.values()))
         step = float(weights @ mean_step_ms(table, self.lengths, actions))
-        look = self.looked * float(np.mean([table.draft(length, 1) for length in self.lengths]))
-        return self.be / (step + look)
+        return self.be / (step + self.looked * look_ms)
 
     def beats(self, static: StaticProfile, table: LatencyTable) -> bool:
         """Whether the rule's throughput under ``table`` clears the best static tree's by ``min_gain``."""

@@ -87,3 +87,17 @@ def test_a_latency_table_of_another_pair_is_refused():
         table.check_pair("0" * 64)
     table.check_pair("f" * 64)
     LatencyTable.from_json(table.to_json()).check_pair("f" * 64)
+
+
+def test_a_rule_profile_keeps_the_pairing_of_small_trees_with_low_acceptance():
+    """Two roots: one drafts nothing and makes 1.2 tokens a step, the other a 3-token chain and makes 3. The stream
+    throughput is 2 / (T(1,0,0)/1.2 + T(1,3,0)/3.0) under any table; Ê over the mean step time would read it low."""
+    length = LENGTHS[0]
+    fast, slow = (STEEP.step_ms(length, Action.parse(a)) for a in ("1,0,0", "1,3,0"))
+    stream = 2 / (fast / 1.2 + slow / 3.0)
+    profile = RuleProfile(2 / (1 / 1.2 + 1 / 3.0), {"1,0,0": 0.5, "1,3,0": 0.5}, 0.0, [length],
+                          inverse_be={"1,0,0": 1 / (2 * 1.2), "1,3,0": 1 / (2 * 3.0)})
+    assert profile.tokens_per_ms(STEEP) == pytest.approx(stream, rel=1e-9)
+    older = RuleProfile.from_dict({k: v for k, v in profile.as_dict().items() if k != "inverse_be"})
+    assert older.tokens_per_ms(STEEP) < 0.95 * stream  # the decoupled mean: why rules never ran on their machine
+    assert RuleProfile.from_dict(profile.as_dict()) == profile
