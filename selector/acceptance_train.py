@@ -348,13 +348,10 @@ def _score_export_log(net: AcceptanceNet, config: AcceptanceConfig, metadata: di
 
 
 def dense_fingerprint(folder: str | Path) -> str:
-    """sha256 over dense.json's bytes and every shard's name and size."""
-    import hashlib
+    """sha256 over dense.json's bytes and every shard's name and size (selector/data.py ``folder_fingerprint``)."""
+    from selector.data import folder_fingerprint
 
-    digest = hashlib.sha256((Path(folder) / "dense.json").read_bytes())
-    for shard in sorted(Path(folder).glob("dense-*.parquet")):
-        digest.update(f"{shard.name}:{shard.stat().st_size}\n".encode())
-    return digest.hexdigest()
+    return folder_fingerprint(Path(folder) / "dense.json", sorted(Path(folder).glob("dense-*.parquet")))
 
 
 def acceptance_props(metadata: dict, config: AcceptanceConfig, arrays: DenseArrays, temperatures: list[float]

@@ -183,8 +183,14 @@ def inspect_dataset(folder: str | Path, verifier: str) -> DatasetInfo:
 
 def data_fingerprint(info: DatasetInfo) -> str:
     """sha256 over dataset.json's bytes and every shard's name and size: changes when the data set does."""
-    digest = hashlib.sha256((info.folder / METADATA_FILE).read_bytes())
-    for shard in info.shards:
+    return folder_fingerprint(info.folder / METADATA_FILE, info.shards)
+
+
+def folder_fingerprint(metadata: Path, shards: Sequence[Path]) -> str:
+    """sha256 over a data set's metadata file's bytes and each shard's name and size (a collection's or a dense
+    set's)."""
+    digest = hashlib.sha256(metadata.read_bytes())
+    for shard in shards:
         digest.update(f"{shard.name}:{shard.stat().st_size}\n".encode())
     return digest.hexdigest()
 

@@ -110,7 +110,7 @@ def expansion_report(folder: Path, metadata: dict, selectors: dict[str, str], fo
     lines = ["| T | verifier | best static | root-time selector | top-probability rule | entropy rule | learned "
              "per-node | " + "".join(f"{name} rule | " for name in extra_names) + "exact-β rule (oracle) | "
              "per-tree oracle (hindsight) | corr(top, β) | corr(learned, β) |"
-             + ("corr(acceptance, β) |" if acceptance else ""),
+             + (" corr(acceptance, β) |" if acceptance else ""),
              "|---|---|" + "---:|" * (9 + 3 * bool(acceptance))]
     result, model = {}, None
     for verifier in verifiers:

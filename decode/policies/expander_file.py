@@ -10,9 +10,9 @@ path (1, d, 0)) or K i.i.d. branches of L2 tokens (the tree (K, d, L2)). The sig
 * ``learned``: β̂, the acceptance head's prediction of 1 − TV(p, q) at the node from the draft's state alone;
 * ``acceptance``: β̂ from an acceptance model trained on dense labels (selector/acceptance.py), the graph's input
   then the node's own features only (``head_inputs: node``);
-* ``marginal``: the marginal rule on that β̂ (:func:`marginal_gain`): what one more trunk token adds in expected
-  tokens per unit of the time it adds, relative to the step's tokens per unit time if the trunk stopped here, with
-  the step times of the running machine's latency table (else the fit's, ``chain_ms``);
+* ``marginal``: the marginal rule on that β̂ (decode/policies/halting.py ``marginal_gain``): what one more trunk
+  token adds in expected tokens per unit of the time it adds, relative to the step's tokens per unit time if the
+  trunk stopped here, with the step times of the running machine's latency table (else the fit's, ``chain_ms``);
 * ``static``: no rule; the decoder drafts the configuration's ``fallback`` action every step.
 
 The graph is the acceptance head: input ``node`` ``[batch, F]`` float32, output ``beta`` ``[batch, C]``, one column
@@ -37,7 +37,7 @@ from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig, nearest_setting
 from decode.policies.features import FEATURE_SCHEMA_VERSION, SCALAR_NAMES
 from decode.policies.guard import RuleProfile, StaticProfile
-from decode.policies.halting import HaltingRule, marginal_gain  # noqa: F401  (the file's rule; re-exported)
+from decode.policies.halting import HaltingRule
 from decode.policies.latency import LatencyTable
 from decode.policies.policy_file import PolicyFileMetadata, read_props
 
