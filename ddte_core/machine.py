@@ -39,3 +39,22 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
     name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
     return f"{name} ({'with' if native_bf16_cpu() else 'without'} AVX-512 BF16)"
+
+
+def environment() -> dict[str, str | int | None]:
+    """What a measurement ran on, as result files record it: Python, torch, transformers (None where it is not
+    installed), the machine's architecture, its CPU model (:func:`cpu_model`), its cores and torch's threads. A
+    caller adds its own keys on top (the device, the GPU, the load average)."""
+    import os
+    from importlib.util import find_spec
+
+    import torch
+
+    transformers = None
+    if find_spec("transformers") is not None:
+        import transformers as module
+
+        transformers = module.__version__
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers,
+            "machine": platform.machine(), "cpu": cpu_model(), "cores": os.cpu_count(),
+            "threads": torch.get_num_threads()}

@@ -99,3 +99,27 @@ def test_quiet_lightning_drops_lightnings_status_lines_and_keeps_the_rest(caplog
         assert [r.getMessage() for r in caplog.records] == ["a line that matters"]
         rank_zero.info("GPU available: False, used: False")  # outside the block: as Lightning logs it
         assert caplog.records[-1].getMessage().startswith("GPU available")
+
+
+def test_the_environment_record_names_the_machine_and_tolerates_a_missing_transformers(monkeypatch):
+    """One record for every result file: the running torch's threads, the CPU model of ddte_core.machine, and
+    transformers only where it is installed."""
+    import importlib.util
+
+    import torch
+
+    from ddte_core.machine import cpu_model, environment
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        env = environment()
+    finally:
+        torch.set_num_threads(threads)
+    assert set(env) == {"python", "torch", "transformers", "machine", "cpu", "cores", "threads"}
+    assert env["threads"] == 1 and env["cpu"] == cpu_model() and env["torch"] == torch.__version__
+    assert env["transformers"]  # installed here
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "transformers" else real(name, *rest))
+    assert environment()["transformers"] is None
