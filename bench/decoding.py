@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -22,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from bench.method import AR, Method
-from ddte_core.machine import cpu_model
+from ddte_core.machine import environment as machine_environment
 from ddte_core.quiet import quiet_transformers
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig
@@ -337,11 +335,6 @@ def category_rows(rows: list[dict], categories: list[str]) -> list[dict]:
 
 
 def environment(device: torch.device) -> dict:
-    import transformers
-
-    return {
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "machine": platform.machine(), "processor": platform.processor(), "cpu": cpu_model(), "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(), "device": str(device),
-        "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-    }
+    """The machine record (:func:`ddte_core.machine.environment`) with the device the bench ran on and its GPU."""
+    return machine_environment() | {"device": str(device),
+                                    "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None}
