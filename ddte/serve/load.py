@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.decoding import method_policy
     from bench.method import Method
     from ddte.serve.app import Served, create_app
-    from ddte_core.machine import cpu_model
+    from ddte_core.machine import environment
     from decode.drafting.sampling import SamplingConfig
     from decode.engine import SpeculativeDecoder
     from decode.pair import read_pair_config
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = list(pair.tokenizer(args.prompt)["input_ids"])
     body = {"model": "ddte", "prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": args.temperature}
     sampling = SamplingConfig(args.temperature)
-    out: dict = {"pair": args.pair, "method": method.key, "cpu": cpu_model(), "max_tokens": args.max_tokens,
+    out: dict = environment() | {"pair": args.pair, "method": method.key, "max_tokens": args.max_tokens,
                  "temperature": args.temperature}
 
     out["server_vs_generate"] = _one_at_a_time(args, decoder, policy, ids, sampling, base, body, out["cpu"],
