@@ -8,8 +8,6 @@ regime get no figure.
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -98,13 +96,3 @@ def format_table(rows: list[BenchRow]) -> str:
     for r in rows:
         lines.append(f"| {r.verifier} | {r.tree} | {r.vocab} | {cell(r.verify_us)} | {cell(r.expected_us)} |")
     return "\n".join(lines)
-
-
-def environment() -> dict:
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-    }

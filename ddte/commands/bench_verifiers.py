@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from bench.verifiers import GOAL_MS, bench_case, environment, format_table, parse_tree_spec
+    from bench.verifiers import GOAL_MS, bench_case, format_table, parse_tree_spec
+    from ddte_core.machine import environment
     from decode.verifiers import get_verifier, verifier_names
 
     names = args.verifiers or verifier_names()
