@@ -4,8 +4,9 @@ A method is ``ar`` (the target alone, HF ``generate``), ``hf-assisted`` (HF assi
 draft), both on the stock models (every linear layer on ``F.linear``: what users have), ``ar-kernels`` and
 ``hf-assisted-kernels`` (the same two on the kernel paths the pair runs here, decode/models/kernels.py: ddte's own AR
 on the target's kernels, and HF assisted with the same q as ddte's draft), or ``VERIFIER@SPEC``, a ddte decoder
-with a policy: SPEC is a static shape ``K,L1,L2``, a named policy
-(``adaptive``, ``entropy``), ``selector=FILE``, ``policy=FILE`` or ``expander=FILE``. Static shapes that draft the
+with a policy: SPEC is a policy spec, parsed and spelled by its one owner, decode/policies/spec.py (a static shape
+``K,L1,L2``, ``adaptive``, ``entropy``, ``selector=FILE``, ``policy=FILE`` or ``expander=FILE``, with options for the
+named policies). What only the bench has stays here: the HF kinds and ``+draft=FOLDER``. Static shapes that draft the
 same tree are one method: :meth:`Method.parse` keeps the canonical shape
 (:meth:`decode.drafting.actions.Action.canonical`), so ``specinfer@1,0,2`` and ``specinfer@2,2,0`` are both
 ``specinfer@1,2,0``. A ddte method may name another draft for the same target, ``+draft=FOLDER``
@@ -17,45 +18,34 @@ spelling a string.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from decode.drafting.actions import Action, check_in_grid
-from decode.engine import check_action
+from decode.drafting.actions import Action
+from decode.policies.spec import PolicySpec, check_spec_verifier, parse_policy_spec
 from decode.verifiers import get_verifier
 
 HF_KINDS = ("ar", "hf-assisted", "ar-kernels", "hf-assisted-kernels")
-NAMED_POLICIES = ("adaptive", "entropy")
-FILE_KINDS = ("selector", "policy", "expander")  # SPEC = KIND=FILE
 DRAFT_SUFFIX = "+draft="  # a ddte method run with another draft folder
-KINDS = (*HF_KINDS, "static", *NAMED_POLICIES, *FILE_KINDS)
 
 
 @dataclass(frozen=True)
 class Method:
-    """One method. ``kind``: ``ar``, ``hf-assisted``, ``static``, a named policy, ``selector`` or ``policy``.
+    """One method: an HF kind (``hf``), or a ddte decoder (``verifier`` and ``policy``, the typed spec of
+    decode/policies/spec.py) with, optionally, another ``draft`` folder to run instead of the pair's, as given."""
 
-    ``verifier``: the ddte decoder's verifier (None for the HF kinds); ``action``: the canonical static shape
-    (``static`` only); ``path``: the selector, policy or expander file (those kinds only), as given; ``draft``: a draft
-    folder to run instead of the pair's (ddte kinds only), as given.
-    """
-
-    kind: str
+    hf: str | None = None
     verifier: str | None = None
-    action: Action | None = None
-    path: str | None = None
+    policy: PolicySpec | None = None
     draft: str | None = None
 
     def __post_init__(self) -> None:
-        wants = (self.kind not in HF_KINDS, self.kind == "static", self.kind in FILE_KINDS)
-        has = (self.verifier is not None, self.action is not None, self.path is not None)
-        if self.kind not in KINDS or wants != has or (self.draft is not None and self.kind in HF_KINDS):
-            raise ValueError(f"not a method: {self!r} (a verifier for every kind but {', '.join(HF_KINDS)}, an "
-                             f"action for static, a file for {' and '.join(FILE_KINDS)}, a draft for ddte kinds)")
-        if self.action is not None:
-            object.__setattr__(self, "action", self.action.canonical())
+        ddte = self.hf is None and self.verifier is not None and self.policy is not None
+        hf = self.hf in HF_KINDS and self.verifier is None and self.policy is None and self.draft is None
+        if not (ddte or hf):
+            raise ValueError(f"not a method: {self!r} (one of {', '.join(HF_KINDS)}, or a verifier and a policy "
+                             "spec, a draft for ddte methods only)")
 
     @classmethod
     def parse(cls, text: str) -> Method:
@@ -66,58 +56,67 @@ class Method:
         text, plus, draft = text.partition(DRAFT_SUFFIX)
         if plus and not draft:
             raise ValueError(f"bad method '{text}{plus}': name the draft folder after {DRAFT_SUFFIX}")
-        method = cls._parse_ddte(text)
-        return dataclasses.replace(method, draft=draft) if draft else method
-
-    @classmethod
-    def _parse_ddte(cls, text: str) -> Method:
-        name, sep, spec = text.partition("@")
+        name, sep, spec_text = text.partition("@")
         if not sep:
-            raise ValueError(f"bad method '{text}': use {', '.join(HF_KINDS)}, VERIFIER@K,L1,L2 or "
-                             "VERIFIER@adaptive")
+            raise ValueError(f"bad method '{text}': use {', '.join(HF_KINDS)} or VERIFIER@SPEC (e.g. "
+                             "traversal@2,2,4, traversal@adaptive)")
         verifier = get_verifier(name)  # KeyError names the known verifiers
-        kind, eq, value = spec.partition("=")
-        if eq and kind in FILE_KINDS and value:
-            return cls(kind, verifier.name, path=value)
-        if spec in NAMED_POLICIES:
-            return cls(spec, verifier.name)
         try:
-            action = Action.parse(spec)
-            check_in_grid(action)
-            check_action(verifier, action)
+            spec = parse_policy_spec(spec_text)
+            check_spec_verifier(spec, verifier)
         except ValueError as err:
             raise ValueError(f"bad method '{text}': {err}") from err
-        return cls("static", verifier.name, action)
+        return cls(verifier=verifier.name, policy=spec, draft=draft or None)
+
+    @classmethod
+    def ddte(cls, verifier: str, spec: PolicySpec) -> Method:
+        """``VERIFIER@SPEC``."""
+        return cls(verifier=verifier, policy=spec)
 
     @classmethod
     def static(cls, verifier: str, action: Action | str) -> Method:
         """``VERIFIER@K,L1,L2`` (the canonical shape)."""
-        return cls("static", verifier, action if isinstance(action, Action) else Action.parse(action))
+        return cls.ddte(verifier, PolicySpec.static(action))
 
     @classmethod
     def selector(cls, verifier: str, path: str | Path) -> Method:
         """``VERIFIER@selector=FILE``."""
-        return cls("selector", verifier, path=str(path))
+        return cls.ddte(verifier, PolicySpec.file("selector", str(path)))
 
     @classmethod
     def expander(cls, verifier: str, path: str | Path) -> Method:
         """``VERIFIER@expander=FILE``."""
-        return cls("expander", verifier, path=str(path))
+        return cls.ddte(verifier, PolicySpec.file("expander", str(path)))
 
     @classmethod
     def policy_file(cls, verifier: str, path: str | Path) -> Method:
         """``VERIFIER@policy=FILE``."""
-        return cls("policy", verifier, path=str(path))
+        return cls.ddte(verifier, PolicySpec.file("policy", str(path)))
+
+    @property
+    def kind(self) -> str:
+        """The HF kind, or the policy's kind (``static``, ``adaptive``, ``entropy``, ``selector``, ...)."""
+        return self.hf if self.policy is None else self.policy.kind
+
+    @property
+    def action(self) -> Action | None:
+        """The canonical static shape (static methods only)."""
+        return None if self.policy is None else self.policy.action
+
+    @property
+    def path(self) -> str | None:
+        """The selector, expander or policy file, as given (those kinds only)."""
+        return None if self.policy is None else self.policy.path
 
     @property
     def is_hf(self) -> bool:
         """HF ``generate`` runs it (``ar``, ``hf-assisted``): no ddte decoder, no policy."""
-        return self.kind in HF_KINDS
+        return self.policy is None
 
     @property
     def on_stock_kernels(self) -> bool:
         """An HF row on the stock models (``ar``, ``hf-assisted``), not on the pair's kernel paths."""
-        return self.kind in HF_KINDS[:2]
+        return self.hf in HF_KINDS[:2]
 
     @property
     def is_static(self) -> bool:
@@ -126,30 +125,26 @@ class Method:
     @property
     def spec(self) -> str | None:
         """What follows ``VERIFIER@`` (None for the HF kinds)."""
-        if self.is_hf:
-            return None
-        if self.action is not None:
-            return self.action.key
-        return f"{self.kind}={self.path}" if self.path is not None else self.kind
+        return None if self.policy is None else self.policy.text
 
     @property
     def key(self) -> str:
         """The canonical spelling: what a bench row's ``method`` holds."""
         if self.is_hf:
-            return self.kind
+            return self.hf
         return f"{self.verifier}@{self.spec}" + (f"{DRAFT_SUFFIX}{self.draft}" if self.draft else "")
 
     @property
     def label(self) -> str:
         """The spelling for a figure or a metric name: a file or a draft folder reduced to its name."""
         base = f"{self.verifier}@{self.kind}={Path(self.path).name}" if self.path is not None else \
-            self.kind if self.is_hf else f"{self.verifier}@{self.spec}"
+            self.hf if self.is_hf else f"{self.verifier}@{self.spec}"
         return base + (f"{DRAFT_SUFFIX}{Path(self.draft).name}" if self.draft else "")
 
     @property
     def group(self) -> str:
         """What a figure groups and colours rows by: the verifier, or the HF kind."""
-        return self.verifier or self.kind
+        return self.verifier or self.hf
 
     def __str__(self) -> str:
         return self.key

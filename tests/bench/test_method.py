@@ -6,6 +6,7 @@ import pytest
 
 from bench.method import AR, Method, by_method, static_rows, unique_methods
 from decode.drafting.actions import Action
+from decode.policies.spec import PolicySpec
 
 
 def test_equivalent_static_shapes_are_one_method_under_the_canonical_spelling():
@@ -51,9 +52,19 @@ def test_rows_are_found_by_their_typed_method():
 
 
 def test_a_method_holds_exactly_the_parts_of_its_kind():
-    for parts in [("ar", "nss"), ("static", "nss"), ("selector", "nss", Action(1, 2, 0)), ("adaptive",), ("bogus",)]:
+    spec = PolicySpec.static("1,2,0")
+    for parts in [("ar", "nss"), ("ar", None, spec), (None, "nss"), (None, None, spec), ("bogus",), ()]:
         with pytest.raises(ValueError, match="not a method"):
             Method(*parts)
+
+
+def test_named_policies_with_options_are_methods_and_defaults_keep_the_old_spelling():
+    method = Method.parse("nss@entropy:max-draft=6,threshold=1.5")
+    assert method.policy == PolicySpec.entropy(1.5, 6) and method.key == "nss@entropy:threshold=1.5,max-draft=6"
+    assert Method.parse("nss@entropy:threshold=2,max-draft=8").key == "nss@entropy"
+    assert Method.parse("nss@adaptive:max-draft=4").policy == PolicySpec.adaptive(4)
+    with pytest.raises(ValueError, match="bad method 'nss@9,9,9': .* beyond the action grid"):
+        Method.parse("nss@9,9,9")
 
 
 def test_a_ddte_method_may_name_another_draft():

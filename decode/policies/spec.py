@@ -1,0 +1,178 @@
+"""The policy spec: which policy to run, typed, with its one text grammar and one canonical spelling.
+
+A spec is what follows ``VERIFIER@`` in a bench method, ``ddte serve --method`` and what ``ddte generate``'s policy
+flags amount to:
+
+* ``K,L1,L2``: the static policy, that tree every step (kept as its canonical shape:
+  :meth:`decode.drafting.actions.Action.canonical`, so ``1,0,2`` and ``2,2,0`` are both ``1,2,0``);
+* ``adaptive`` or ``adaptive:max-draft=N``: HF assisted generation's +2/-1 schedule, up to N tokens (default 8);
+* ``entropy`` or ``entropy:threshold=H,max-draft=N``: a single path of up to N tokens that stops where the draft's
+  entropy exceeds H nats (defaults 2 and 8);
+* ``selector=FILE``, ``expander=FILE``, ``policy=FILE``: a trained selector, a fitted expander or the policy file
+  ``ddte pipeline`` writes.
+
+The canonical text leaves default options out, so the spellings older bench files hold (``adaptive``, ``entropy``,
+``2,2,4``, ``selector=FILE``) are still the canonical ones. Files are not opened here: the builder
+(decode/policies/deployment.py, :func:`~decode.policies.deployment.build_policy`) opens and checks them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from decode.drafting.actions import Action, check_in_grid
+
+NAMED_KINDS = ("adaptive", "entropy")
+FILE_KINDS = ("selector", "expander", "policy")  # SPEC = KIND=FILE
+SPEC_KINDS = ("static", *NAMED_KINDS, *FILE_KINDS)
+DEFAULT_MAX_DRAFT = 8
+DEFAULT_ENTROPY_THRESHOLD = 2.0
+OPTIONS = {"adaptive": ("max-draft",), "entropy": ("threshold", "max-draft")}  # in canonical order
+SPEC_FORMS = "K,L1,L2, adaptive[:max-draft=N], entropy[:threshold=H,max-draft=N], selector=FILE, expander=FILE " \
+             "or policy=FILE"
+
+
+def check_max_draft(value: int) -> None:
+    """ValueError unless ``value`` is a longest draft the adaptive and entropy policies take (1 to the grid's
+    longest single path)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max-draft must be an integer >= 1, got {value!r}")
+    check_in_grid(Action(1, value, 0))
+
+
+def check_entropy_threshold(value: float) -> None:
+    """ValueError unless ``value`` is a finite number of nats > 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"threshold must be a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One policy, typed. ``kind``: one of :data:`SPEC_KINDS`; ``action``: the canonical tree (``static`` only);
+    ``path``: the file as given (the file kinds only); ``max_draft``: the longest draft (``adaptive``, ``entropy``);
+    ``entropy_threshold``: nats (``entropy`` only). Options a kind does not take are None."""
+
+    kind: str
+    action: Action | None = None
+    path: str | None = None
+    max_draft: int | None = None
+    entropy_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        wants = (self.kind == "static", self.kind in FILE_KINDS, self.kind in NAMED_KINDS, self.kind == "entropy")
+        has = (self.action is not None, bool(self.path), self.max_draft is not None,
+               self.entropy_threshold is not None)
+        if self.kind not in SPEC_KINDS or wants != has:
+            raise ValueError(f"not a policy spec: {self!r} (an action for static, a file for "
+                             f"{', '.join(FILE_KINDS)}, a longest draft for adaptive and entropy, a threshold for "
+                             "entropy)")
+        if self.action is not None:
+            object.__setattr__(self, "action", self.action.canonical())
+        if self.max_draft is not None:
+            check_max_draft(self.max_draft)
+        if self.entropy_threshold is not None:
+            check_entropy_threshold(self.entropy_threshold)
+            object.__setattr__(self, "entropy_threshold", float(self.entropy_threshold))
+
+    @classmethod
+    def static(cls, action: Action | str) -> PolicySpec:
+        return cls("static", action if isinstance(action, Action) else Action.parse(action))
+
+    @classmethod
+    def adaptive(cls, max_draft: int = DEFAULT_MAX_DRAFT) -> PolicySpec:
+        return cls("adaptive", max_draft=max_draft)
+
+    @classmethod
+    def entropy(cls, threshold: float = DEFAULT_ENTROPY_THRESHOLD, max_draft: int = DEFAULT_MAX_DRAFT) -> PolicySpec:
+        return cls("entropy", max_draft=max_draft, entropy_threshold=threshold)
+
+    @classmethod
+    def file(cls, kind: str, path: str) -> PolicySpec:
+        """``selector=FILE``, ``expander=FILE`` or ``policy=FILE``."""
+        return cls(kind, path=str(path))
+
+    @property
+    def reads_file(self) -> bool:
+        """A selector, expander or policy file: the builder opens it and checks it against the pair."""
+        return self.kind in FILE_KINDS
+
+    @property
+    def text(self) -> str:
+        """The canonical spelling (default options left out); :func:`parse_policy_spec` reads it back."""
+        if self.action is not None:
+            return self.action.key
+        if self.path is not None:
+            return f"{self.kind}={self.path}"
+        values = {"threshold": self.entropy_threshold, "max-draft": self.max_draft}
+        defaults = {"threshold": DEFAULT_ENTROPY_THRESHOLD, "max-draft": DEFAULT_MAX_DRAFT}
+        options = [f"{name}={_shortest(values[name])}" for name in OPTIONS[self.kind] if values[name] != defaults[name]]
+        return self.kind + (":" + ",".join(options) if options else "")
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_policy_spec(text: str) -> PolicySpec:
+    """The spec from its text form (module docstring); ValueError with one line for anything else. The action grid
+    bounds static shapes and longest drafts; whether a verifier is lossless on a shape is the caller's check
+    (:func:`check_spec_verifier`)."""
+    kind, eq, value = text.partition("=")
+    if eq and kind in FILE_KINDS:
+        if not value:
+            raise ValueError(f"'{text}': name the file after {kind}=")
+        return PolicySpec.file(kind, value)
+    name, colon, options = text.partition(":")
+    if name in NAMED_KINDS:
+        return _parse_named(text, name, options if colon else None)
+    try:
+        action = Action.parse(text)
+        check_in_grid(action)
+    except ValueError as err:
+        if "," not in text:
+            raise ValueError(f"'{text}' is not a policy: use {SPEC_FORMS}") from err
+        raise ValueError(f"'{text}': {err}") from err
+    return PolicySpec.static(action)
+
+
+def _parse_named(text: str, name: str, options: str | None) -> PolicySpec:
+    """``adaptive`` or ``entropy`` with its ``:NAME=VALUE,...`` options (None: none given)."""
+    values: dict[str, str] = {}
+    for item in [] if options is None else options.split(","):
+        key, eq, value = item.partition("=")
+        if key not in OPTIONS[name] or not eq or not value:
+            raise ValueError(f"'{text}': {name} takes {', '.join(f'{o}=VALUE' for o in OPTIONS[name])}, got "
+                             f"'{item}'")
+        if key in values:
+            raise ValueError(f"'{text}': {key} is given twice")
+        values[key] = value
+    try:
+        max_draft = _number(values.get("max-draft", str(DEFAULT_MAX_DRAFT)), "max-draft", int)
+        threshold = _number(values.get("threshold", str(DEFAULT_ENTROPY_THRESHOLD)), "threshold", float)
+        if name == "adaptive":
+            return PolicySpec.adaptive(max_draft)
+        return PolicySpec.entropy(threshold, max_draft)
+    except ValueError as err:
+        raise ValueError(f"'{text}': {err}") from err
+
+
+def _shortest(value: float) -> str:
+    """``value`` as short as it reads back exactly (``1.5``, ``6``, ``0.123456789``)."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
+
+
+def _number(value: str, key: str, kind: type[int] | type[float]) -> int | float:
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{key} must be {'an integer' if kind is int else 'a number'}, got '{value}'") from None
+
+
+def check_spec_verifier(spec: PolicySpec, verifier) -> None:
+    """ValueError when ``verifier`` is not lossless on a static spec's trees (the other kinds draft single paths, or
+    their files are checked when they load)."""
+    if spec.action is not None:
+        from decode.engine import check_action
+
+        check_action(verifier, spec.action)
