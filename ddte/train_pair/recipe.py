@@ -28,6 +28,7 @@ import torch
 from data_gen.corpus import SourceFile, corpus_summary, list_corpus, python_version, select_split, subset
 from ddte.train_pair.config import ModelRecipe, PairConfig, TrainSchedule, config_to_dict
 from ddte.train_pair.tokenizer import BOS, EOS, train_bpe, wrap_for_transformers
+from ddte_core.machine import environment
 from distill.saving import round_to_storage, save_model
 
 DEFAULT_CONFIG = "configs/train-pair/default.yaml"
@@ -273,9 +274,8 @@ def _run_recipe(config: PairConfig, only: str | None) -> dict[str, Any]:
         plot_curves(results, staging / "loss_curve.png")
         meta = {
             "config": config_to_dict(config),
-            "python_version": python_version(),
-            "torch_version": torch.__version__,
-            "threads": torch.get_num_threads(),
+            "python_version": python_version(),  # the corpus's: the standard library it was cut from
+            "environment": environment(),
             "corpus": {
                 **corpus_summary(files),
                 "tokens": {"train": train_stream.numel(), "heldout": heldout_stream.numel()},

@@ -55,6 +55,7 @@ def test_tiny_recipe_produces_loadable_models(tiny_pair):
 
     meta = json.loads((tiny_pair / "recipe.json").read_text())
     assert meta["python_version"] == meta["corpus"]["python_version"]
+    assert meta["environment"]["threads"] >= 1 and meta["environment"]["torch"]
     assert meta["seeds"] == {"target": 1, "draft": 2}
     assert meta["corpus"]["tokens"]["train"] > 0 and meta["corpus"]["files"]["heldout"] > 0
     for name in ("target", "draft"):
