@@ -291,13 +291,11 @@ def pair_facts(pair: LoadedPair, config: CollectConfig, measure: bool) -> dict:
     """What ``dataset.json`` records of a loaded pair and of the machine it runs on, from the worker that loaded it
     (in a Ray cluster the driver may have neither the device nor the libraries' versions); with ``latency`` measured
     here when ``measure`` (else None)."""
-    import os
-    import platform
-
     import datasets
-    import transformers
 
-    device = pair.target.device
+    from ddte_core.machine import environment
+
+    device, env = pair.target.device, environment()
     return {
         "context_limit": pair.context_limit,
         "hidden_sizes": pair.hidden_sizes,
@@ -308,12 +306,11 @@ def pair_facts(pair: LoadedPair, config: CollectConfig, measure: bool) -> dict:
             "vocab_size": int(pair.target.vocab_size),
         },
         "versions": {
-            "ddte": package_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "datasets": datasets.__version__, "python": platform.python_version(),
+            "ddte": package_version(), "torch": env["torch"], "transformers": env["transformers"],
+            "datasets": datasets.__version__, "python": env["python"],
         },
         "hardware": {
-            "device": str(device), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-            "threads": torch.get_num_threads(),
+            "device": str(device), **{key: env[key] for key in ("machine", "cpu", "cores", "threads")},
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "dtype": str(pair.target.dtype).replace("torch.", ""),
         },

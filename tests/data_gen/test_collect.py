@@ -43,6 +43,8 @@ def _rows(out: Path) -> list[dict]:
 
 
 def test_collect_writes_rows_and_metadata(tiny_pair, tmp_path):
+    from ddte_core.machine import cpu_model
+
     out = tmp_path / "data"
     summary = collect(load_collect_config(None, _overrides(tiny_pair, out)), progress=False)
     rows = _rows(out)
@@ -68,6 +70,7 @@ def test_collect_writes_rows_and_metadata(tiny_pair, tmp_path):
         accept, beta = (np.array(row[c]).reshape(2, 4) for c in ("trunk_accept", "trunk_beta"))
         assert ((0 <= accept) & (accept <= 1 + 1e-6)).all() and ((0 <= beta) & (beta <= 1 + 1e-6)).all()
     assert meta["schema_version"] == 2
+    assert meta["hardware"]["cpu"] == cpu_model() and meta["hardware"]["device"] == "cpu" and meta["versions"]["torch"]
     assert meta["trunk_columns"] == ["trunk_accept", "trunk_beta", "trunk_draft_hidden", "trunk_draft_entropy",
                                      "trunk_draft_top"]
     for row in rows:  # the draft's state at trunk depths 0..L_max of each of the 2 trees; depth 0 is the root
