@@ -79,19 +79,14 @@ def relabel_table(table, latency: LatencyTable, passes: DraftPasses):
 
 def relabelled_metadata(metadata: dict, latency: LatencyTable, config: CollectConfig, source: Path) -> dict:
     """The source's metadata with the new latency table and a record of where it came from."""
-    import platform
-
-    import torch
+    from ddte_core.machine import environment
 
     out = copy.deepcopy(metadata)
     out["latency"] = latency.__dict__
     out["relabelled"] = {"from": str(source), "latency_config": config_to_dict(config)["latency"],
                          "previous_latency": metadata.get("latency")}
     if not config.latency.file:  # measured here: say on what
-        out["relabelled"]["hardware"] = {
-            "device": latency.device, "cpu": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
-        }
+        out["relabelled"]["hardware"] = {"device": latency.device} | environment()
     return out
 
 
