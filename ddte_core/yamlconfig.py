@@ -90,6 +90,26 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = value
 
 
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """A YAML file's top-level mapping (empty for an empty file).
+
+    Raises:
+        ValueError: a missing file, text that is not UTF-8 or not valid YAML, or YAML that is not a mapping."""
+    path = bundled(path)
+    if not path.is_file():
+        raise ValueError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"config file {str(path)!r} is not valid YAML: {err}") from err
+    except UnicodeDecodeError as err:
+        raise ValueError(f"config file {str(path)!r} is not UTF-8 text") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {str(path)!r} is not a YAML config: expected 'key: value' lines, "
+                         f"got a {type(data).__name__}")
+    return data
+
+
 def load_yaml_config(cls: type[T], path: str | Path | None, overrides: list[str] | None = None,
                      required: tuple[str, ...] = ()) -> T:
     """Read a YAML file (or start from the defaults when ``path`` is None), apply overrides, build ``cls``.
@@ -98,17 +118,7 @@ def load_yaml_config(cls: type[T], path: str | Path | None, overrides: list[str]
     data: dict[str, Any] = {}
     if path is not None:
         path = bundled(path)
-        if not path.is_file():
-            raise ValueError(f"config file {str(path)!r} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as err:
-            raise ValueError(f"config file {str(path)!r} is not valid YAML: {err}") from err
-        except UnicodeDecodeError as err:
-            raise ValueError(f"config file {str(path)!r} is not UTF-8 text") from err
-        if not isinstance(data, dict):
-            raise ValueError(f"config file {str(path)!r} is not a YAML config: expected 'key: value' lines, "
-                             f"got a {type(data).__name__}")
+        data = read_yaml_mapping(path)
         missing = [key for key in required if key not in data]
         if missing:
             raise ValueError(f"config file {str(path)!r} has no '{missing[0]}:' section (it needs "
