@@ -1,28 +1,33 @@
 """Serve the pair behind an OpenAI-compatible HTTP API: what `ddte pipeline` deployed, or any ddte method.
 
-Endpoints: POST /v1/chat/completions (messages through the pair's chat template) and /v1/completions, with
-temperature, top_p, max_tokens, seed, stop and stream (server-sent events in OpenAI's chunk format); GET /v1/models,
-/health, and /metrics (Prometheus text: requests, tokens, draft and accepted tokens, mean acceptance length, TTFT and
-TPOT histograms, policy decisions by action, queue depth). Every response's usage comes with a "ddte" object: steps,
-mean acceptance length, the actions the policy chose. Sampling settings are per request; each request is exactly the
-target's law at its own settings, and a request with a seed gives what `ddte generate --seed` gives.
+Endpoints: POST /v1/chat/completions (messages through the pair's chat template: a pair that has one, such as
+qwen-coder; the shipped pair has none) and /v1/completions, with temperature, top_p, max_tokens, seed, stop and
+stream (server-sent events in OpenAI's chunk format); GET /v1/models, /health, and /metrics (Prometheus text:
+requests by outcome, tokens, draft and accepted tokens, mean acceptance length, TTFT and TPOT histograms, policy
+decisions by action, queue depth). Every response's usage comes with a "ddte" object: steps, mean acceptance length,
+the actions the policy chose. Sampling settings are per request; each request is exactly the target's law at its own
+settings, and a request with a seed gives what `ddte generate --seed` gives.
 
 One pair is loaded and requests run one at a time, in arrival order (batch size one, the regime speculative decoding
-is for); at most --max-queue wait, and one more gets 429 at once. A client that disconnects ends its generation at
-the next step. Ctrl-C or SIGTERM stops accepting, lets the running request finish, fails the queued ones (503), and
-exits 0. Built on FastAPI and uvicorn; it listens on 127.0.0.1 unless --host says otherwise.
+is for); at most --max-queue wait, and one more gets 429 at once. A body over --max-body-kib gets 413; a bad one
+400, with an OpenAI error object. A client that disconnects ends its generation at the next step. Ctrl-C or SIGTERM
+stops accepting, answers the queued requests 503 at once, lets the running request finish (for at most 30 s, then
+cuts it), and exits 0. Built on FastAPI and uvicorn; it listens on 127.0.0.1 unless --host says otherwise, and prints
+the URL it is bound to (--port 0: a free port, printed).
 
 Examples:
   ddte serve --policy-file runs/pipeline/policy.json
   ddte serve --pair qwen-coder --method traversal@1,2,0 --port 8000
+  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+      -d '{"model": "ddte", "prompt": "def fib(n):", "max_tokens": 32}'
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
       -d '{"model": "ddte", "messages": [{"role": "user", "content": "def fib(n):"}], "max_tokens": 32}'
+      (chat needs a pair with a chat template, e.g. --pair qwen-coder)
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 
 from ddte.commands.common import (
@@ -37,6 +42,7 @@ from ddte.commands.common import (
     use_machine_kernels,
     user_errors,
 )
+from ddte.serve.server import DEFAULT_MAX_BODY_BYTES, listen_socket, url_of
 
 DEFAULT_METHOD = "traversal@1,3,0"
 
@@ -56,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue", type=int, default=16, help="requests that may wait; one more gets 429")
     parser.add_argument("--default-max-tokens", type=int, default=256,
                         help="max_tokens of a request that gives none (capped by the context)")
+    parser.add_argument("--max-body-kib", type=_positive_kib, default=DEFAULT_MAX_BODY_BYTES // 1024,
+                        help="the largest request body, in KiB; a larger one gets 413")
     add_threads_argument(parser)
     add_latency_argument(parser)
 
@@ -102,10 +110,9 @@ def check_arguments(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from bench.decoding import method_policy, needs_latency
     from ddte.serve.app import Served, create_app
+    from ddte.serve.server import serve
     from decode.engine import SpeculativeDecoder
     from decode.verifiers import get_verifier
 
@@ -126,40 +133,25 @@ def run(args: argparse.Namespace) -> int:
         policy = method_policy(method, pair, deployments, machine)
         decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(method.verifier), pair.eos_token_id,
                                      latency=machine)
-    served = Served(args.model_name, pair, decoder, policy, method.key, args.max_queue, args.default_max_tokens)
+    served = Served(args.model_name, pair, decoder, policy, method.key, args.max_queue, args.default_max_tokens,
+                    args.max_body_kib * 1024)
+    with user_errors(OSError):
+        sock = listen_socket(args.host, args.port)
     app = create_app(served)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on",
-                            timeout_graceful_shutdown=60)
-    server = _server(config)
-    print(f"serving {method.key} as model {args.model_name!r} on http://{args.host}:{args.port} "
-          f"(Ctrl-C stops)", file=sys.stderr, flush=True)
-    server.run()
+    print(f"serving {method.key} as model {args.model_name!r} on {url_of(sock)} (Ctrl-C stops)", file=sys.stderr,
+          flush=True)
+    serve(app, sock, on_stop=app.state.worker.close)
     return 0
-
-
-def _server(config):
-    """uvicorn's server, except that the signal that stopped it is not raised again afterwards: a signal is how a
-    server is asked to stop, so the command exits 0."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self):
-            with super().capture_signals():
-                yield
-                self._captured_signals.clear()
-
-    return Server(config)
 
 
 def check_port(host: str, port: int) -> None:
     """UserError when ``host:port`` cannot be listened on (in use, or not an address here), before models load."""
-    import socket
+    with user_errors(OSError):
+        listen_socket(host, port).close()
 
-    try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
-    except OSError as err:
-        raise UserError(f"cannot listen on {host}:{port} ({err.strerror or err})") from err
+
+def _positive_kib(text: str) -> int:
+    """argparse ``type`` of --max-body-kib: a whole number of KiB, at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of KiB >= 1, got '{text}'")
+    return int(text)

@@ -1,27 +1,36 @@
 """The HTTP app: OpenAI's ``/v1/completions`` and ``/v1/chat/completions`` (plain and server-sent events),
 ``/v1/models``, ``/health`` and ``/metrics``, over one loaded pair and one policy (:class:`Served`).
 
-Every request is checked whole before it is queued (:mod:`ddte.serve.requests`); a refusal is an OpenAI error
-object with status 400, a full queue 429, a server shutting down 503. A client that disconnects, streamed or not,
-cancels its job: the generation ends at its next step and the worker takes the next request.
+Every request is read and decoded in one place (:mod:`ddte.serve.body`) and checked whole, off the event loop, before
+it is queued (:mod:`ddte.serve.requests`); a refusal is an OpenAI error object with status 400 (413 for a body over
+the limit), a full queue 429, a server shutting down 503. A client that disconnects, streamed or not, cancels its job:
+the generation ends at its next step and the worker takes the next request. ``/metrics`` counts each request once by
+what happened to it: 200, its refusal's status, 499 for a client that left, 500, 503.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from ddte.serve.body import ClientLeft, decode_json, read_body
 from ddte.serve.metrics import ServerMetrics
 from ddte.serve.requests import CompletionRequest, RequestError, parse_request
+from ddte.serve.server import DEFAULT_MAX_BODY_BYTES
 from ddte.serve.worker import Job, Worker, new_seed
+
+logger = logging.getLogger(__name__)
+WORKER_JOIN_SECONDS = 10.0  # at shutdown, after the drain: the running generation ends at its next step
 
 
 @dataclass
@@ -40,6 +49,7 @@ class Served:
     method: str
     max_queue: int = 16
     default_max_tokens: int = 256
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:
@@ -48,37 +58,10 @@ def error_body(message: str, status: int, param: str | None = None, code: str | 
 
 
 def create_app(served: Served):
-    """The FastAPI app; its lifespan starts the worker thread and, on shutdown, fails what is still queued."""
-    from decode.drafting.rng import TorchRandom
-
-    pair = served.pair
-    metrics_holder: dict = {}
-
-    def run_job(job: Job) -> None:
-        """The worker thread's work for one job: generate, then report."""
-        request = job.request
-        metrics = metrics_holder["metrics"]
-        metrics.started()
-        seed = request.seed if request.seed is not None else new_seed()
-        generation = None
-        try:
-            generation = served.decoder.generate(request.prompt_ids, request.max_tokens, served.policy,
-                                                 TorchRandom(seed), request.sampling, on_step=job.on_step)
-        finally:
-            stats = generation.stats if generation is not None else _empty_stats()
-            ttft = job.first_token_at - job.enqueued if job.first_token_at is not None else None
-            done = time.perf_counter()
-            tpot = ((done - job.first_token_at) / (stats.new_tokens - 1)
-                    if job.first_token_at is not None and stats.new_tokens > 1 else None)
-            metrics.finished(len(request.prompt_ids), stats, ttft, tpot)
-        if job.cancelled.is_set() and not job.stop_hit:
-            return  # nobody is listening
-        reason = "stop" if job.stop_hit or generation.stopped_by == "eos" else "length"
-        job.finish({"finish_reason": reason, "completion_tokens": len(generation.tokens),
-                    "ddte": _ddte_object(generation, served.method, seed)})
-
-    worker = Worker(run_job, served.max_queue)
-    metrics_holder["metrics"] = metrics = ServerMetrics(worker.depth)
+    """The FastAPI app. Its lifespan starts the worker thread; at shutdown it fails what is still queued (503),
+    cancels the running generation and waits for the thread at most :data:`WORKER_JOIN_SECONDS`."""
+    metrics = ServerMetrics(lambda: worker.depth())
+    worker = Worker(functools.partial(_run_job, served, metrics), served.max_queue)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -86,14 +69,15 @@ def create_app(served: Served):
         try:
             yield
         finally:
-            await asyncio.to_thread(worker.stop, 60.0)
+            await asyncio.to_thread(worker.stop, WORKER_JOIN_SECONDS)
 
     app = FastAPI(title="ddte", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    _add_routes(app, served, worker, metrics)
+    app.state.worker, app.state.metrics = worker, metrics
+    return app
 
-    def refuse(endpoint: str, message: str, status: int, param: str | None = None, code: str | None = None):
-        metrics.request(endpoint, str(status))
-        return JSONResponse(error_body(message, status, param, code), status_code=status)
 
+def _add_routes(app, served: Served, worker: Worker, metrics: ServerMetrics) -> None:
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": served.model, "method": served.method, "queue_depth": worker.depth()}
@@ -107,40 +91,104 @@ def create_app(served: Served):
     async def prometheus():
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    async def complete(request: Request, chat: bool):
-        endpoint = "chat" if chat else "completions"
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return refuse(endpoint, "the request body is not valid JSON", 400)
-        try:
-            parsed = parse_request(body, chat, served.model, pair.tokenizer, pair.context_limit,
-                                   served.decoder.vocab, served.default_max_tokens)
-        except RequestError as err:
-            return refuse(endpoint, str(err), err.status, err.param, err.code)
-        job = Job(parsed, pair.tokenizer, asyncio.get_running_loop())
-        if not worker.submit(job):
-            if worker.closing:
-                return refuse(endpoint, "the server is shutting down", 503)
-            return refuse(endpoint, f"the queue is full ({served.max_queue} requests waiting); retry later", 429,
-                          code="queue_full")
-        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        if parsed.stream:
-            metrics.request(endpoint, "200")
-            return StreamingResponse(_stream(job, request, parsed, ident, served.model),
-                                     media_type="text/event-stream")
-        return await _whole(job, request, parsed, ident, served.model, lambda s: metrics.request(endpoint, s))
-
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await complete(request, chat=False)
+        return await _answer(request, False, served, worker, metrics)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await complete(request, chat=True)
+        return await _answer(request, True, served, worker, metrics)
 
-    app.state.worker, app.state.metrics = worker, metrics
-    return app
+
+async def _answer(request: Request, chat: bool, served: Served, worker: Worker, metrics: ServerMetrics):
+    """One completion request, start to end; every outcome counted once in ``/metrics`` by its status (499: the
+    client left; a stream's outcome is counted when it ends)."""
+    endpoint = "chat" if chat else "completions"
+
+    def count(outcome: str) -> None:
+        metrics.request(endpoint, outcome)
+
+    def refuse(message: str, status: int, param: str | None = None, code: str | None = None):
+        count(str(status))
+        return JSONResponse(error_body(message, status, param, code), status_code=status)
+
+    try:
+        raw = await read_body(request, served.max_body_bytes)
+        parsed = await asyncio.to_thread(_checked_request, raw, chat, served)  # tokenizing can take seconds
+    except ClientLeft:
+        count("499")
+        return Response(status_code=499)
+    except RequestError as err:
+        return refuse(str(err), err.status, err.param, err.code)
+    except Exception:  # a bug: logged with its traceback, answered as OpenAI's error object
+        logger.exception("ddte serve: a request failed")
+        return refuse("the server failed to read the request", 500)
+    job = Job(parsed, served.pair.tokenizer, asyncio.get_running_loop())
+    if not worker.submit(job):
+        if worker.closing:
+            return refuse("the server is shutting down", 503)
+        return refuse(f"the queue is full ({served.max_queue} requests waiting); retry later", 429, code="queue_full")
+    ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    reply = _Reply(job, request, parsed, ident, served.model, count, lambda: worker.closing)
+    if parsed.stream:
+        return StreamingResponse(_stream(reply), media_type="text/event-stream")
+    return await _whole(reply)
+
+
+def _checked_request(raw: bytes, chat: bool, served: Served) -> CompletionRequest:
+    """The body decoded and checked, the prompt tokenized (off the event loop: a long prompt takes a while)."""
+    pair = served.pair
+    return parse_request(decode_json(raw), chat, served.model, pair.tokenizer, pair.context_limit,
+                         served.decoder.vocab, served.default_max_tokens)
+
+
+def _run_job(served: Served, metrics: ServerMetrics, job: Job) -> None:
+    """The worker thread's work for one job: generate, then report."""
+    from decode.drafting.rng import TorchRandom
+
+    request = job.request
+    metrics.started()
+    seed = request.seed if request.seed is not None else new_seed()
+    generation = None
+    try:
+        generation = served.decoder.generate(request.prompt_ids, request.max_tokens, served.policy,
+                                             TorchRandom(seed), request.sampling, on_step=job.on_step)
+    finally:
+        stats = generation.stats if generation is not None else _empty_stats()
+        ttft = job.first_token_at - job.enqueued if job.first_token_at is not None else None
+        done = time.perf_counter()
+        tpot = ((done - job.first_token_at) / (stats.new_tokens - 1)
+                if job.first_token_at is not None and stats.new_tokens > 1 else None)
+        metrics.finished(len(request.prompt_ids), stats, ttft, tpot)
+    if job.cancelled.is_set() and not job.stop_hit:
+        return  # nobody is listening
+    reason = "stop" if job.stop_hit or generation.stopped_by == "eos" else "length"
+    job.finish({"finish_reason": reason, "completion_tokens": len(generation.tokens),
+                "ddte": _ddte_object(generation, served.method, seed)})
+
+
+@dataclass
+class _Reply:
+    """A queued request on its way back: its job, the HTTP request, the checked request, the response's id, and how
+    to count its outcome."""
+
+    job: Job
+    http: Request
+    parsed: CompletionRequest
+    ident: str
+    model: str
+    count: Callable[[str], None]
+    closing: Callable[[], bool]
+
+    def left(self) -> None:
+        """The client left: its job is cancelled."""
+        self.job.cancel()
+        self.count("499")
+
+    def cut(self) -> None:
+        """The handler was cancelled: by the server at the end of its drain (503), or as its client left (499)."""
+        self.job.cancel()
+        self.count("503" if self.closing() else "499")
 
 
 def _empty_stats():
@@ -164,38 +212,41 @@ def _usage(request: CompletionRequest, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
 
 
-async def _next_event(job: Job, request) -> object | None:
-    """The job's next event, or None once the client has disconnected (the job is then cancelled)."""
+async def _next_event(reply: _Reply) -> object | None:
+    """The job's next event, or None once the client has disconnected (the job is then cancelled and counted)."""
     while True:
         try:
-            return await asyncio.wait_for(job.events.get(), timeout=0.25)
+            return await asyncio.wait_for(reply.job.events.get(), timeout=0.25)
         except TimeoutError:
-            if await request.is_disconnected():
-                job.cancel()
+            if await reply.http.is_disconnected():
+                reply.left()
                 return None
 
 
-async def _whole(job: Job, request, parsed: CompletionRequest, ident: str, model: str, count):
-    event = await _next_event(job, request)  # a whole answer's only event: done, or an error
+async def _whole(reply: _Reply):
+    try:
+        event = await _next_event(reply)  # a whole answer's only event: done, or an error
+    except asyncio.CancelledError:
+        reply.cut()
+        raise
     if event is None:
-        count("499")
         return JSONResponse(error_body("client closed the request", 499), status_code=499)
+    reply.count("200" if event.kind == "done" else str(event.status))
     if event.kind == "error":
-        count(str(event.status))
         return JSONResponse(error_body(event.text, event.status), status_code=event.status)
-    result, text = event.result, event.result["text"]
-    count("200")
+    parsed, result, text = reply.parsed, event.result, event.result["text"]
     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": result["finish_reason"]}
               if parsed.chat else
               {"index": 0, "text": text, "logprobs": None, "finish_reason": result["finish_reason"]})
-    return JSONResponse({"id": ident, "object": "chat.completion" if parsed.chat else "text_completion",
-                         "created": int(time.time()), "model": model, "choices": [choice],
+    return JSONResponse({"id": reply.ident, "object": "chat.completion" if parsed.chat else "text_completion",
+                         "created": int(time.time()), "model": reply.model, "choices": [choice],
                          "usage": _usage(parsed, result["completion_tokens"]), "ddte": result["ddte"]})
 
 
-async def _stream(job: Job, request, parsed: CompletionRequest, ident: str, model: str) -> AsyncIterator[str]:
-    """Server-sent events in OpenAI's chunk format, ``data: [DONE]`` last; the job is cancelled if the client goes."""
-    created = int(time.time())
+async def _stream(reply: _Reply) -> AsyncIterator[str]:
+    """Server-sent events in OpenAI's chunk format, ``data: [DONE]`` last; the job is cancelled if the client goes.
+    The outcome is counted when the stream ends: 200 done, the error's status, or 499 for a client that left."""
+    parsed, created = reply.parsed, int(time.time())
     kind = "chat.completion.chunk" if parsed.chat else "text_completion"
 
     def chunk(text: str | None, finish: str | None, first: bool = False, **extra) -> str:
@@ -204,30 +255,28 @@ async def _stream(job: Job, request, parsed: CompletionRequest, ident: str, mode
             choice = {"index": 0, "delta": delta, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        body = {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice], **extra}
+        body = {"id": reply.ident, "object": kind, "created": created, "model": reply.model, "choices": [choice],
+                **extra}
         return f"data: {json.dumps(body)}\n\n"
 
     try:
         if parsed.chat:
             yield chunk(None, None, first=True)
-        while True:
-            event = await _next_event(job, request)
-            if event is None:
-                return
-            if event.kind == "text":
-                yield chunk(event.text, None)
-            elif event.kind == "error":
-                yield f"data: {json.dumps(error_body(event.text, event.status))}\n\n"
-                return
-            else:
-                result = event.result
-                yield chunk(None if parsed.chat else "", result["finish_reason"], ddte=result["ddte"])
-                if parsed.include_usage:
-                    usage = {"id": ident, "object": kind, "created": created, "model": model, "choices": [],
-                             "usage": _usage(parsed, result["completion_tokens"])}
-                    yield f"data: {json.dumps(usage)}\n\n"
-                yield "data: [DONE]\n\n"
-                return
+        while (event := await _next_event(reply)) is not None and event.kind == "text":
+            yield chunk(event.text, None)
     except (asyncio.CancelledError, GeneratorExit):
-        job.cancel()
+        reply.cut()
         raise
+    if event is None:
+        return
+    reply.count("200" if event.kind == "done" else str(event.status))
+    if event.kind == "error":
+        yield f"data: {json.dumps(error_body(event.text, event.status))}\n\n"
+        return
+    result = event.result
+    yield chunk(None if parsed.chat else "", result["finish_reason"], ddte=result["ddte"])
+    if parsed.include_usage:
+        usage = {"id": reply.ident, "object": kind, "created": created, "model": reply.model, "choices": [],
+                 "usage": _usage(parsed, result["completion_tokens"])}
+        yield f"data: {json.dumps(usage)}\n\n"
+    yield "data: [DONE]\n\n"

@@ -107,6 +107,9 @@ def _chat_text(body: dict, tokenizer) -> str:
     from decode.pair import check_messages, render_chat
 
     messages = body.get("messages")
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise RequestError("this server's pair has no chat template: use /v1/completions, or serve a pair with one "
+                           "(e.g. ddte serve --pair qwen-coder)", "messages")
     try:
         check_messages(messages)
         return render_chat(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
@@ -142,6 +145,7 @@ def parse_request(body, chat: bool, model: str, tokenizer, context_limit: int, v
     unknown = sorted(set(body) - FIELDS[chat])
     if unknown:
         raise RequestError(f"unknown field {unknown[0]!r} for {'chat ' if chat else ''}completions", unknown[0])
+    body = {name: value for name, value in body.items() if value is not None}  # null means absent, as in OpenAI's
     if not isinstance(body.get("model"), str):
         raise RequestError("model is required: a string (GET /v1/models lists the one served)", "model")
     if body["model"] != model:
@@ -155,15 +159,14 @@ def parse_request(body, chat: bool, model: str, tokenizer, context_limit: int, v
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError(f"stream must be true or false, got {stream!r}", "stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+    options = body.get("stream_options", {})
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage"), bool | None):
         raise RequestError("stream_options must be an object like {\"include_usage\": true}", "stream_options")
+    name, asked = _max_tokens(body, chat)
     ids = _completion_ids(body, tokenizer) if not chat else list(tokenizer(_chat_text(body, tokenizer))["input_ids"])
     if any(not 0 <= t < vocab_size for t in ids):
         raise RequestError(f"prompt token ids must lie in [0, {vocab_size})", "prompt")
     room = context_limit - len(ids)
-    name = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
-    asked = _integer(body, name, 1, 10**9)
     if room < 1:
         raise RequestError(f"the prompt holds {len(ids)} tokens: no room left in the {context_limit}-token context",
                            "messages" if chat else "prompt")
@@ -172,4 +175,17 @@ def parse_request(body, chat: bool, model: str, tokenizer, context_limit: int, v
         raise RequestError(f"{name} {max_tokens} does not fit: the prompt holds {len(ids)} tokens of a "
                            f"{context_limit}-token context, leaving {room}", name)
     return CompletionRequest(ids, max_tokens, SamplingConfig(temperature, top_p), seed, stop, stream, chat,
-                             bool(options.get("include_usage", False)))
+                             bool(options.get("include_usage")))
+
+
+def _max_tokens(body: dict, chat: bool) -> tuple[str, int | None]:
+    """The field that bounds the answer and its value (None: neither given). Each given field is checked; a chat
+    request may give ``max_completion_tokens`` (OpenAI's newer name) or ``max_tokens``, or both with one value."""
+    asked = _integer(body, "max_tokens", 1, 10**9)
+    if not chat:
+        return "max_tokens", asked
+    newer = _integer(body, "max_completion_tokens", 1, 10**9)
+    if newer is not None and asked is not None and newer != asked:
+        raise RequestError(f"max_completion_tokens {newer} and max_tokens {asked} disagree: give one of them",
+                           "max_completion_tokens")
+    return ("max_completion_tokens", newer) if newer is not None else ("max_tokens", asked)

@@ -10,7 +10,7 @@ the decoder to stop when a stop string appears or the client has gone.
 from __future__ import annotations
 
 import asyncio
-import queue
+import collections
 import secrets
 import threading
 import time
@@ -92,11 +92,18 @@ class Job:
 
 
 class Worker:
-    """The queue and the one thread that decodes. ``run_job(job)`` does the work (the app's decoder call)."""
+    """The queue and the one thread that decodes. ``run_job(job)`` does the work (the app's decoder call).
+
+    The queue holds at most ``max_queue`` jobs whose clients are still there: a job whose client left is dropped from
+    the queue (and from its depth) when the next job is queued or taken.
+    """
 
     def __init__(self, run_job, max_queue: int) -> None:
         self._run_job = run_job
-        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.max_queue = max_queue
+        self._queued: collections.deque[Job] = collections.deque()
+        self._ready = threading.Condition()
+        self.running: Job | None = None
         self.closing = False
         self.thread = threading.Thread(target=self._loop, name="ddte-serve-worker", daemon=True)
 
@@ -105,41 +112,61 @@ class Worker:
 
     def submit(self, job: Job) -> bool:
         """Queue ``job``; False when the queue is full or the server is closing."""
-        if self.closing:
-            return False
-        try:
-            self.queue.put_nowait(job)
-        except queue.Full:
-            return False
+        with self._ready:
+            self._drop_left()
+            if self.closing or len(self._queued) >= self.max_queue:
+                return False
+            self._queued.append(job)
+            self._ready.notify()
         return True
 
     def depth(self) -> int:
-        return self.queue.qsize()
+        """Jobs waiting whose clients are still there."""
+        with self._ready:
+            return sum(not job.cancelled.is_set() for job in self._queued)
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Refuse new jobs, fail the queued ones (503), let the running one finish, and end the thread."""
-        self.closing = True
-        while True:
-            try:
-                job = self.queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.fail("the server is shutting down", status=503)
-        self.queue.put(None)
+    def close(self) -> None:
+        """Refuse new jobs and fail the queued ones (503); the running one goes on. Called when the server is asked
+        to stop, before it waits for open requests."""
+        with self._ready:
+            self.closing = True
+            queued, self._queued = list(self._queued), collections.deque()
+            self._ready.notify()
+        for job in queued:
+            job.fail("the server is shutting down", status=503)
+
+    def stop(self, timeout: float) -> None:
+        """:meth:`close`, cancel the running job (its generation ends at its next step), and wait up to ``timeout``
+        seconds for the thread to end."""
+        self.close()
+        running = self.running
+        if running is not None:
+            running.cancel()
         self.thread.join(timeout)
 
+    def _drop_left(self) -> None:
+        self._queued = collections.deque(job for job in self._queued if not job.cancelled.is_set())
+
+    def _next(self) -> Job | None:
+        """The next job whose client is still there, waiting for one; None once the worker is closing."""
+        with self._ready:
+            while True:
+                self._drop_left()
+                if self.closing:
+                    return None
+                if self._queued:
+                    self.running = self._queued.popleft()
+                    return self.running
+                self._ready.wait()
+
     def _loop(self) -> None:
-        while True:
-            job = self.queue.get()
-            if job is None:
-                return
-            if job.cancelled.is_set():
-                continue  # its client left while it waited
+        while (job := self._next()) is not None:
             try:
                 self._run_job(job)
             except Exception as err:  # a request must fail alone, never the worker
                 job.fail(f"generation failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+            finally:
+                self.running = None
 
 
 def new_seed() -> int:
