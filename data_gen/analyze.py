@@ -63,7 +63,7 @@ def prompt_categories(metadata: dict) -> dict[str, str] | None:
     """Each prompt id's category where the collection's prompts came from a chat or mixed set (their records name
     one: code, math, writing, ...); None for any other source."""
     from data_gen.chat_prompts import build_chat_prompts, split_source
-    from decode.pair import read_pair_config, resolve_pair_path
+    from decode.pair_spec import read_pair_config, resolve_pair_path
 
     config = metadata.get("config") or {}
     prompts = config.get("prompts") or {}

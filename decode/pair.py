@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddte_core.paths import INSTALL_ROOT, bundled
+from decode.pair_spec import DTYPES, read_pair_config
 
 if TYPE_CHECKING:
     import torch
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from decode.models.cached_lm import CachedLM
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
-CONFIGS_DIR = INSTALL_ROOT / "configs"
 DEFAULT_TARGET = MODELS_DIR / "target"
 DEFAULT_DRAFT = MODELS_DIR / "draft"
 DEFAULT_TOKENIZER = MODELS_DIR / "tokenizer"
@@ -93,9 +92,6 @@ def resolve_device(name: str) -> torch.device:
     if name not in ("cpu", "cuda"):
         raise ValueError(f"unknown device '{name}' (cpu, cuda or auto)")
     return torch.device(name)
-
-
-DTYPES = ("auto", "float32", "bfloat16", "float16", "bfloat16-native")
 
 
 def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype | None:
@@ -218,143 +214,6 @@ def load_pair_config(path: str | Path, device: str = "cpu", dtype: str | None = 
     """:func:`load_pair` of the models a pair YAML names, each in its own dtype unless ``dtype`` overrides both."""
     spec = read_pair_config(path)
     return spec.load(device, dtype, fast_draft)
-
-
-PAIR_KEYS = ("target", "draft", "tokenizer", "target_dtype", "draft_dtype", "kernels", "target_quant",
-             "train_prompts", "heldout_prompts")
-
-
-@dataclass(frozen=True)
-class PairSpec:
-    """A pair as a YAML file names it (``configs/pair/*.yaml``); paths resolved, fetched targets located.
-
-    Attributes:
-        target, draft, tokenizer: model folders or GGUF files (``tokenizer`` None: found beside the target).
-        target_dtype, draft_dtype: each model's dtype when the command's ``--dtype`` is auto (None: the device's
-            default, fp32 on CPU).
-        kernels: the kernel request when a command says ``--kernels auto`` or nothing
-            (:class:`decode.models.kernel_choice.KernelRequest`: ``auto``, a path, ``target=PATH,draft=PATH``).
-        target_quant: a quantized kernel path for the target (``int8-dynamic``, ``int8-weight``), or None. Opting in
-            makes the target another model than the pair's: its outputs follow the quantized law, which decoding
-            keeps exactly, and the bench's baseline is AR on that same quantized target (``ar-kernels``).
-        train_prompts, heldout_prompts: the prompt sources that fit this pair (``builtin:*`` for the stdlib pair,
-            ``chat:*`` for a chat model), the defaults of collect and bench.
-        fetch: the registry models (:mod:`decode.models.registry`) the target and the draft come from, if any.
-    """
-
-    source: Path
-    target: Path
-    draft: Path
-    tokenizer: Path | None = None
-    target_dtype: str | None = None
-    draft_dtype: str | None = None
-    kernels: str = "auto"
-    target_quant: str | None = None
-    train_prompts: str = "builtin:train"
-    heldout_prompts: str = "builtin:heldout"
-    fetch: tuple[str, ...] = ()
-
-    def check_available(self) -> None:
-        """ValueError naming the command that makes a missing fetched model available."""
-        from decode.models.registry import require_fetched
-
-        for name in self.fetch:
-            try:
-                require_fetched(name)
-            except ValueError as err:
-                raise ValueError(f"pair {self.source.stem}: {err}") from err
-
-    def load(self, device: str = "cpu", dtype: str | None = None, fast_draft: bool = True,
-             tokenizer: str | Path | None = None) -> LoadedPair:
-        """Both models: ``dtype`` (not auto) overrides both models' dtypes."""
-        self.check_available()
-        override = dtype not in (None, "auto")
-        pair = load_pair(self.target, self.draft, tokenizer or self.tokenizer, device,
-                         dtype if override else self.target_dtype, fast_draft,
-                         draft_dtype=dtype if override else self.draft_dtype)
-        pair.train_prompts, pair.heldout_prompts, pair.kernels = self.train_prompts, self.heldout_prompts, self.kernels
-        pair.target_quant = self.target_quant
-        return pair
-
-    def paths(self) -> dict[str, Path]:
-        """``target``, ``draft`` and (when set) ``tokenizer``."""
-        out = {"target": self.target, "draft": self.draft}
-        if self.tokenizer is not None:
-            out["tokenizer"] = self.tokenizer
-        return out
-
-
-def resolve_pair_path(name: str | Path) -> Path:
-    """A pair YAML's path: ``name`` itself when it is a file, else ``configs/pair/NAME.yaml`` of this checkout."""
-    path = bundled(name)
-    if path.is_file():
-        return path
-    named = CONFIGS_DIR / "pair" / f"{name}.yaml"
-    if path.suffix == "" and named.is_file():
-        return named
-    known = ", ".join(sorted(p.stem for p in (CONFIGS_DIR / "pair").glob("*.yaml")))
-    raise ValueError(f"pair config {str(name)!r} does not exist (a YAML file, or one of: {known})")
-
-
-def read_pair_config(path: str | Path) -> PairSpec:
-    """The :class:`PairSpec` of a pair YAML (a path, or a name under ``configs/pair/``).
-
-    Relative paths resolve against the repository root that holds the config (its ``configs/`` parent), else
-    against the YAML's own folder. ``fetch:NAME`` as the target is the folder ``ddte fetch NAME`` writes.
-
-    Raises:
-        ValueError: a missing file, unknown keys, a missing target or draft, or a bad dtype.
-    """
-    import yaml
-
-    from decode.models.registry import fetch_name, fetched_model_dir
-
-    path = resolve_pair_path(path)
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"pair config {str(path)!r} is not a YAML mapping")
-    if "draft_int8" in data:
-        raise ValueError(f"pair config {str(path)!r}: draft_int8 is replaced by kernels (auto: each model's fastest "
-                         "path on this machine, measured once; draft=int8-weight is what draft_int8: all ran)")
-    if data.get("target_quant") is not None:
-        from decode.models.kernels import KERNEL_PATHS
-
-        quantized = [name for name, kernel in KERNEL_PATHS.items() if not kernel.exact]
-        if data["target_quant"] not in quantized:
-            raise ValueError(f"pair config {str(path)!r}: target_quant must be one of {', '.join(quantized)}")
-    unknown = set(data) - set(PAIR_KEYS)
-    if unknown or "target" not in data or "draft" not in data:
-        extra = f"; unknown: {', '.join(sorted(unknown))}" if unknown else ""
-        raise ValueError(f"pair config {str(path)!r} needs keys target and draft (and optionally "
-                         f"{', '.join(PAIR_KEYS[2:])}){extra}")
-    for key in ("target_dtype", "draft_dtype"):
-        if data.get(key) not in (None, *DTYPES):
-            raise ValueError(f"pair config {str(path)!r}: {key} must be one of {', '.join(DTYPES)}")
-    if "kernels" in data:
-        from decode.models.kernel_choice import KernelRequest
-
-        try:
-            KernelRequest.parse(str(data["kernels"]))
-        except ValueError as err:
-            raise ValueError(f"pair config {str(path)!r}: kernels: {err}".replace("--kernels: ", "")) from err
-    base = next((p.parent for p in path.resolve().parents if p.name == "configs"), path.resolve().parent)
-
-    def located(value) -> Path | None:
-        if value is None:
-            return None
-        return Path(value) if Path(value).is_absolute() else base / value
-
-    fetched = tuple(name for name in (fetch_name(data["target"]), fetch_name(data["draft"])) if name is not None)
-
-    def model_path(value) -> Path:
-        name = fetch_name(value)
-        return fetched_model_dir(name) if name is not None else located(value)
-
-    extra = {k: str(data[k]) for k in ("train_prompts", "heldout_prompts") if data.get(k) is not None}
-    return PairSpec(path, model_path(data["target"]), model_path(data["draft"]), located(data.get("tokenizer")),
-                    data.get("target_dtype"), data.get("draft_dtype"), str(data.get("kernels", "auto")),
-                    data.get("target_quant"),
-                    fetch=fetched, **extra)
 
 
 def pair_fingerprint(target: str | Path, draft: str | Path, tokenizer: str | Path | None = None) -> str:

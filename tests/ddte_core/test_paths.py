@@ -10,7 +10,7 @@ def test_shipped_configs_resolve_from_any_working_folder(tmp_path, monkeypatch):
     runs; a file of the same relative path in the working folder wins."""
     from data_gen.config import load_collect_config
     from ddte_core.paths import INSTALL_ROOT, bundled
-    from decode.pair import resolve_pair_path
+    from decode.pair_spec import resolve_pair_path
 
     monkeypatch.chdir(tmp_path)
     config = load_collect_config("configs/collect/default.yaml")

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from decode.models.registry import fetched_model_dir
-from decode.pair import read_pair_config, render_chat, resolve_pair_path
+from decode.pair import render_chat
+from decode.pair_spec import read_pair_config, resolve_pair_path
 from tests.factories import REPO, SHIPPED_TOKENIZER, chat_tokenizer, save_tiny_pair
 
 
@@ -35,12 +36,34 @@ def test_the_smollm2_pair_names_a_fetched_bf16_target_and_chat_prompts(tmp_path,
                                                 ({"kernels": "int8-dynamic"}, "target takes only exact paths"),
                                                 ({"kernels": "target=turbo"}, "unknown kernel path"),
                                                 ({"draft_int8": "all"}, "replaced by kernels"),
-                                                ({"target_quant": "onednn"}, "target_quant must be one of")])
+                                                ({"target_quant": "onednn"}, "target_quant must be one of"),
+                                                ({"target_dtype": 16}, "target_dtype: expected str, got 16"),
+                                                ({"kernels": ["auto"]}, "kernels: expected str")])
 def test_bad_pair_yamls_are_refused(tmp_path, extra, message):
     path = tmp_path / "pair.yaml"
     path.write_text(json.dumps({"target": "t", "draft": "d", **extra}))
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)) as refusal:
         read_pair_config(path)
+    assert str(refusal.value).startswith(f"pair config {str(path)!r}") and "\n" not in str(refusal.value)
+
+
+@pytest.mark.parametrize(("text", "message"), [("target: [unclosed\n", "is not valid YAML"),
+                                               ("- target\n- draft\n", "is not a YAML config"),
+                                               ("draft: d\n", "needs keys target and draft")])
+def test_a_pair_yaml_that_is_no_pair_is_one_line_naming_the_file(tmp_path, text, message):
+    path = tmp_path / "pair.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(message)) as refusal:
+        read_pair_config(path)
+    assert str(path) in str(refusal.value)
+
+
+def test_a_pair_yaml_keeps_its_prompt_defaults_where_it_names_none(tmp_path):
+    path = tmp_path / "pair.yaml"
+    path.write_text("target: t\ndraft: d\ntrain_prompts: null\nheldout_prompts: chat:heldout\n")
+    spec = read_pair_config(path)
+    assert (spec.train_prompts, spec.heldout_prompts, spec.kernels) == ("builtin:train", "chat:heldout", "auto")
+    assert spec.target == tmp_path / "t" and spec.tokenizer is None and spec.fetch == ()
 
 
 def _tiny_pair_yaml(tmp_path, **keys):
