@@ -16,10 +16,9 @@ from data_gen.schema import SHARD_GLOB, acceptance_column, label_column, trees_c
 from data_gen.throughput import best_static, harmonic_block_efficiency, stream_throughput
 
 
-def load_columns(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """The data set's metadata and its columns as numpy arrays (lists become 2-D arrays)."""
-    from data_gen.store import read_metadata
-
+def data_set_shards(folder: Path) -> list[Path]:
+    """The shards of a data set folder, cheaply (no column is read); ValueError for a file, a missing folder or a
+    folder without shards."""
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{folder} is a file, not a data set folder (the folder `ddte collect` wrote)")
     if not folder.is_dir():
@@ -27,6 +26,14 @@ def load_columns(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
     shards = sorted(folder.glob(SHARD_GLOB))
     if not shards:
         raise ValueError(f"{folder} holds no shards ({SHARD_GLOB})")
+    return shards
+
+
+def load_columns(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """The data set's metadata and its columns as numpy arrays (lists become 2-D arrays)."""
+    from data_gen.store import read_metadata
+
+    shards = data_set_shards(folder)
     metadata = read_metadata(folder)
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -24,7 +24,7 @@ import numpy as np
 
 from data_gen.config import CollectConfig, check_collect_config, config_to_dict
 from data_gen.schema import METADATA_FILE
-from data_gen.store import list_shards, read_metadata, read_shards
+from data_gen.store import list_shards, read_metadata, read_shards, shard_columns
 from ddte_core.yamlconfig import apply_override, build_dataclass
 from decode.drafting.actions import Action
 from decode.policies.features import SCALAR_NAMES
@@ -94,12 +94,18 @@ def relabelled_metadata(metadata: dict, latency: LatencyTable, config: CollectCo
 
 
 def read_source(source: Path) -> dict:
-    """The metadata of a data set folder that holds shards; ValueError if it is not one."""
+    """The metadata of a data set folder that holds shards, each one's parquet footer read (no rows), so a corrupt
+    shard is named before any measurement; ValueError if it is not one."""
     if not (source / METADATA_FILE).is_file():
         raise ValueError(f"{source} is not a collected data set (no {METADATA_FILE})")
     metadata = read_metadata(source)
-    if not list_shards(source):
+    shards = list_shards(source)
+    if not shards:
         raise ValueError(f"{source} holds no shards")
+    for shard in shards:
+        missing = {"scalars", "step_ms"} - set(shard_columns(shard))
+        if missing:
+            raise ValueError(f"{shard}: no {', '.join(sorted(missing))} column; not a shard of a collected data set")
     return metadata
 
 

@@ -445,6 +445,23 @@ def _read_table(folder, columns: list[str]):
     return read_shards(shards, columns)
 
 
+def checked_root_selector(path, metadata: dict, verifier: str):
+    """``(onnxruntime session, SelectorMetadata)`` of an exported selector, checked as the decoder checks it
+    (decode/policies/selector.py): against the data set's ``metadata`` (its pair fingerprint and hidden sizes) and
+    ``verifier``, which must be one the data set has labels for. ValueError (in one line) otherwise."""
+    from decode.policies.onnx_session import policy_session
+    from decode.policies.selector_file import SelectorMetadata
+
+    if verifier not in metadata.get("verifiers", []):
+        raise ValueError(f"--selector {verifier}={path}: this data set has labels for "
+                         f"{', '.join(metadata.get('verifiers', []))}")
+    session = policy_session(path, "selector")
+    meta = SelectorMetadata.from_props(dict(session.get_modelmeta().custom_metadata_map), str(path))
+    meta.check_compatible(str(path), verifier, metadata["hidden_sizes"],
+                          metadata.get("pair", {}).get("fingerprint"))
+    return session, meta
+
+
 def selector_root_choices(path, folder, verifier: str) -> np.ndarray:
     """``(N,)`` the action an exported selector (with its never-lose guard) picks at every root of a data set (the
     rows of :func:`load_episodes`), on the latency model's T̂ (no online calibration offline); -1 at the roots of
@@ -452,16 +469,11 @@ def selector_root_choices(path, folder, verifier: str) -> np.ndarray:
     from data_gen.schema import label_column
     from data_gen.store import read_metadata
     from decode.policies.features import HIDDEN_NAMES
-    from decode.policies.onnx_session import policy_session
-    from decode.policies.selector_file import SelectorMetadata
     from selector.data import _list_column
     from selector.guard import decision_values, guarded_choice
 
-    session = policy_session(path, "selector")
-    meta = SelectorMetadata.from_props(dict(session.get_modelmeta().custom_metadata_map), str(path))
     collected = read_metadata(folder)
-    # the decoder's own check: another verifier, pair or hidden sizes is refused in one line, before any run
-    meta.check_compatible(str(path), verifier, collected["hidden_sizes"], collected["pair"]["fingerprint"])
+    session, meta = checked_root_selector(path, collected, verifier)
     sampling = collected["sampling"]
     table = _read_table(folder, [*HIDDEN_NAMES, "scalars", "step_ms", "sampling_index", "prompt_id",
                                  label_column(verifier)])

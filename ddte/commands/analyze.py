@@ -39,47 +39,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from data_gen.analyze import (
-        analyze,
-        format_findings,
-        format_report,
-        load_columns,
-        paper_findings,
-        plot,
-        prompt_categories,
-    )
-    from ddte_core.paths import refuse_file_in_the_way
+    from data_gen.analyze import analyze, format_findings, format_report, load_columns, paper_findings, plot
 
-    data = args.data
-    if data is None:
-        raise UserError("give --data DIR (a folder written by ddte collect)")
-    folder = Path(data)
-    out = Path(args.output) if args.output else folder / "analysis"
-    with user_errors(prefix="--output: "):
-        refuse_file_in_the_way(out)  # before any work: the analysis would be lost at the end
-    if (args.selector or args.acceptance) and not args.expansion:
-        raise UserError("--selector and --acceptance score policies in the expansion table: give --expansion as well")
-    if args.expansion:  # checked before any work, so a bad one leaves no analysis behind
-        if args.folds < 2:
-            raise UserError("--folds must be >= 2")
-        if any("=" not in item for item in args.selector):
-            raise UserError("--selector takes VERIFIER=FILE.onnx")
+    folder, out = check_places(args)
+    selectors = check_options(args, folder)
     with user_errors():
         metadata, columns = load_columns(folder)
-    prompts = len(set(columns["prompt_id"].tolist()))
-    if args.expansion and args.folds > prompts:
-        raise UserError(f"--folds {args.folds}: the data set holds {prompts} prompts; at most that many folds")
-    if args.trees is not None and not 1 <= args.trees <= int(metadata.get("trees_per_root", 1)):
-        raise UserError(f"--trees must be in 1..{metadata.get('trees_per_root', 1)} (the data set's trees per root)")
-    with user_errors():
-        categories = prompt_categories(metadata)
+    categories = check_counts(args, metadata, columns)
     result = analyze(metadata, columns, args.trees, categories)
     result["findings"] = paper_findings(metadata, columns)
     expansion = None
     if args.expansion:  # before anything is written: a selector it cannot read leaves no half of the analysis
         with user_errors():
-            expansion = expansion_report(folder, metadata, dict(item.split("=", 1) for item in args.selector),
-                                         args.folds, args.acceptance, categories)
+            expansion = expansion_report(folder, metadata, selectors, args.folds, args.acceptance, categories)
     print(format_report(result))
     print(format_findings(result["findings"]))
     if expansion is not None:
@@ -93,6 +65,61 @@ def run(args: argparse.Namespace) -> int:
             paths.append(out / "expansion.json")
     print(f"\nwrote {out / 'analysis.json'} and {', '.join(str(p) for p in paths)}")
     return 0
+
+
+def check_places(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(data folder, output folder), refused before any work: --data that is no data set folder (blamed on --data,
+    also where --output defaults under it), an --output under a file or where nothing can be written."""
+    from data_gen.analyze import data_set_shards
+    from ddte_core.paths import folder_is_writable, refuse_file_in_the_way
+
+    if args.data is None:
+        raise UserError("give --data DIR (a folder written by ddte collect)")
+    folder = Path(args.data)
+    with user_errors(prefix="--data: "):
+        data_set_shards(folder)
+    out = Path(args.output) if args.output else folder / "analysis"
+    with user_errors(prefix="--output: "):
+        refuse_file_in_the_way(out)  # the analysis would be lost at the end
+    if not folder_is_writable(out):
+        raise UserError(f"--output {out}: nothing can be written there")
+    return folder, out
+
+
+def check_options(args: argparse.Namespace, folder: Path) -> dict[str, str]:
+    """The --selector files by verifier, each checked against the data set as the decoder checks it (its pair,
+    hidden sizes and verifier), and the expansion options, before any work."""
+    from data_gen.store import read_metadata
+    from selector.expansion import checked_root_selector
+
+    if (args.selector or args.acceptance) and not args.expansion:
+        raise UserError("--selector and --acceptance score policies in the expansion table: give --expansion as well")
+    if not args.expansion:
+        return {}
+    if args.folds < 2:
+        raise UserError("--folds must be >= 2")
+    if any("=" not in item for item in args.selector):
+        raise UserError("--selector takes VERIFIER=FILE.onnx")
+    selectors = dict(item.split("=", 1) for item in args.selector)
+    if selectors:
+        with user_errors():
+            metadata = read_metadata(folder)
+            for verifier, path in selectors.items():
+                checked_root_selector(path, metadata, verifier)
+    return selectors
+
+
+def check_counts(args: argparse.Namespace, metadata: dict, columns: dict) -> dict[str, str] | None:
+    """The prompt categories, once --folds and --trees are known to fit the data set."""
+    from data_gen.analyze import prompt_categories
+
+    prompts = len(set(columns["prompt_id"].tolist()))
+    if args.expansion and args.folds > prompts:
+        raise UserError(f"--folds {args.folds}: the data set holds {prompts} prompts; at most that many folds")
+    if args.trees is not None and not 1 <= args.trees <= int(metadata.get("trees_per_root", 1)):
+        raise UserError(f"--trees must be in 1..{metadata.get('trees_per_root', 1)} (the data set's trees per root)")
+    with user_errors():
+        return prompt_categories(metadata)
 
 
 def expansion_report(folder: Path, metadata: dict, selectors: dict[str, str], folds: int,

@@ -45,12 +45,12 @@ def split_items(args: argparse.Namespace) -> tuple[Path, Path, list[str]]:
 
 def run(args: argparse.Namespace) -> int:
     from data_gen.relabel import check_same_pair, read_source, relabel, relabel_config, relabel_latency
+    from ddte_core.paths import staged_file
 
     source, output, overrides = split_items(args)
-    with user_errors():
+    with user_errors(prefix="--data: "):
         metadata = read_source(source)
-    if output.exists():
-        raise UserError(f"{output} exists; relabelling writes a new folder")
+    check_places(output, args.save_latency)
     with user_errors():
         config = relabel_config(metadata, overrides)
         check_same_pair(metadata, config)
@@ -61,10 +61,29 @@ def run(args: argparse.Namespace) -> int:
         latency = relabel_latency(config)
         latency.check_pair(metadata.get("pair", {}).get("fingerprint") or latency.pair,
                            f"latency.file {config.latency.file}")
-        if args.save_latency:
-            Path(args.save_latency).write_text(latency.to_json(), encoding="utf-8")
+    if args.save_latency:
+        with user_errors(OSError, prefix=f"--save-latency {args.save_latency}: "), \
+                staged_file(args.save_latency) as tmp:
+            tmp.write_text(latency.to_json(), encoding="utf-8")
+    with user_errors():
         rows = relabel(source, output, metadata, latency, config, progress=not args.no_progress)
     print(f"relabelled {rows} roots into {output} in {time.perf_counter() - start:.1f} s "
           f"(step times from a {len(latency.lengths)}×{len(latency.sizes)} latency table on "
           f"{latency.machine or latency.device})")
     return 0
+
+
+def check_places(output: Path, save_latency: str | None) -> None:
+    """Refuse, before the measurement, an --output that exists, lies under a file or where nothing can be written,
+    and a --save-latency file that cannot be written."""
+    from ddte.commands.common import check_output_file
+    from ddte_core.paths import folder_is_writable, refuse_file_in_the_way
+
+    if output.exists():
+        raise UserError(f"{output} exists; relabelling writes a new folder")
+    with user_errors(ValueError):
+        refuse_file_in_the_way(output, "--output")
+    if not folder_is_writable(output.parent):
+        raise UserError(f"--output {output}: its folder is not writable")
+    if save_latency is not None:
+        check_output_file(save_latency, "--save-latency")

@@ -504,3 +504,96 @@ def test_an_output_link_is_written_through(tmp_path):
     link.symlink_to(target)
     assert main(["build-prompts", "--output", str(link), "--num-prompts", "2"]) == 0
     assert link.is_symlink() and target.read_text().count("\n") == 2
+
+
+
+# ------------------------------------------------------------- relabel and analyze: every place checked before work
+
+
+def _refused_before_work(capsys, monkeypatch, argv: list[str], message: str) -> None:
+    """``argv`` exits 2 with one line holding ``message`` and no temporary name, before relabel's measurement or
+    analyze's analysis (both made to fail loudly), with nothing printed on stdout."""
+    def work(*args, **kwargs):
+        raise AssertionError("the work ran before the refusal")
+
+    monkeypatch.setattr("data_gen.relabel.relabel_latency", work)
+    monkeypatch.setattr("data_gen.analyze.analyze", work)
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.strip().splitlines() if not line.startswith("warning:")]
+    assert captured.out == ""
+    assert len(err) == 1 and err[0].startswith(f"ddte {argv[0]}: error:") and message in err[0], err
+    assert ".tmp" not in err[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["relabel", "--data", "{data}", "--output", "/proc/ddte-x", "latency.file=null"],
+     "--output /proc/ddte-x: its folder is not writable"),
+    (["relabel", "--data", "{data}", "--output", "{out}", "--save-latency", "{tmp}", "latency.file=null"],
+     "--save-latency {tmp} is a folder; give a file name"),
+    (["relabel", "--data", "{data}", "--output", "{out}", "--save-latency", "/proc/x.json", "latency.file=null"],
+     "--save-latency /proc/x.json: its folder is not writable"),
+    (["analyze", "--data", "{data}", "--output", "/proc/ddte-x"], "--output /proc/ddte-x: nothing can be written"),
+    (["analyze", "--data", "{file}"], "--data: {file} is a file, not a data set folder"),
+])
+def test_relabel_and_analyze_check_their_places_before_any_work(argv, message, tiny_collected, tmp_path, capsys,
+                                                                 monkeypatch):
+    """#54: an output in /proc, a --save-latency folder or unwritable place, a --data file: one line naming the
+    user's path, before the measurement or the analysis, nothing written."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    places = {"data": tiny_collected, "out": tmp_path / "never", "tmp": tmp_path, "file": blocker}
+    before = sorted(p.name for p in tiny_collected.iterdir())
+    _refused_before_work(capsys, monkeypatch, [a.format(**places) for a in argv], message.format(**places))
+    assert not places["out"].exists() and blocker.read_text() == "x"
+    assert sorted(p.name for p in tiny_collected.iterdir()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda shard: shard.write_bytes(b"not parquet"), "not a readable parquet shard"),
+    (lambda shard: shard.write_bytes(shard.read_bytes()[:-100]), "not a readable parquet shard"),
+])
+def test_relabel_names_a_corrupt_shard_before_measuring(damage, message, tiny_collected, tmp_path, capsys,
+                                                        monkeypatch):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_collected, data)
+    shard = sorted(data.glob("shard-*.parquet"))[-1]
+    damage(shard)
+    out = tmp_path / "out"
+    _refused_before_work(capsys, monkeypatch, ["relabel", "--data", str(data), "--output", str(out),
+                                               "latency.file=null"], message)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
+def _selector_on_the_data_sets_pair(tiny_collected, tmp_path) -> Path:
+    """The shipped pair's specinfer selector, its metadata saying it was made on the data set's pair: its hidden
+    sizes stay the shipped pair's."""
+    import onnx
+
+    collected = json.loads((tiny_collected / "dataset.json").read_text())
+    model = onnx.load(str(REPO / "models" / "selectors" / "specinfer.onnx"))
+    props = {p.key: p for p in model.metadata_props}
+    props["ddte.pair_fingerprint"].value = collected["pair"]["fingerprint"]
+    path = tmp_path / "specinfer.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("given, message", [
+    ("specinfer", "trained on hidden sizes"),
+    ("traversal", "trained for verifier 'specinfer', not 'traversal'"),
+    ("nosuch", "this data set has labels for"),
+])
+def test_analyze_checks_a_selector_against_the_data_set_before_the_analysis(given, message, tiny_collected, tmp_path,
+                                                                            capsys, monkeypatch):
+    """#54: a selector of other hidden sizes, or for another verifier, is refused as generate refuses it, against
+    the data set's pair fingerprint and hidden sizes, before any analysis."""
+    selector = _selector_on_the_data_sets_pair(tiny_collected, tmp_path)
+    out = tmp_path / "a"
+    _refused_before_work(capsys, monkeypatch, ["analyze", "--data", str(tiny_collected), "--output", str(out),
+                                               "--expansion", "--folds", "2", "--selector", f"{given}={selector}"],
+                         message)
+    assert not out.exists()
