@@ -58,7 +58,7 @@ def load_models(config: DistillConfig):
     ValueError otherwise."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from decode.models.cached_lm import check_same_vocab, load_causal_lm
+    from decode.models.loading import check_same_vocab, load_causal_lm
     from decode.pair import find_tokenizer
     from distill.saving import DTYPES
 
@@ -162,34 +162,17 @@ def training_laws(config: DistillConfig, tokenizer, target, log=print):
 def distill(config: DistillConfig, progress: bool = True) -> DistillResult | None:
     """Run the job (see the module docstring); returns where the draft went and what it reached (None on every rank
     of a multi-process job but 0)."""
-    import lightning.pytorch as pl
-    from torch.utils.data import DataLoader
-
     from ddte_core.distributed import is_rank_zero
-    from ddte_core.tracking import flatten_params, git_commit, lightning_logger, quiet_lightning, resolve_tracking_uri
-    from distill.data import RandomWindows, evenly_spaced_windows
+    from ddte_core.tracking import git_commit, lightning_logger, resolve_tracking_uri
+    from distill.data import evenly_spaced_windows
     from distill.module import DistillModule
-    from distill.saving import round_to_storage
 
     output = check_output(config)
     uri = resolve_tracking_uri(config.tracking.tracking_uri)  # a bad URI is refused before hours of work
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     tokenizer, target, draft = load_models(config)
-    if config.data.text == "laws":
-        from distill.teacher_cache import LawBatches
-
-        laws, laws_path = training_laws(config, tokenizer, target)
-        windows = LawBatches(laws, config.data.batch_size, config.data.seq_len, config.train.seed)
-        heldout_stream = training_text(replace_text(config, "chat"), tokenizer, target)[1]
-        train_tokens = int(laws.tokens.numel())
-        text = {"text": "laws", "cache": str(laws_path), "sequences": len(laws),
-                "response_tokens": laws.response_token_count(), "sample_seconds": round(laws.seconds, 1),
-                "cache_mb": round(laws_path.stat().st_size / 2**20, 1)}
-    else:
-        train_stream, heldout_stream, text = training_text(config, tokenizer, target)
-        windows = RandomWindows(train_stream, config.data.seq_len, config.data.batch_size, config.train.seed)
-        train_tokens = int(train_stream.numel())
+    windows, heldout_stream, train_tokens, text = training_batches(config, tokenizer, target)
     val_blocks = evenly_spaced_windows(heldout_stream, config.data.seq_len, config.data.val_blocks)
     steering = make_steering(config, draft, target) if config.steer.enabled else None
     module = DistillModule(draft, target, config.divergence, config.temperatures, config.data, config.train,
@@ -199,23 +182,8 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult | Non
     run_name = config.tracking.run_name or f"distill-{config.divergence}"
     logger = lightning_logger(uri, config.tracking.experiment, run_name,
                               {"ddte.divergence": config.divergence}) if lead else False
-    trainer = pl.Trainer(
-        **dataclasses.asdict(config.trainer), use_distributed_sampler=False,  # every rank validates every block
-        max_steps=config.train.steps, val_check_interval=config.train.val_every,
-        check_val_every_n_epoch=None, logger=logger, enable_checkpointing=False, enable_progress_bar=progress,
-        enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=10,
-        gradient_clip_val=config.train.grad_clip,
-        max_time={"minutes": config.train.max_minutes} if config.train.max_minutes else None,
-    )
-    val_loader = DataLoader(val_blocks, batch_size=config.data.batch_size)
-    torch.manual_seed(config.train.seed)  # the draft's own samples (on-policy batches) are seeded too
-    with quiet_lightning():
-        before = _validate(trainer, module, val_loader)
-        start = time.perf_counter()
-        trainer.fit(module, DataLoader(windows, batch_size=None), val_loader)
-        seconds = time.perf_counter() - start
-        round_to_storage(draft, config.storage_dtype)  # evaluate what is shipped (the map stays float32)
-        after = _validate(trainer, module, val_loader)
+    trainer = make_trainer(config, logger, progress)
+    before, after, seconds = _fit(trainer, module, windows, val_blocks, config)
     if not lead:
         return None
     summary = {
@@ -228,13 +196,74 @@ def distill(config: DistillConfig, progress: bool = True) -> DistillResult | Non
         "run_id": logger.run_id, "git_commit": git_commit(),
     }
     _write(draft, tokenizer, config, output, summary, steering)
+    _log_run(logger, summary, output, seconds)
+    return DistillResult(output, logger.run_id, uri, before, after, summary)
+
+
+def training_batches(config: DistillConfig, tokenizer, target):
+    """``(training batches, held-out token stream (T,), training tokens, what the text was)``: the target's own
+    responses with their laws (``data.text=laws``, held out on chat text), else random windows of a token stream."""
+    from distill.data import RandomWindows
+
+    if config.data.text != "laws":
+        train_stream, heldout_stream, text = training_text(config, tokenizer, target)
+        windows = RandomWindows(train_stream, config.data.seq_len, config.data.batch_size, config.train.seed)
+        return windows, heldout_stream, int(train_stream.numel()), text
+    from distill.teacher_cache import LawBatches
+
+    laws, laws_path = training_laws(config, tokenizer, target)
+    windows = LawBatches(laws, config.data.batch_size, config.data.seq_len, config.train.seed)
+    heldout_stream = training_text(replace_text(config, "chat"), tokenizer, target)[1]
+    text = {"text": "laws", "cache": str(laws_path), "sequences": len(laws),
+            "response_tokens": laws.response_token_count(), "sample_seconds": round(laws.seconds, 1),
+            "cache_mb": round(laws_path.stat().st_size / 2**20, 1)}
+    return windows, heldout_stream, int(laws.tokens.numel()), text
+
+
+def make_trainer(config: DistillConfig, logger, progress: bool):
+    """The Lightning trainer of the job: a step budget, validation every ``val_every`` steps on every rank."""
+    import lightning.pytorch as pl
+
+    return pl.Trainer(
+        **dataclasses.asdict(config.trainer), use_distributed_sampler=False,  # every rank validates every block
+        max_steps=config.train.steps, val_check_interval=config.train.val_every,
+        check_val_every_n_epoch=None, logger=logger, enable_checkpointing=False, enable_progress_bar=progress,
+        enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=10,
+        gradient_clip_val=config.train.grad_clip,
+        max_time={"minutes": config.train.max_minutes} if config.train.max_minutes else None,
+    )
+
+
+def _fit(trainer, module, windows, val_blocks, config: DistillConfig) -> tuple[dict, dict, float]:
+    """``(held-out metrics before, after, training seconds)``; the draft is rounded to its storage dtype before the
+    second validation, so what is shipped is what is measured (the steering map stays float32)."""
+    from torch.utils.data import DataLoader
+
+    from ddte_core.tracking import quiet_lightning
+    from distill.saving import round_to_storage
+
+    val_loader = DataLoader(val_blocks, batch_size=config.data.batch_size)
+    torch.manual_seed(config.train.seed)  # the draft's own samples (on-policy batches) are seeded too
+    with quiet_lightning():
+        before = _validate(trainer, module, val_loader)
+        start = time.perf_counter()
+        trainer.fit(module, DataLoader(windows, batch_size=None), val_loader)
+        seconds = time.perf_counter() - start
+        round_to_storage(module.draft, config.storage_dtype)
+        after = _validate(trainer, module, val_loader)
+    return before, after, seconds
+
+
+def _log_run(logger, summary: dict, output: Path, seconds: float) -> None:
+    """The config as params, the written draft as artifacts and the training time, on the job's MLflow run."""
+    from ddte_core.tracking import flatten_params
+
     client = logger.experiment
     for key, value in flatten_params("config", summary["config"]).items():
         client.log_param(logger.run_id, key, value)
     client.log_artifacts(logger.run_id, str(output), "draft")
     client.log_metric(logger.run_id, "train_seconds", seconds)
     client.set_terminated(logger.run_id)
-    return DistillResult(output, logger.run_id, uri, before, after, summary)
 
 
 def replace_text(config: DistillConfig, text: str) -> DistillConfig:
