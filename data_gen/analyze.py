@@ -266,7 +266,6 @@ def paper_findings(metadata: dict, columns: dict[str, np.ndarray]) -> list[dict]
     from decode.drafting.actions import Action
 
     actions = [Action.parse(a) for a in metadata["actions"]]
-    multipath = np.array([a.k > 1 and a.l2 > 0 for a in actions])
     out = []
     for s, conf in enumerate(metadata["sampling"]):
         rows = columns["sampling_index"] == s
@@ -277,45 +276,69 @@ def paper_findings(metadata: dict, columns: dict[str, np.ndarray]) -> list[dict]
                                    for a in range(len(actions))]) for v, b in be.items()}
         entry = {"sampling": conf}
         if "traversal" in efficiency:
-            entry["traversal_vs_ot"] = {
-                v: {"share_at_least": round(float(np.mean(efficiency["traversal"][multipath]
-                                                          >= efficiency[v][multipath] - 1e-9)), 3),
-                    "best": {name: (metadata["actions"][int(np.nanargmax(efficiency[name]))],
-                                    round(float(np.nanmax(efficiency[name])), 3)) for name in (v, "traversal")}}
-                for v in ("specinfer", "nss") if v in efficiency}
-        entry["depth"] = {"l1_first_last": [round(float(x), 3) for x in columns["l1_by_depth"][rows].mean(0)[[0, -1]]]}
-        for v in be:
-            if acceptance_column(v) in columns:
-                entry["depth"][f"accept_{v}_first_last"] = [
-                    round(float(x), 3) for x in columns[acceptance_column(v)][rows].mean(0)[[0, -1]]]
-        entry["delayed_vs_root"] = {}
-        for v in ("specinfer", "nss"):
-            if v not in efficiency:
-                continue
-            wins, sizes = 0, []
-            for size in sorted({a.l1 + a.k * a.l2 for a in actions if a.k > 1 and a.l2 > 0}):
-                delayed = [efficiency[v][i] for i, a in enumerate(actions)
-                           if a.k > 1 and a.l2 > 0 and a.l1 >= 1 and a.l1 + a.k * a.l2 == size]
-                rooted = [efficiency[v][i] for i, a in enumerate(actions)
-                          if a.k > 1 and a.l2 > 0 and a.l1 == 0 and a.k * a.l2 == size]
-                if delayed and rooted and np.isfinite(delayed).any() and np.isfinite(rooted).any():
-                    sizes.append((size, round(float(np.nanmax(delayed)), 3), round(float(np.nanmax(rooted)), 3)))
-                    wins += np.nanmax(delayed) > np.nanmax(rooted)
-            entry["delayed_vs_root"][v] = {"sizes": sizes, "share_delayed_wins": round(wins / max(len(sizes), 1), 3)}
-        per_tree = {v: per_tree_labels(metadata, columns, v) for v in ("specinfer", "traversal")}
-        if all(t is not None and t.shape[1] >= 2 for t in per_tree.values()):
-            step = columns["step_ms"][rows]
-            spec, trav = per_tree["specinfer"][rows], per_tree["traversal"][rows]
-            half = spec.shape[1] // 2
-            ratios = []
-            for choose, score in ((slice(0, half), slice(half, 2 * half)), (slice(half, 2 * half), slice(0, half))):
-                chosen = per_root_best(spec[:, choose].mean(axis=1), step)
-                static = np.full(len(step), best_static(trav[:, choose].mean(axis=1), step))
-                ratios.append(stream_throughput(spec[:, score].mean(axis=1), step, chosen)
-                              / stream_throughput(trav[:, score].mean(axis=1), step, static))
-            entry["specinfer_oracle_vs_traversal_static"] = round(float(np.mean(ratios)), 3)
+            entry["traversal_vs_ot"] = _traversal_vs_ot(efficiency, actions, metadata["actions"])
+        entry["depth"] = _depth_first_last(columns, rows, list(be))
+        entry["delayed_vs_root"] = {v: _delayed_vs_root(efficiency[v], actions)
+                                    for v in ("specinfer", "nss") if v in efficiency}
+        oracle = _specinfer_oracle_vs_traversal(metadata, columns, rows)
+        if oracle is not None:
+            entry["specinfer_oracle_vs_traversal_static"] = oracle
         out.append(entry)
     return out
+
+
+def _traversal_vs_ot(efficiency: dict[str, np.ndarray], actions: list, names: list[str]) -> dict:
+    """Finding 1: per OT verifier, the share of multi-path trees where Traversal's block efficiency (each ``(A,)``)
+    is at least as high, and each one's best tree."""
+    multipath = np.array([a.k > 1 and a.l2 > 0 for a in actions])
+    return {v: {"share_at_least": round(float(np.mean(efficiency["traversal"][multipath]
+                                                      >= efficiency[v][multipath] - 1e-9)), 3),
+                "best": {name: (names[int(np.nanargmax(efficiency[name]))],
+                                round(float(np.nanmax(efficiency[name])), 3)) for name in (v, "traversal")}}
+            for v in ("specinfer", "nss") if v in efficiency}
+
+
+def _depth_first_last(columns: dict[str, np.ndarray], rows: np.ndarray, verifiers: list[str]) -> dict:
+    """Finding 2: ‖p − q‖₁ and each verifier's acceptance at the first and the last trunk depth."""
+    depth = {"l1_first_last": [round(float(x), 3) for x in columns["l1_by_depth"][rows].mean(0)[[0, -1]]]}
+    for v in verifiers:
+        if acceptance_column(v) in columns:
+            depth[f"accept_{v}_first_last"] = [
+                round(float(x), 3) for x in columns[acceptance_column(v)][rows].mean(0)[[0, -1]]]
+    return depth
+
+
+def _delayed_vs_root(efficiency: np.ndarray, actions: list) -> dict:
+    """Finding 3 for one verifier: per tree size L1 + K·L2 both shapes reach, the best block efficiency (of ``(A,)``)
+    of a delayed tree and of root branching, and the share of sizes the delayed tree wins."""
+    wins, sizes = 0, []
+    for size in sorted({a.l1 + a.k * a.l2 for a in actions if a.k > 1 and a.l2 > 0}):
+        delayed = [efficiency[i] for i, a in enumerate(actions)
+                   if a.k > 1 and a.l2 > 0 and a.l1 >= 1 and a.l1 + a.k * a.l2 == size]
+        rooted = [efficiency[i] for i, a in enumerate(actions)
+                  if a.k > 1 and a.l2 > 0 and a.l1 == 0 and a.k * a.l2 == size]
+        if delayed and rooted and np.isfinite(delayed).any() and np.isfinite(rooted).any():
+            sizes.append((size, round(float(np.nanmax(delayed)), 3), round(float(np.nanmax(rooted)), 3)))
+            wins += np.nanmax(delayed) > np.nanmax(rooted)
+    return {"sizes": sizes, "share_delayed_wins": round(wins / max(len(sizes), 1), 3)}
+
+
+def _specinfer_oracle_vs_traversal(metadata: dict, columns: dict[str, np.ndarray], rows: np.ndarray) -> float | None:
+    """Finding 4: SpecInfer's cross-fitted per-root oracle against Traversal's best static tree, chosen on one half
+    of each root's trees and scored on the other; None without two per-tree labels of each."""
+    per_tree = {v: per_tree_labels(metadata, columns, v) for v in ("specinfer", "traversal")}
+    if not all(t is not None and t.shape[1] >= 2 for t in per_tree.values()):
+        return None
+    step = columns["step_ms"][rows]
+    spec, trav = per_tree["specinfer"][rows], per_tree["traversal"][rows]
+    half = spec.shape[1] // 2
+    ratios = []
+    for choose, score in ((slice(0, half), slice(half, 2 * half)), (slice(half, 2 * half), slice(0, half))):
+        chosen = per_root_best(spec[:, choose].mean(axis=1), step)
+        static = np.full(len(step), best_static(trav[:, choose].mean(axis=1), step))
+        ratios.append(stream_throughput(spec[:, score].mean(axis=1), step, chosen)
+                      / stream_throughput(trav[:, score].mean(axis=1), step, static))
+    return round(float(np.mean(ratios)), 3)
 
 
 def format_findings(findings: list[dict]) -> str:

@@ -243,7 +243,6 @@ def export_selector(
         FileNotFoundError: missing checkpoint. ValueError: bad checkpoint, unwritable output, parity failure.
     """
     import numpy as np
-    import torch
 
     from ddte_core.tracking import resolve_tracking_uri
 
@@ -261,7 +260,17 @@ def export_selector(
     uri = tracking_uri or module.tracking_uri
     if log_mlflow and explicit_run and run_id and uri:  # a run the user named must exist before anything is written
         check_run_exists(resolve_tracking_uri(uri), run_id)
+    diff = _write_checked(net, output, batch, metadata, tolerance)
+    result = ExportResult(path=output.resolve(), max_abs_diff=diff, metadata=metadata,
+                          parity_rows={"random": parity_rows, "real": 0 if real is None else len(real["scalars"])})
+    if log_mlflow and run_id and uri:
+        result.mlflow_model_uri = _log_model(net, output, uri, run_id, diff, batch, metadata.verifier, explicit_run)
+    return result
 
+
+def _write_checked(net, output: Path, batch: dict, metadata: SelectorMetadata, tolerance: float) -> float:
+    """Write the graph with its metadata to ``output`` whole or not at all, once its parity with torch on ``batch``
+    is within ``tolerance``; returns the largest |torch − onnxruntime|."""
     tmp = writable_tmp(output)
     try:
         _export_graph(net, tmp, batch)
@@ -275,18 +284,25 @@ def export_selector(
         os.replace(tmp, output)
     finally:
         tmp.unlink(missing_ok=True)
+    return diff
 
-    result = ExportResult(path=output.resolve(), max_abs_diff=diff, metadata=metadata,
-                          parity_rows={"random": parity_rows, "real": 0 if real is None else len(real["scalars"])})
-    if log_mlflow and run_id and uri:
-        with torch.no_grad():
-            scores = net(*(torch.from_numpy(batch[n]) for n in INPUT_NAMES)).numpy()
-        try:
-            result.mlflow_model_uri = log_to_mlflow(output, resolve_tracking_uri(uri), run_id, diff, batch, scores,
-                                                    f"ddte-selector-{metadata.verifier}")
-        except Exception as err:  # MLflow raises its own and SQLAlchemy/HTTP errors: the .onnx is still good
-            message = f"could not log the model to MLflow run {run_id} at {uri}: {type(err).__name__}: {err}"
-            if explicit_run:
-                raise ValueError(message.splitlines()[0]) from err
-            print(f"warning: {message.splitlines()[0]}", file=sys.stderr)
-    return result
+
+def _log_model(net, output: Path, uri: str, run_id: str, diff: float, batch: dict, verifier: str,
+               explicit_run: bool) -> str | None:
+    """The model's MLflow URI once logged to ``run_id``; a failure is an error for a run the user named, else a
+    warning (the .onnx file is good either way)."""
+    import torch
+
+    from ddte_core.tracking import resolve_tracking_uri
+
+    with torch.no_grad():
+        scores = net(*(torch.from_numpy(batch[n]) for n in INPUT_NAMES)).numpy()
+    try:
+        return log_to_mlflow(output, resolve_tracking_uri(uri), run_id, diff, batch, scores,
+                             f"ddte-selector-{verifier}")
+    except Exception as err:  # MLflow raises its own and SQLAlchemy/HTTP errors: the .onnx is still good
+        message = f"could not log the model to MLflow run {run_id} at {uri}: {type(err).__name__}: {err}"
+        if explicit_run:
+            raise ValueError(message.splitlines()[0]) from err
+        print(f"warning: {message.splitlines()[0]}", file=sys.stderr)
+        return None

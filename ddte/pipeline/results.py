@@ -20,9 +20,31 @@ def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, c
     """
 
     rows = bench["rows"]
+    lines = [*_preamble(bench, timings, data_dir, parent_run)]
+    for choice in choices:
+        lines.append(_decision_row(rows, choice, candidates[choice.verifier][choice.temperature],
+                                   kept[choice.verifier, choice.temperature][0]))
+    ar = {r["temperature"]: r["tokens_per_s"] for r in rows if Method.parse(r["method"]) == AR}
+    if ar:
+        lines += ["", "AR tokens/s: " + ", ".join(f"T={t:g}: {v:.1f}" for t, v in sorted(ar.items()))]
+    lines += ["", *head_room_lines(data_dir, list(trained)), "",
+              "Offline, on the data set's test prompts (the selector never saw their trees; the guard's margin was "
+              "fitted on the validation prompts):"]
+    for verifier, result in trained.items():
+        m = result.metrics
+        lines.append(
+            f"- {verifier}: selector {m.get('ratio_vs_static', float('nan')):.3f}× best static, guarded "
+            f"{m.get('guarded_ratio_vs_static', float('nan')):.3f}×; MLflow run {result.run_id}"
+        )
+    return "\n".join(lines)
+
+
+def _preamble(bench: dict, timings: dict[str, float], data_dir: Path, parent_run: str) -> list[str]:
+    """What was run and how to read the decision table, and the table's header."""
+    rows = bench["rows"]
     settings = bench["settings"]["bench"]
     n_runs = len(rows[0]["per_prompt"]) if rows else 0
-    lines = [
+    return [
         f"Data set: {data_dir} · stage times: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in timings.items()),
         f"Bench: {settings['num_prompts']} held-out prompts × {settings['repeats']} repeat(s) = {n_runs} runs per "
         f"method, {settings['max_new_tokens']} new tokens each, methods interleaved; ± is the std over runs; "
@@ -39,45 +61,32 @@ def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, c
         "expander / kept static | deploy |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for choice in choices:
-        actions = candidates[choice.verifier][choice.temperature]
-        statics = static_rows(rows, choice.verifier, choice.temperature, actions)
-        index = kept[choice.verifier, choice.temperature][0]
-        static = statics[index]
-        fastest = max(row["tokens_per_s"] for row in statics)
-        at_t = by_method(rows, choice.temperature).items()
-        selector = next((r for m, r in at_t if m.kind == "selector" and m.verifier == choice.verifier), None)
-        expander = next((r for m, r in at_t if m.kind == "expander" and m.verifier == choice.verifier), None)
-        if selector is None:
-            measured = "= fallback (its guard never leaves it here: not benched) | - | 0 %"
-        else:
-            measured = (f"{selector['tokens_per_s']:.1f} | {selector['tokens_per_s'] / static['tokens_per_s']:.3f} | "
-                        f"{_fmt(selector.get('policy_share'), '.1%')}")
-        measured += (" | - | -" if expander is None else
-                     f" | {expander['tokens_per_s']:.1f} | {expander['tokens_per_s'] / static['tokens_per_s']:.3f}")
-        deployed = {"static": f"({choice.action})", "selector": f"selector ({choice.selector})",
-                    "expander": f"expander ({choice.expander})"}[choice.policy]
-        lines.append(
-            f"| {choice.temperature:g} | {choice.verifier} | {' '.join(f'({a})' for a in actions)} | "
+
+
+def _decision_row(rows: list[dict], choice, actions: list, index: int) -> str:
+    """One (verifier, temperature)'s row: its static candidates, the kept one (``actions[index]``), the selector's
+    and the expander's measured rates against it, and what was deployed."""
+    statics = static_rows(rows, choice.verifier, choice.temperature, actions)
+    static = statics[index]
+    fastest = max(row["tokens_per_s"] for row in statics)
+    at_t = by_method(rows, choice.temperature).items()
+    selector = next((r for m, r in at_t if m.kind == "selector" and m.verifier == choice.verifier), None)
+    expander = next((r for m, r in at_t if m.kind == "expander" and m.verifier == choice.verifier), None)
+    if selector is None:
+        measured = "= fallback (its guard never leaves it here: not benched) | - | 0 %"
+    else:
+        measured = (f"{selector['tokens_per_s']:.1f} | {selector['tokens_per_s'] / static['tokens_per_s']:.3f} | "
+                    f"{_fmt(selector.get('policy_share'), '.1%')}")
+    measured += (" | - | -" if expander is None else
+                 f" | {expander['tokens_per_s']:.1f} | {expander['tokens_per_s'] / static['tokens_per_s']:.3f}")
+    deployed = {"static": f"({choice.action})", "selector": f"selector ({choice.selector})",
+                "expander": f"expander ({choice.expander})"}[choice.policy]
+    return (f"| {choice.temperature:g} | {choice.verifier} | {' '.join(f'({a})' for a in actions)} | "
             f"({actions[index]}) | {static['tokens_per_s']:.1f} ± "
             f"{_fmt(static.get('tokens_per_s_stdev_over_prompts'))} | {_fmt(static.get('speedup'), '.2f')}× | "
             f"{_fmt(mean_acceptance_length(static), '.2f')} | "
             f"{fastest / statics[0]['tokens_per_s']:.3f} | "
-            f"{_fmt(cross_fitted_choice_ratio(statics), '.3f')} | {measured} | {deployed} |"
-        )
-    ar = {r["temperature"]: r["tokens_per_s"] for r in rows if Method.parse(r["method"]) == AR}
-    if ar:
-        lines += ["", "AR tokens/s: " + ", ".join(f"T={t:g}: {v:.1f}" for t, v in sorted(ar.items()))]
-    lines += ["", *head_room_lines(data_dir, list(trained)), "",
-              "Offline, on the data set's test prompts (the selector never saw their trees; the guard's margin was "
-              "fitted on the validation prompts):"]
-    for verifier, result in trained.items():
-        m = result.metrics
-        lines.append(
-            f"- {verifier}: selector {m.get('ratio_vs_static', float('nan')):.3f}× best static, guarded "
-            f"{m.get('guarded_ratio_vs_static', float('nan')):.3f}×; MLflow run {result.run_id}"
-        )
-    return "\n".join(lines)
+            f"{_fmt(cross_fitted_choice_ratio(statics), '.3f')} | {measured} | {deployed} |")
 
 
 def head_room_lines(data_dir: Path, verifiers: list[str]) -> list[str]:
