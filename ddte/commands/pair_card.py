@@ -1,15 +1,15 @@
-"""Measure a pair for its model card: every number in models/README.md comes from here.
+"""Measure a pair for its model card (ddte/pair_card/): every number in models/README.md comes from here.
 
---pair names the pair as every command does (a name under configs/pair/, default shipped, or a pair YAML). A pair
-laid out as `ddte train-pair` writes one (target/, draft/, tokenizer/ and recipe.json in one folder, like the shipped
-pair in models/) gets the full card, with the models in fp32 on CPU: architecture, parameters and training figures
-(from recipe.json); held-out loss and perplexity; per-token latency after a 256-token cache and for a 32-node tree
-pass, with the target/draft ratios; acceptance 1 − TV(p, q) at T = 1 on target-sampled continuations of held-out
-prompts; one T = 0.8 sample. It prints a markdown table and writes everything as JSON.
-
-Any other pair (e.g. smollm2) gets, each model in the pair's own dtype: pass times in the decoding loop and their
-ratios, and acceptance at T = 0.6 and 1 on the pair's held-out prompts (for chat prompts: those like the training
-data and those unlike it, separately).
+--pair names the pair as every command does (a name under configs/pair/, default shipped, or a pair YAML). Every
+pair's card, each model loaded as the decoding loop runs it: the machine, architecture, parameters and dtypes; pass
+times in the decoding loop and their ratios to a one-token target pass; the kernel paths; acceptance 1 − TV(p, q) at
+T = 0.6 and 1 on target-sampled continuations of the pair's held-out prompts (for chat prompts: those like the
+training data and those unlike it, separately; per category for the mixed workload); one T = 0.8 sample. A pair laid
+out as `ddte train-pair` writes one (target/, draft/, tokenizer/ and recipe.json in one folder, like the shipped pair
+in models/) adds, with the models in fp32 on the default kernel path: training figures (from recipe.json), held-out
+loss and perplexity, HF-forward pass times, and the draft's calibration. It prints markdown tables and writes
+everything as JSON; --threads, --cache-len and --sample-tokens beyond the machine or the pair's context are refused
+before anything is measured.
 
 Examples:
   ddte pair-card --output models/card.json
@@ -20,6 +20,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import os
 
 from ddte.commands.common import UserError, add_threads_argument, check_output_file, seed_argument, user_errors
 
@@ -47,59 +48,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ddte.pair_card.shipped import CardSettings, markdown, measure, train_pair_folder
-    from decode.pair import read_pair_config
+    from ddte.pair_card.card import CardSettings, with_defaults
+    from ddte.pair_card.folder import train_pair_folder
+    from decode.pair_spec import read_pair_config
 
     with user_errors():
         folder = train_pair_folder(read_pair_config(args.pair))
-    defaults = {"tree_nodes": (32, 8), "timed_calls": (30, 10), "num_prompts": (100, 24)}
-    for name, (folder_default, pair_default) in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, folder_default if folder is not None else pair_default)
-    for name in ("threads", "cache_len", "tree_nodes", "timed_calls", "num_prompts", "max_new_tokens", "sample_tokens"):
-        if getattr(args, name) < 1:
+    settings = with_defaults(CardSettings(args.pair, args.threads, args.cache_len, args.tree_nodes, args.timed_calls,
+                                          args.num_prompts, args.max_new_tokens, args.sample_tokens, args.seed,
+                                          tuple(args.groups), args.heldout_blocks), folder is not None)
+    _check(settings, folder is not None)
+    output = check_output_file(args.output) if args.output else None
+    return _measure_and_print(settings, output)
+
+
+def _check(settings, folder: bool) -> None:
+    """UserError for a flag out of range, or one this pair's card has no use for, before anything loads."""
+    cores = os.cpu_count() or 1
+    if settings.threads > cores:
+        raise UserError(f"--threads {settings.threads} is more than this machine's {cores} cores")
+    flags = {"threads": settings.threads, "cache_len": settings.cache_len, "tree_nodes": settings.tree_nodes,
+             "timed_calls": settings.repeats, "num_prompts": settings.num_prompts,
+             "max_new_tokens": settings.max_new_tokens, "sample_tokens": settings.sample_tokens}
+    for name, value in flags.items():
+        if value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.heldout_blocks is not None and args.heldout_blocks < 1:
+    if settings.heldout_blocks is not None and settings.heldout_blocks < 1:
         raise UserError("--heldout-blocks must be at least 1 (leave it out for the recipe's own count)")
-    if folder is not None and args.groups:
+    if folder and settings.groups:
         raise UserError("--groups picks prompt groups of a pair's chat or mixed prompt set; a `ddte train-pair` "
                         "folder's card measures its held-out code prompts")
-    if folder is None and args.heldout_blocks is not None:
+    if not folder and settings.heldout_blocks is not None:
         raise UserError("--heldout-blocks measures a `ddte train-pair` folder's held-out loss; this pair's card "
                         "has none")
-    output = check_output_file(args.output) if args.output else None
-    if folder is None:
-        from ddte.pair_card.any_pair import PairCardSettings, measure_pair, pair_markdown
-
-        settings = PairCardSettings(args.pair, args.threads, args.cache_len, args.tree_nodes, args.timed_calls,
-                                    args.num_prompts, args.max_new_tokens, args.sample_tokens, args.seed,
-                                    tuple(args.groups))
-        return _measure_and_print(measure_pair, settings, pair_markdown, output)
-    settings = CardSettings(_shown(folder), args.threads, args.cache_len, args.tree_nodes, args.timed_calls,
-                            args.num_prompts, args.max_new_tokens, args.heldout_blocks, args.sample_tokens, args.seed)
-    return _measure_and_print(measure, settings, markdown, output)
 
 
-def _shown(folder) -> str:
-    """The pair folder as the card names it: relative to the current directory when inside it (models)."""
-    from pathlib import Path
-
-    folder, here = Path(folder).resolve(), Path.cwd().resolve()
-    return str(folder.relative_to(here)) if folder.is_relative_to(here) else str(folder)
-
-
-def _measure_and_print(measure_fn, settings, markdown_fn, output) -> int:
+def _measure_and_print(settings, output) -> int:
     """Measure, write the JSON (when asked), print the tables and the T = 0.8 sample."""
     from pathlib import Path
 
-    from ddte.pair_card.shipped import write_json
+    from ddte.pair_card.card import measure, write_json
+    from ddte.pair_card.markdown import markdown
 
     with user_errors():
-        result = measure_fn(settings)
+        result = measure(settings)
     if output is not None:
         write_json(result, Path(output))
-    print(markdown_fn(result))
+    print(markdown(result))
     sample = result["sample_T0.8"]
-    print(f"T = 0.8 sample from {sample.get('prompt_id', 'the first held-out prompt')}:")
+    print(f"T = 0.8 sample from {sample.get('prompt_id', 'the shortest held-out prompt')}:")
     print(sample["completion"])
     return 0

@@ -1,2 +1,3 @@
-"""The model-card measurements of ``ddte pair-card``: ``shipped`` for the shipped pair's folder (every number in
-models/README.md), ``any_pair`` for any pair YAML (the real pretrained pair's figures)."""
+"""The model card of ``ddte pair-card``: ``card`` measures any pair (one settings class, one ``measure``), ``folder``
+adds the optional section of a ``ddte train-pair`` folder (the shipped pair in models/), ``markdown`` writes the
+tables."""

@@ -362,6 +362,31 @@ def test_pair_card_refuses_a_cache_longer_than_the_context(capsys):
     assert "does not fit the pair's 512-token context" in _one_line(capsys, "pair-card")
 
 
+def test_pair_card_refuses_more_threads_than_cores_before_loading(tmp_path, capsys, monkeypatch):
+    """#54: --threads beyond the machine's cores is one line, before the pair loads."""
+    from decode.pair_spec import PairSpec
+
+    monkeypatch.setattr(PairSpec, "load", lambda *a, **k: pytest.fail("the pair was loaded"))
+    out = tmp_path / "card.json"
+    threads = (os.cpu_count() or 1) + 1
+    assert main(["pair-card", "--threads", str(threads), "--output", str(out)]) == 2
+    assert f"--threads {threads} is more than this machine's {threads - 1} cores" in _one_line(capsys, "pair-card")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--sample-tokens", "--max-new-tokens"])
+def test_pair_card_refuses_sampling_past_the_context_before_measuring(flag, tmp_path, capsys, monkeypatch):
+    """#54: 600 sampled tokens ran past the shipped pair's 512 positions, 100,000 ran for minutes: one line before
+    any pass is timed or sampled."""
+    from ddte.pair_card import card
+
+    monkeypatch.setattr(card, "loop_latency", lambda *a, **k: pytest.fail("the card measured"))
+    out = tmp_path / "card.json"
+    assert main(["pair-card", flag, "600", "--output", str(out)]) == 2
+    assert f"{flag} 600 runs past the pair's 512-token context (at most 511)" in _one_line(capsys, "pair-card")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("command", [
     ["analyze", "--data", "{data}"],
     ["train", "data.data_dir={data}", "run.output_dir={tmp}/runs", "run.tracking_uri=sqlite:///{tmp}/mlflow.db"],
