@@ -378,9 +378,10 @@ def test_pair_card_refuses_more_threads_than_cores_before_loading(tmp_path, caps
 def test_pair_card_refuses_sampling_past_the_context_before_measuring(flag, tmp_path, capsys, monkeypatch):
     """#54: 600 sampled tokens ran past the shipped pair's 512 positions, 100,000 ran for minutes: one line before
     any pass is timed or sampled."""
-    from ddte.pair_card import card
+    from ddte.pair_card import card, folder
 
-    monkeypatch.setattr(card, "loop_latency", lambda *a, **k: pytest.fail("the card measured"))
+    for module, name in ((card, "loop_latency"), (folder, "measure_folder")):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("the card measured"))
     out = tmp_path / "card.json"
     assert main(["pair-card", flag, "600", "--output", str(out)]) == 2
     assert f"{flag} 600 runs past the pair's 512-token context (at most 511)" in _one_line(capsys, "pair-card")
