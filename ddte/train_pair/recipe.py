@@ -229,6 +229,24 @@ def run_recipe(config: PairConfig, only: str | None = None) -> dict[str, Any]:
         return _run_recipe(config, only)
 
 
+def _train_one(config: PairConfig, name: str, vocab: int, train_stream: torch.Tensor, heldout_stream: torch.Tensor,
+               final_blocks: torch.Tensor) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """``(model, its result)``: the ``name`` model ("target", "draft") built, trained and rounded to the storage
+    dtype, then scored on ``final_blocks`` (held out) and as many training blocks of the same length."""
+    recipe: ModelRecipe = getattr(config, name)
+    model = build_model(recipe, vocab, config.context_length)
+    n_params = sum(p.numel() for p in model.parameters())
+    heldout = eval_blocks(heldout_stream, recipe.train.seq_len, recipe.train.eval_blocks)
+    result = train_model(name, model, train_stream, heldout, recipe.train, recipe.seed)
+    round_to_storage(model, config.storage_dtype)
+    result["parameters"] = n_params
+    final_seq = final_blocks.shape[1]
+    result["final_train_loss"] = evaluate(model, eval_blocks(train_stream, final_seq, len(final_blocks)))
+    result["final_heldout_loss"] = evaluate(model, final_blocks)
+    result["final_heldout_perplexity"] = math.exp(result["final_heldout_loss"])
+    return model, result
+
+
 def _run_recipe(config: PairConfig, only: str | None) -> dict[str, Any]:
     """:func:`run_recipe`'s body, with transformers' progress bars off."""
     if config.threads:
@@ -258,18 +276,8 @@ def _run_recipe(config: PairConfig, only: str | None) -> dict[str, Any]:
             keep, kept_result = _reuse_kept_model(config, out_dir, staging, only)
             results[keep] = kept_result
         for name in ("target", "draft") if only is None else (only,):
-            recipe: ModelRecipe = getattr(config, name)
-            model = build_model(recipe, vocab, config.context_length)
-            n_params = sum(p.numel() for p in model.parameters())
-            heldout = eval_blocks(heldout_stream, recipe.train.seq_len, recipe.train.eval_blocks)
-            result = train_model(name, model, train_stream, heldout, recipe.train, recipe.seed)
-            round_to_storage(model, config.storage_dtype)
-            result["parameters"] = n_params
-            result["final_train_loss"] = evaluate(model, eval_blocks(train_stream, final_seq, len(final_blocks)))
-            result["final_heldout_loss"] = evaluate(model, final_blocks)
-            result["final_heldout_perplexity"] = math.exp(result["final_heldout_loss"])
+            model, results[name] = _train_one(config, name, vocab, train_stream, heldout_stream, final_blocks)
             save_model(model, hf_tok, staging / name, config.storage_dtype)
-            results[name] = result
         results = {name: results[name] for name in ("target", "draft")}
         plot_curves(results, staging / "loss_curve.png")
         meta = {
