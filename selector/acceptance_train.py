@@ -348,8 +348,8 @@ def _score_export_log(net: AcceptanceNet, config: AcceptanceConfig, metadata: di
 
 
 def dense_fingerprint(folder: str | Path) -> str:
-    """sha256 over dense.json's bytes and every shard's name and size (selector/data.py ``folder_fingerprint``)."""
-    from selector.data import folder_fingerprint
+    """sha256 over dense.json's bytes and every shard's name and size (selector/root_data.py ``folder_fingerprint``)."""
+    from selector.root_data import folder_fingerprint
 
     return folder_fingerprint(Path(folder) / "dense.json", sorted(Path(folder).glob("dense-*.parquet")))
 

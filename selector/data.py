@@ -1,6 +1,6 @@
 """The selector's data: parquet shards of a collected data set (docs/dataset.md) as a LightningDataModule.
 
-One row per root. The module
+One row per root, read by selector/root_data.py. The module
 
 * checks the folder when it is built (metadata, schema version, feature names, verifier, columns), so a bad
   config fails before any training starts, with a ``ValueError`` that says what is wrong;
@@ -17,12 +17,8 @@ A batch is a dict of tensors (B = batch size, A = actions, S = scalars):
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
@@ -30,39 +26,17 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from data_gen.schema import METADATA_FILE, READABLE_VERSIONS, SHARD_GLOB, label_column, trees_column
 from data_gen.throughput import static_throughputs
 from decode.drafting.actions import distinct_trees
 from decode.policies.features import HIDDEN_NAMES, SCALAR_NAMES
 from selector.info import DataFacts, sampling_configs
+from selector.root_data import RootArrays, data_fingerprint, inspect_dataset, load_rows
 
 # KL divergences have a long right tail (probabilities clamped at 1e-9 under top-p give values of 10-20 nats):
 # log1p keeps a few extreme roots from dominating the standardised scale.
 DEFAULT_LOG1P_SCALARS = ("kl_p_q_prev", "kl_q_p_prev")
 SPLITS = ("train", "val", "test")
 STATIC_RANKING_KEPT = 8  # distinct trees of the training split's static ranking kept in the run summary
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """What the metadata and the shard schema say about a data folder (checked, cheap to build)."""
-
-    folder: Path
-    metadata: dict[str, Any]
-    shards: tuple[Path, ...]
-    verifier: str
-
-    @property
-    def actions(self) -> list[str]:
-        return list(self.metadata["actions"])
-
-    @property
-    def hidden_sizes(self) -> dict[str, int]:
-        return {name: int(self.metadata["hidden_sizes"][name]) for name in HIDDEN_NAMES}
-
-    @property
-    def pair_fingerprint(self) -> str:
-        return str(self.metadata.get("pair", {}).get("fingerprint", ""))
 
 
 @dataclass
@@ -92,161 +66,6 @@ class Normalisation:
             "formula": "z = (f(x) - mean) / std; f(x) = log1p(max(x, 0)) for names in log1p, else x. "
             "Applied inside the model: feed RAW scalars.",
         }
-
-
-@dataclass
-class RootArrays:
-    """Rows of the data set as numpy arrays (N roots, A actions, S scalars)."""
-
-    prompt_id: np.ndarray  # (N,) str
-    sampling_index: np.ndarray  # (N,) int64
-    hidden: dict[str, np.ndarray]  # name -> (N, H) float32
-    scalars: np.ndarray  # (N, S) float32, raw
-    step_ms: np.ndarray  # (N, A) float32
-    be: np.ndarray  # (N, A) float32, NaN where the verifier has no label
-    be_trees: np.ndarray | None = None  # (N, s, A) per-tree labels (schema 2), None for a schema-1 data set
-    base_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (N,) a_base per row
-
-    def __len__(self) -> int:
-        return int(self.prompt_id.shape[0])
-
-    @property
-    def valid(self) -> np.ndarray:
-        """(N, A) bool: actions with a usable label (finite Ê, positive finite step time)."""
-        return np.isfinite(self.be) & np.isfinite(self.step_ms) & (self.step_ms > 0)
-
-    def take(self, rows: np.ndarray) -> RootArrays:
-        """The subset at integer ``rows``."""
-        return RootArrays(
-            prompt_id=self.prompt_id[rows],
-            sampling_index=self.sampling_index[rows],
-            hidden={k: v[rows] for k, v in self.hidden.items()},
-            scalars=self.scalars[rows],
-            step_ms=self.step_ms[rows],
-            be=self.be[rows],
-            be_trees=None if self.be_trees is None else self.be_trees[rows],
-            base_index=self.base_index[rows] if self.base_index.size else self.base_index,
-        )
-
-
-# ---------------------------------------------------------------------------------------------------- reading
-
-
-def inspect_dataset(folder: str | Path, verifier: str) -> DatasetInfo:
-    """Check a data folder without reading its rows: metadata, schema version, feature names, verifier, columns.
-
-    Raises ValueError with a one-line message for every problem found.
-    """
-    from data_gen.store import shard_columns
-
-    folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"'{folder}' is a file, not a data folder: give the folder `ddte collect` wrote")
-    if not folder.is_dir():
-        raise ValueError(f"data folder '{folder}' does not exist")
-    meta_path = folder / METADATA_FILE
-    if not meta_path.is_file():
-        raise ValueError(f"'{folder}' has no {METADATA_FILE}: not a data set written by `ddte collect`")
-    try:
-        metadata = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{meta_path} is not valid JSON: {err}") from err
-    version = metadata.get("schema_version")
-    if version not in READABLE_VERSIONS:
-        raise ValueError(f"{meta_path}: schema_version {version!r}, this selector reads versions "
-                         f"{', '.join(map(str, READABLE_VERSIONS))}")
-    if list(metadata.get("scalar_names", [])) != list(SCALAR_NAMES):
-        raise ValueError(f"{meta_path}: scalar_names differ from decode.policies.features.SCALAR_NAMES "
-                         f"{list(SCALAR_NAMES)}")
-    for key in ("actions", "hidden_sizes", "verifiers", "sampling"):
-        if key not in metadata:
-            raise ValueError(f"{meta_path}: missing key '{key}'")
-    verifiers = list(metadata["verifiers"])
-    if verifier not in verifiers:
-        from decode.verifiers import VERIFIERS
-
-        if verifier in VERIFIERS:
-            raise ValueError(f"this data set has no labels for verifier '{verifier}' (it has labels for "
-                             f"{', '.join(verifiers)}): collect with it among the verifiers, or choose one of those")
-        raise ValueError(f"unknown verifier '{verifier}': this data set has labels for {', '.join(verifiers)}")
-    shards = tuple(sorted(folder.glob(SHARD_GLOB)))
-    if not shards:
-        raise ValueError(f"'{folder}' has no shards ({SHARD_GLOB})")
-    required = ["prompt_id", "sampling_index", *HIDDEN_NAMES, "scalars", "step_ms", label_column(verifier)]
-    for shard in shards:
-        names = set(shard_columns(shard))
-        missing = [c for c in required if c not in names]
-        if missing:
-            raise ValueError(f"shard {shard.name} lacks column(s) {', '.join(missing)}")
-    return DatasetInfo(folder=folder, metadata=metadata, shards=shards, verifier=verifier)
-
-
-def data_fingerprint(info: DatasetInfo) -> str:
-    """sha256 over dataset.json's bytes and every shard's name and size: changes when the data set does."""
-    return folder_fingerprint(info.folder / METADATA_FILE, info.shards)
-
-
-def folder_fingerprint(metadata: Path, shards: Sequence[Path]) -> str:
-    """sha256 over a data set's metadata file's bytes and each shard's name and size (a collection's or a dense
-    set's)."""
-    digest = hashlib.sha256(metadata.read_bytes())
-    for shard in shards:
-        digest.update(f"{shard.name}:{shard.stat().st_size}\n".encode())
-    return digest.hexdigest()
-
-
-@contextlib.contextmanager
-def quiet_datasets() -> Iterator[None]:
-    """Silence `datasets`' progress bars while loading (they are noise for a few thousand rows)."""
-    import datasets
-
-    was_enabled = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            datasets.enable_progress_bars()
-
-
-def _list_column(table, name: str, width: int | None = None) -> np.ndarray:
-    """A fixed-length list<float> column of a pyarrow table as a (N, width) float32 array."""
-    import pyarrow.compute as pc
-
-    column = table.column(name).combine_chunks()
-    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
-    n = len(column)
-    if n and (lengths.min() != lengths.max() or (width is not None and lengths[0] != width)):
-        expected = width if width is not None else int(lengths[0])
-        raise ValueError(f"column '{name}' has lists of length {lengths.min()}..{lengths.max()}, expected {expected}")
-    values = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-    return values.reshape(n, -1) if n else values.reshape(0, width or 0)
-
-
-def load_rows(info: DatasetInfo) -> RootArrays:
-    """Read every shard through ``datasets.load_dataset("parquet")`` into numpy arrays (no base_index yet)."""
-    import datasets
-
-    columns = ["prompt_id", "sampling_index", *HIDDEN_NAMES, "scalars", "step_ms", label_column(info.verifier)]
-    per_tree = trees_column(info.verifier)
-    with quiet_datasets():
-        ds = datasets.load_dataset("parquet", data_files=[str(s) for s in info.shards], split="train")
-    has_trees = per_tree in ds.column_names
-    table = ds.select_columns(columns + ([per_tree] if has_trees else [])).data.table
-    n_actions = len(info.actions)
-    be_trees = None
-    if has_trees:  # schema 2: (N, s·A) tree-major -> (N, s, A)
-        trees = int(info.metadata["trees_per_root"])
-        be_trees = _list_column(table, per_tree, trees * n_actions).reshape(-1, trees, n_actions)
-    return RootArrays(
-        be_trees=be_trees,
-        prompt_id=np.asarray(table.column("prompt_id").to_pylist(), dtype=object),
-        sampling_index=table.column("sampling_index").to_numpy().astype(np.int64),
-        hidden={name: _list_column(table, name, info.hidden_sizes[name]) for name in HIDDEN_NAMES},
-        scalars=_list_column(table, "scalars", len(SCALAR_NAMES)),
-        step_ms=_list_column(table, "step_ms", n_actions),
-        be=_list_column(table, label_column(info.verifier), n_actions),
-    )
 
 
 # ---------------------------------------------------------------------------------------------------- fitting

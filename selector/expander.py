@@ -6,7 +6,7 @@ action. The signal with the highest such ratio is kept if it beats the static ac
 configuration falls back to the static action (the never-lose guard). The kept rule and the acceptance head are then
 refitted on every prompt, since the cross-fitted figure is the estimate of what that procedure delivers on new ones.
 
-The acceptance head is the ridge regression of selector/expansion.py (standardised features, closed form: a gradient
+The acceptance head is the ridge regression of selector/expansion_fit.py (standardised features, closed form: a gradient
 loop would only approximate it). Its graph is one affine map ``[batch, F] → [batch, C]``, with the standardisation
 folded into the weights, written with ``onnx.helper``; decode/policies/expander_file.py owns the file's names and
 metadata.
@@ -30,14 +30,13 @@ from decode.policies.expander_file import (
     node_feature_width,
 )
 from decode.policies.halting import marginal_gain
-from selector.expansion import (
+from selector.expansion import evaluate_expansion, load_episodes
+from selector.expansion_fit import (
     EpisodeData,
     _Index,
     best_rule,
     candidate_rules,
-    evaluate_expansion,
     fit_beta_head,
-    load_episodes,
     out_of_fold_beta,
     rule_profile,
     static_best,
@@ -161,7 +160,7 @@ def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: fl
     signals = tuple(signals or available)
     if not signals or not set(signals) <= set(available):
         raise ValueError(f"signals must be among {', '.join(available)}, got {list(signals)}")
-    from selector.data import data_fingerprint, inspect_dataset
+    from selector.root_data import data_fingerprint, inspect_dataset
 
     folder = Path(folder)
     metadata, episodes, _ = load_episodes(folder, verifier)

@@ -92,7 +92,7 @@ def real_inputs(module, data_dir: str | Path | None, n: int) -> dict[str, Any] |
     """The first n rows of the data set (the checkpoint's own, unless ``data_dir`` is given); None if absent."""
     from data_gen.schema import METADATA_FILE, SHARD_GLOB
     from data_gen.store import read_shards
-    from selector.data import _list_column
+    from selector.root_data import list_column
 
     folder = Path(data_dir or module.info.data.data_dir or "")
     shards = sorted(folder.glob(SHARD_GLOB)) if (folder / METADATA_FILE).is_file() else []
@@ -102,7 +102,7 @@ def real_inputs(module, data_dir: str | Path | None, n: int) -> dict[str, Any] |
         return None
     table = read_shards(shards[:1], list(INPUT_NAMES)).slice(0, n)
     sizes = {**module.info.data.hidden_sizes, "scalars": len(module.info.data.scalar_names)}
-    return {name: _list_column(table, name, int(sizes[name])) for name in INPUT_NAMES}
+    return {name: list_column(table, name, int(sizes[name])) for name in INPUT_NAMES}
 
 
 # ---------------------------------------------------------------------------------------------------- export

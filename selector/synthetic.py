@@ -24,7 +24,7 @@ import numpy as np
 from data_gen.schema import METADATA_FILE, SCHEMA_VERSION, acceptance_column, label_column, trees_column
 from decode.drafting.actions import action_grid, action_key
 from decode.policies.features import HIDDEN_NAMES, SCALAR_NAMES
-from selector.data import quiet_datasets
+from selector.root_data import quiet_datasets
 
 SAMPLING = ({"temperature": 0.6, "top_p": 1.0}, {"temperature": 1.0, "top_p": 0.9})
 # How much of a second, third... branch counts: traversal-like verifiers use every branch fully.

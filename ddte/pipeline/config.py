@@ -79,23 +79,8 @@ def plan_pipeline(config: PipelineConfig, resume: bool = False) -> PipelinePlan:
     ``resume``: the output folder may hold an earlier run of this pipeline, whose collected shards are kept and
     whose selectors, policy.json and results are redone; without it the folder must be new or empty."""
     from data_gen.collection import check_output, check_verifiers
-    from ddte_core.paths import folder_is_writable
-    from ddte_core.tracking import resolve_tracking_uri
 
-    refuse_file_in_the_way(config.output)
-    out = Path(config.output)
-    if not folder_is_writable(out):
-        raise ValueError(f"output {out}: no file can be written there; choose another output=")
-    if config.tracking_uri:
-        resolve_tracking_uri(config.tracking_uri)  # its scheme and folder, before the first stage
-    if resume and not (out / "data").is_dir() and not (out / "mlflow.db").is_file():
-        raise ValueError(f"--resume: {out} holds no pipeline run to continue; drop --resume to start one there")
-    if not resume and out.is_dir() and any(out.iterdir()):
-        held = ("a finished pipeline run (policy.json)" if (out / "policy.json").is_file()
-                else "an unfinished pipeline run" if (out / "data").is_dir() or (out / "mlflow.db").is_file()
-                else "other files")
-        raise ValueError(f"{out} already holds {held}: pass --resume to continue or redo it (its collected data is "
-                         "kept; selectors, policy.json and results are rewritten), or choose another --output")
+    _check_pipeline_output(config, resume)
     try:
         collect = load_collect_config(config.collect.config,
                                       [*config.collect.overrides, f"output={Path(config.output) / 'data'}"])
@@ -125,7 +110,7 @@ def plan_pipeline(config: PipelineConfig, resume: bool = False) -> PipelinePlan:
     if bench.threads is not None and not 0 <= bench.threads <= cores:
         raise ValueError(f"bench.threads must be null or in [0, {cores}] (0: torch's choice), got {bench.threads}")
     if config.collect.reuse:  # every shard readable, with labels for every verifier to train, before stage 1
-        from selector.data import inspect_dataset
+        from selector.root_data import inspect_dataset
 
         for verifier in trained:
             inspect_dataset(config.collect.reuse, verifier)
@@ -135,6 +120,28 @@ def plan_pipeline(config: PipelineConfig, resume: bool = False) -> PipelinePlan:
     if config.expander.acceptance and not Path(config.expander.acceptance).is_file():
         raise ValueError(f"expander.acceptance: no file {config.expander.acceptance}")
     return PipelinePlan(config, collect, train_config)
+
+
+def _check_pipeline_output(config: PipelineConfig, resume: bool) -> None:
+    """ValueError for an output folder that cannot be written, a --resume of nothing, an output holding another run
+    (or other files) without --resume, and a tracking URI that does not resolve."""
+    from ddte_core.paths import folder_is_writable
+    from ddte_core.tracking import resolve_tracking_uri
+
+    refuse_file_in_the_way(config.output)
+    out = Path(config.output)
+    if not folder_is_writable(out):
+        raise ValueError(f"output {out}: no file can be written there; choose another output=")
+    if config.tracking_uri:
+        resolve_tracking_uri(config.tracking_uri)  # its scheme and folder, before the first stage
+    if resume and not (out / "data").is_dir() and not (out / "mlflow.db").is_file():
+        raise ValueError(f"--resume: {out} holds no pipeline run to continue; drop --resume to start one there")
+    if not resume and out.is_dir() and any(out.iterdir()):
+        held = ("a finished pipeline run (policy.json)" if (out / "policy.json").is_file()
+                else "an unfinished pipeline run" if (out / "data").is_dir() or (out / "mlflow.db").is_file()
+                else "other files")
+        raise ValueError(f"{out} already holds {held}: pass --resume to continue or redo it (its collected data is "
+                         "kept; selectors, policy.json and results are rewritten), or choose another --output")
 
 
 def _labelled_verifiers(config: PipelineConfig, collect) -> list[str]:

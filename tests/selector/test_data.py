@@ -10,13 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from decode.drafting.actions import Action
-from selector.data import (
-    SelectorDataModule,
-    best_static_actions,
-    inspect_dataset,
-    split_prompts,
-    transform_scalars,
-)
+from selector.data import SelectorDataModule, best_static_actions, split_prompts, transform_scalars
+from selector.root_data import inspect_dataset
 from selector.synthetic import write_synthetic_dataset
 
 

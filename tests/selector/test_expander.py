@@ -31,7 +31,8 @@ def test_the_graph_is_the_fitted_head_and_the_metadata_says_what_chose_it(learne
     import onnxruntime as ort
 
     from decode.policies.expander_file import read_expander_metadata
-    from selector.expansion import fit_beta_head, load_episodes, predict_beta
+    from selector.expansion import load_episodes
+    from selector.expansion_fit import fit_beta_head, predict_beta
 
     fitted, path = learned_file
     _, episodes, _ = load_episodes(tiny_collected, "traversal")

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from decode.drafting.actions import action_grid
-from selector.expansion import (
+from selector.expansion import evaluate_expansion
+from selector.expansion_fit import (
     EpisodeData,
     Rule,
     _Index,
     best_rule,
-    evaluate_expansion,
     halting_depth,
     rule_step_ms,
     rule_throughput,
