@@ -27,8 +27,8 @@ from decode.drafting.sampling import SamplingConfig
 from decode.engine import SpeculativeDecoder
 from decode.models.kernels import stock_kernels, use_kernel
 from decode.pair import LoadedPair
-from decode.policies.base import Policy, PolicyOptions, StaticPolicy, make_policy
-from decode.policies.deployment import POLICY_FILES, Deployment, load_policy
+from decode.policies.base import Policy
+from decode.policies.deployment import build_policy
 from decode.policies.latency import LatencyTable
 from decode.stats import GenerationStats
 from decode.verifiers import get_verifier
@@ -147,30 +147,15 @@ class _Runner:
         return self.decoder.generate(ids, max_new, self.policy, TorchRandom(seed), sampling).stats
 
 
-def method_policy(method: Method, pair: LoadedPair, deployments: dict[str, Deployment],
-                  machine: LatencyTable | None = None) -> Policy:
-    """The policy of a ddte method, checked against the pair (ValueError for a file that does not fit). A policy
-    file is read once: ``deployments`` holds those already read, by path, and gains the ones read here.
-    ``machine``: the running machine's latency table for files' fallbacks (decode/policies/guard.py)."""
-    if method.kind in POLICY_FILES:
-        return load_policy(method.kind, method.path, method.verifier, pair, machine, deployments)
-    if method.is_static:
-        return StaticPolicy(method.action)
-    return make_policy(method.kind, PolicyOptions())
-
-
-def needs_latency(methods: list[Method]) -> bool:
-    """Whether any method runs a policy file (whose fallback the running machine's latency table picks)."""
-    return any(method.kind in POLICY_FILES for method in methods)
-
-
-def make_runners(methods: list[Method], pair: LoadedPair, deployments: dict[str, Deployment] | None = None,
+def make_runners(methods: list[Method], pair: LoadedPair, policies: dict[Method, Policy] | None = None,
                  machine: LatencyTable | None = None) -> list[_Runner]:
-    """A ready runner per method, the methods of one verifier sharing one decoder (ValueError for a selector or
-    policy file that does not fit). ``deployments``: policy files already read, by path (each other is read once)."""
+    """A ready runner per method, the methods of one verifier sharing one decoder. ``policies``: the ddte methods'
+    policies, built by the caller (decode/policies/deployment.py ``build_policy``, after its checks); a method
+    without one is built here (ValueError for a file that does not fit). ``machine``: the running machine's latency
+    table."""
     from decode.pair import load_other_draft
 
-    deployments = {} if deployments is None else deployments
+    policies = policies or {}
     decoders: dict[tuple[str, str | None], SpeculativeDecoder] = {}
     drafts = {None: pair.draft}  # by folder: a method's own draft (+draft=), loaded once
     runners = []
@@ -186,7 +171,8 @@ def make_runners(methods: list[Method], pair: LoadedPair, deployments: dict[str,
         if key not in decoders:
             decoders[key] = SpeculativeDecoder(pair.target, drafts[method.draft], get_verifier(method.verifier),
                                                pair.eos_token_id, latency=machine if method.draft is None else None)
-        runners.append(_Runner(method, pair, decoders[key], method_policy(method, pair, deployments, machine)))
+        policy = policies.get(method) or build_policy(method.policy, pair, method.verifier, machine)
+        runners.append(_Runner(method, pair, decoders[key], policy))
     return runners
 
 
@@ -228,11 +214,12 @@ def bench_methods(runners: list[_Runner], prompts, settings: BenchSettings, samp
 
 
 def run_bench(methods: list[Method], pair, prompts: list[list[int]], settings: BenchSettings,
-              temperatures: list[float], deployments: dict[str, Deployment] | None = None,
+              temperatures: list[float], policies: dict[Method, Policy] | None = None,
               machine: LatencyTable | None = None) -> list[dict]:
     """Every method at every temperature (one interleaved block per temperature); the rows of all of them.
-    ``deployments``: policy files already read, by path; ``machine``: the latency table (:func:`make_runners`)."""
-    runners = make_runners(methods, pair, deployments, machine)
+    ``policies``: the ddte methods' policies, built by the caller; ``machine``: the latency table
+    (:func:`make_runners`)."""
+    runners = make_runners(methods, pair, policies, machine)
     rows = []
     for temperature in temperatures:
         sampling = settings.sampling(temperature)

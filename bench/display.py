@@ -139,5 +139,5 @@ def plot(rows: list[dict], path: str | Path, title: str) -> None:
     fig.suptitle(title, fontsize=9, wrap=True)
     fig.tight_layout()
     with staged_file(path) as tmp:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
+        fig.savefig(tmp, dpi=110, bbox_inches="tight", format=Path(path).suffix.lstrip(".").lower() or "png")
     plt.close(fig)

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decode.drafting.actions import Action
-from decode.policies.spec import PolicySpec, check_spec_verifier, parse_policy_spec
-from decode.verifiers import get_verifier
+from decode.policies.spec import PolicySpec, parse_verifier_spec
 
 HF_KINDS = ("ar", "hf-assisted", "ar-kernels", "hf-assisted-kernels")
 DRAFT_SUFFIX = "+draft="  # a ddte method run with another draft folder
@@ -56,17 +55,14 @@ class Method:
         text, plus, draft = text.partition(DRAFT_SUFFIX)
         if plus and not draft:
             raise ValueError(f"bad method '{text}{plus}': name the draft folder after {DRAFT_SUFFIX}")
-        name, sep, spec_text = text.partition("@")
-        if not sep:
+        if "@" not in text:
             raise ValueError(f"bad method '{text}': use {', '.join(HF_KINDS)} or VERIFIER@SPEC (e.g. "
                              "traversal@2,2,4, traversal@adaptive)")
-        verifier = get_verifier(name)  # KeyError names the known verifiers
         try:
-            spec = parse_policy_spec(spec_text)
-            check_spec_verifier(spec, verifier)
+            verifier, spec = parse_verifier_spec(text)  # KeyError names the known verifiers
         except ValueError as err:
             raise ValueError(f"bad method '{text}': {err}") from err
-        return cls(verifier=verifier.name, policy=spec, draft=draft or None)
+        return cls(verifier=verifier, policy=spec, draft=draft or None)
 
     @classmethod
     def ddte(cls, verifier: str, spec: PolicySpec) -> Method:

@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddte.commands.common import (
@@ -66,6 +67,7 @@ DEFAULT_METHODS = [
 
 
 MAX_REPEATS, MAX_PROMPTS = 1000, 10**6
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # what bench/display.py's plot writes, by the name's suffix
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,8 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, Deployment]]:
-    """Every option checked before any model loads; returns the parsed, de-duplicated methods and the policy file,
-    read once (by path; empty without --policy-file)."""
+    """Every option checked before any model loads; returns the parsed, de-duplicated methods and the policy files
+    they name, each read and checked whole once (by path)."""
     from bench.method import Method, unique_methods
 
     if args.num_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
@@ -110,6 +112,12 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
     args.field = args.field or "prompt"
     if any(not 0 <= t < float("inf") for t in args.temperature) or not 0 < args.top_p <= 1:
         raise UserError("--temperature must be finite and >= 0, and --top-p in (0, 1]")
+    repeated = sorted({t for t in args.temperature if args.temperature.count(t) > 1})
+    if repeated:
+        raise UserError(f"--temperature {' '.join(f'{t:g}' for t in repeated)} is given twice: each temperature is "
+                        "one block of rows")
+    if args.plot is not None and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
+        raise UserError(f"--plot {args.plot}: name the figure *.png, *.svg or *.pdf (the format it is written in)")
     if not 0 <= args.seed <= MAX_SEED - 1000 * args.repeats - args.num_prompts - args.skip_prompts:
         raise UserError(f"--seed must be in [0, {MAX_SEED}] with room for every prompt's and repeat's seed, got "
                         f"{args.seed}")
@@ -121,37 +129,48 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
             raise UserError(f"bad method '{method}': file {method.path!r} does not exist")
         if method.draft is not None and not os.path.isdir(method.draft):
             raise UserError(f"bad method '{method}': draft folder {method.draft!r} does not exist")
-    deployments = {}
+    files = _read_policy_files(methods)
     if args.policy_file:
         from decode.policies.deployment import load_deployment
-        from decode.verifiers import get_verifier
 
         with user_errors(prefix="--policy-file: "):
-            deployment = deployments[args.policy_file] = load_deployment(args.policy_file)
-            from_file = [Method.policy_file(get_verifier(v).name, args.policy_file)
-                         for v in dict.fromkeys(c.verifier for c in deployment.choices)]
+            deployment = files[args.policy_file] = load_deployment(args.policy_file)
+        from_file = [Method.policy_file(v, args.policy_file) for v in dict.fromkeys(c.verifier for c in
+                                                                                   deployment.choices)]
         dropped += [m.key for m in from_file if m in methods]
         methods += [m for m in from_file if m not in methods]
     if dropped:
         print(f"note: {', '.join(dropped)} draft the same trees as a method already listed; benched once",
               file=sys.stderr)
-    return methods, deployments
+    return methods, files
+
+
+def _read_policy_files(methods: list[Method]) -> dict[str, Deployment]:
+    """Every policy file a method names, read and checked whole once (by path), before any model loads."""
+    from decode.policies.deployment import load_deployment
+
+    files: dict[str, Deployment] = {}
+    for method in methods:
+        if method.kind == "policy" and method.path not in files:
+            with user_errors(prefix=f"bad method '{method}': "):
+                files[method.path] = load_deployment(method.path)
+    return files
 
 
 def run(args: argparse.Namespace) -> int:
     from bench.decoding import BenchSettings, run_bench
 
-    methods, deployments = check_arguments(args)
-    _note_unmeasured_sampling(args, methods, deployments)
+    methods, files = check_arguments(args)
+    _note_unmeasured_sampling(args, methods, files)
     output = check_output_file(args.output) if args.output else None
     plot_path = check_output_file(args.plot, "--plot") if args.plot else None
     apply_threads(args.threads)
     pair = load_pair_from_args(args)
     prompts, categories = _prompts(args, pair)
-    machine, which = _machine(args, pair, methods, deployments)
+    policies, machine, which = _policies(args, pair, methods, files)
     with user_errors():
         settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p)
-        rows = run_bench(methods, pair, prompts, settings, args.temperature, deployments, machine)
+        rows = run_bench(methods, pair, prompts, settings, args.temperature, policies, machine)
     title, by_category, comparisons = _report(args, pair, rows, len(prompts), categories)
     if output is not None:
         _write(output, args, methods, pair, which, rows, by_category, comparisons)
@@ -181,23 +200,25 @@ def _prompts(args: argparse.Namespace, pair) -> tuple[list, list | None]:
     return prompts, categories
 
 
-def _machine(args: argparse.Namespace, pair, methods, deployments):
-    """(the latency table policy files read, the line saying which), after every policy file is checked against the
-    pair and the pair moved to this machine's kernels; (None, None) where no method reads one."""
-    from bench.decoding import method_policy, needs_latency
-    from decode.policies.deployment import POLICY_FILES
+def _policies(args: argparse.Namespace, pair, methods, files):
+    """(every ddte method's policy, the latency table they read and the line saying which; None, None without one):
+    each checked against the pair first, then the pair moved to this machine's kernels, the latency table measured
+    once where a method reads one, and the policies built on it."""
+    from decode.policies.deployment import build_policy, load_policy_spec, needs_latency
 
-    if needs_latency(methods):
-        with user_errors():
-            for method in methods:  # every policy file checked against the pair before a table is measured
-                if method.kind in POLICY_FILES:
-                    method_policy(method, pair, deployments)
+    ddte = [method for method in methods if not method.is_hf]
+    loaded = {}
+    for method in ddte:
+        with user_errors(prefix=f"bad method '{method}': "):
+            loaded[method] = load_policy_spec(method.policy, pair, method.verifier, files.get(method.path))
     print(use_machine_kernels(pair, args), file=sys.stderr)
-    if not needs_latency(methods):
-        return None, None
-    machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
-    print(which, file=sys.stderr)
-    return machine, which
+    machine, which = None, None
+    if any(needs_latency(method.policy) for method in ddte):
+        machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
+        print(which, file=sys.stderr)
+    with user_errors():
+        policies = {method: build_policy(loaded[method], pair, method.verifier, machine) for method in ddte}
+    return policies, machine, which
 
 
 def _report(args: argparse.Namespace, pair, rows: list[dict], count: int, categories):
@@ -241,7 +262,7 @@ def _write(output, args: argparse.Namespace, methods, pair, which, rows, by_cate
         json.dump(payload, f, indent=2, default=str)
 
 
-def _note_unmeasured_sampling(args: argparse.Namespace, methods, deployments) -> None:
+def _note_unmeasured_sampling(args: argparse.Namespace, methods, files) -> None:
     """Say once per method and temperature where a selector, expander or policy file has no choice measured there:
     the nearest one stands in."""
     from decode.drafting.sampling import SamplingConfig, nearest_note
@@ -258,9 +279,9 @@ def _note_unmeasured_sampling(args: argparse.Namespace, methods, deployments) ->
             except Exception:  # an unreadable file: the run reports it when it loads the file
                 continue
             what = f"{method.label} {verb}"
-        elif method.kind == "policy" and method.path in deployments:
+        elif method.kind == "policy" and method.verifier in {c.verifier for c in files[method.path].choices}:
             what = f"{method.label} has choices for"
-            measured = deployments[method.path].measured_sampling(method.verifier)
+            measured = files[method.path].measured_sampling(method.verifier)
         else:
             continue
         for temperature in args.temperature:

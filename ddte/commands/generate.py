@@ -36,6 +36,15 @@ from ddte.commands.common import (
     user_errors,
 )
 from decode.policies.base import POLICIES
+from decode.policies.spec import (
+    DEFAULT_ENTROPY_THRESHOLD,
+    DEFAULT_MAX_DRAFT,
+    PolicySpec,
+    check_entropy_threshold,
+    check_max_draft,
+    check_spec_verifier,
+    parse_policy_spec,
+)
 from decode.verifiers import VERIFIERS, verifier_names
 
 DEFAULT_ACTION = "2,2,4"
@@ -52,8 +61,10 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
                         "+2/-1 schedule; entropy stops a single path where the draft is unsure")
     parser.add_argument("--action", default=None, metavar="K,L1,L2",
                         help=f"the static policy's tree shape (default {DEFAULT_ACTION})")
-    parser.add_argument("--entropy-threshold", type=float, default=2.0, help="entropy policy: stop above (nats)")
-    parser.add_argument("--max-draft", type=int, default=8, help="adaptive/entropy policies: longest draft")
+    parser.add_argument("--entropy-threshold", type=float, default=None,
+                        help=f"entropy policy: stop above (nats; default {DEFAULT_ENTROPY_THRESHOLD:g})")
+    parser.add_argument("--max-draft", type=int, default=None,
+                        help=f"adaptive/entropy policies: longest draft (default {DEFAULT_MAX_DRAFT})")
     parser.add_argument("--selector", default=None, metavar="FILE.onnx",
                         help="a trained selector (ddte export) picks the tree at every step (instead of --policy)")
     parser.add_argument("--expander", default=None, metavar="FILE.onnx",
@@ -82,30 +93,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=None, help="write one JSON line per sample (tokens, text, stats)")
 
 
-def check_arguments(args: argparse.Namespace) -> list[int] | None:
-    """Every option checked with its flag's name, before any model is loaded; the --prompt-ids, read (None when the
-    prompt is text)."""
-    if args.verifier is not None and args.verifier not in VERIFIERS:
-        raise UserError(f"--verifier: unknown verifier '{args.verifier}'; known: {', '.join(verifier_names())}")
-    if args.policy not in POLICIES:
-        raise UserError(f"--policy: unknown policy '{args.policy}'; known: {', '.join(POLICIES.names())}")
-    if args.policy_file and (args.selector or args.policy != "static" or args.action):
-        raise UserError("--policy-file chooses the policy: do not combine it with --policy, --action or --selector")
-    if args.selector and (args.policy != "static" or args.action):
-        raise UserError("--selector chooses the tree: do not combine it with --policy or --action")
-    if args.expander and (args.selector or args.policy_file or args.policy != "static" or args.action):
-        raise UserError("--expander chooses the tree: do not combine it with --policy, --action, --selector or "
-                        "--policy-file")
-    if args.action is not None and args.policy != "static":
-        raise UserError(f"--action is the static policy's shape; --policy {args.policy} does not use it")
-    if args.max_draft < 1:
-        raise UserError(f"--max-draft must be >= 1, got {args.max_draft}")
+def check_arguments(args: argparse.Namespace) -> tuple[PolicySpec, list[int] | None]:
+    """Every option checked with its flag's name, before any model is loaded; the policy the flags name, and the
+    --prompt-ids, read (None when the prompt is text)."""
+    spec = policy_spec(args)
     check_latency_argument(args.latency)
-    if args.latency != "machine" and not (args.selector or args.expander or args.policy_file):
+    if args.latency != "machine" and not spec.reads_file:
         raise UserError("--latency is the step-time model of a --selector, --expander or --policy-file: give one "
                         "of them, or leave --latency out")
-    if not 0 < args.entropy_threshold < math.inf:
-        raise UserError(f"--entropy-threshold must be a finite number > 0, got {args.entropy_threshold}")
     if not 0 <= args.temperature < math.inf:
         raise UserError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
@@ -124,46 +119,82 @@ def check_arguments(args: argparse.Namespace) -> list[int] | None:
             raise UserError(f"the prompt is not UTF-8 text (undecodable byte at character {err.start})") from err
         if not args.prompt:
             raise UserError("the prompt is empty: give some text, or --prompt-ids")
-        return None
+        return spec, None
+    if args.chat == "on":
+        raise UserError("--chat on renders a text prompt through the chat template; --prompt-ids are token ids "
+                        "already")
     try:
         ids = [int(x) for x in args.prompt_ids.split(",")]
     except ValueError as err:
         raise UserError(f"--prompt-ids must be comma-separated integers (no empty items), got "
                         f"'{args.prompt_ids}'") from err
-    if not ids:
-        raise UserError("--prompt-ids is empty")
-    return ids
+    return spec, ids
+
+
+def policy_spec(args: argparse.Namespace) -> PolicySpec:
+    """The policy spec the policy flags name (decode/policies/spec.py), each flag refused where its policy does not
+    read it."""
+    if args.verifier is not None and args.verifier not in VERIFIERS:
+        raise UserError(f"--verifier: unknown verifier '{args.verifier}'; known: {', '.join(verifier_names())}")
+    if args.policy not in POLICIES:
+        raise UserError(f"--policy: unknown policy '{args.policy}'; known: {', '.join(POLICIES.names())}")
+    files = [(flag, kind, path) for flag, kind, path in (("--policy-file", "policy", args.policy_file),
+                                                          ("--selector", "selector", args.selector),
+                                                          ("--expander", "expander", args.expander)) if path]
+    if files and (len(files) > 1 or args.policy != "static" or args.action):
+        raise UserError(f"{files[0][0]} chooses the tree: do not combine it with --policy, --action, --selector, "
+                        "--expander or --policy-file")
+    if args.action is not None and args.policy != "static":
+        raise UserError(f"--action is the static policy's shape; --policy {args.policy} does not use it")
+    if args.entropy_threshold is not None and (files or args.policy != "entropy"):
+        raise UserError("--entropy-threshold belongs to the entropy policy (--policy entropy)")
+    if args.max_draft is not None and (files or args.policy == "static"):
+        raise UserError("--max-draft belongs to the adaptive and entropy policies (--policy adaptive or entropy)")
+    for flag, value, check in (("--max-draft", args.max_draft, check_max_draft),
+                               ("--entropy-threshold", args.entropy_threshold, check_entropy_threshold)):
+        with user_errors(ValueError):
+            if value is not None:
+                check(value, flag)
+    if files:
+        return PolicySpec.file(files[0][1], files[0][2])
+    if args.policy == "static":
+        with user_errors(ValueError, prefix="--action: "):
+            return parse_policy_spec(args.action or DEFAULT_ACTION)
+    if args.policy == "adaptive":
+        return PolicySpec.adaptive(args.max_draft or DEFAULT_MAX_DRAFT)
+    return PolicySpec.entropy(args.entropy_threshold or DEFAULT_ENTROPY_THRESHOLD, args.max_draft or DEFAULT_MAX_DRAFT)
 
 
 def run(args: argparse.Namespace) -> int:
-    """One way down: the flags are checked and the output's folder made, the pair loads, the policy file is read
-    once and the policy built, then every sample runs at this call's sampling settings and the output is written
-    whole."""
-    from ddte_core.paths import staged_file
-    from decode.drafting.rng import TorchRandom
+    """One way down: the flags are checked and the output's folder made, the pair loads, the policy is checked
+    against it (its file read once), this machine's kernels and latency table come next, then the policy is built,
+    every sample runs at this call's sampling settings and the output is written whole."""
     from decode.drafting.sampling import SamplingConfig
     from decode.engine import SpeculativeDecoder
-    from decode.stats import GenerationStats
 
-    ids = check_arguments(args)
+    spec, ids = check_arguments(args)
     apply_threads(args.threads)
     output = check_output_file(args.output) if args.output else None
+    verifier_name, deployment = _verifier(args, spec)
     pair = load_pair_from_args(args)
     sampling = SamplingConfig(args.temperature, args.top_p)
-    verifier, policy, rebuild = _policy(args, pair)
+    verifier, policy, machine = _policy(args, spec, pair, verifier_name, deployment)
     ids = _prompt_ids(args, pair) if ids is None else ids
-    print(use_machine_kernels(pair, args), file=sys.stderr)  # every check passed: the work starts here
-    machine = None
-    if rebuild is not None:
-        machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
-        print(which, file=sys.stderr)
-        if machine is not None:
-            policy = rebuild(machine)
     note = policy.sampling_note(sampling)
     if note:
         print(note, file=sys.stderr)
     with user_errors():
         decoder = SpeculativeDecoder(pair.target, pair.draft, verifier, pair.eos_token_id, latency=machine)
+    _samples(args, decoder, policy, ids, sampling, pair, output)
+    return 0
+
+
+def _samples(args: argparse.Namespace, decoder, policy, ids: list[int], sampling, pair, output) -> None:
+    """Every sample, printed as it comes; the statistics on stderr; the output file written whole."""
+    from ddte_core.paths import staged_file
+    from decode.drafting.rng import TorchRandom
+    from decode.stats import GenerationStats
+
     total = GenerationStats()
     lines = []
     for i in range(args.num_samples):
@@ -174,45 +205,52 @@ def run(args: argparse.Namespace) -> int:
         lines.append(json.dumps(record) + "\n")
         print(f"--- sample {i} ({len(gen.tokens)} tokens, stopped by {gen.stopped_by})")
         print(record.get("text", ",".join(str(t) for t in gen.tokens)))
-    stream = sys.stderr if output is None else sys.stdout
-    print(f"verifier {verifier.name}, policy {policy.describe(sampling)}, T={args.temperature}, top-p={args.top_p}: "
-          f"{total.summary()}", file=stream)
-    print(total.vs_plain_decoding(), file=stream)
+    print(f"verifier {decoder.verifier.name}, policy {policy.describe(sampling)}, T={args.temperature}, "
+          f"top-p={args.top_p}: {total.summary()}", file=sys.stderr)
+    print(total.vs_plain_decoding(), file=sys.stderr)
     if output is not None:
         try:
             with staged_file(output) as tmp:
                 tmp.write_text("".join(lines))
         except OSError as err:
             raise UserError(f"cannot write {output}: {err.strerror}") from err
-    return 0
+        print(f"wrote {len(lines)} samples to {output}", file=sys.stderr)
 
 
-def _policy(args: argparse.Namespace, pair):
-    """(the verifier, the policy, and for a policy file a function that builds it again on the machine's latency
-    table, else None): every file is read once and checked against the pair before a table is measured."""
-    from decode.drafting.actions import Action, check_in_grid
-    from decode.engine import check_action
-    from decode.policies.base import PolicyOptions, make_policy
-    from decode.policies.deployment import load_deployment, load_policy
+def _verifier(args: argparse.Namespace, spec: PolicySpec):
+    """(the verifier's name, the policy file read and checked whole, or None): before any model loads, as the policy
+    file names the verifier unless --verifier does."""
+    from decode.policies.deployment import load_deployment
     from decode.verifiers import get_verifier
 
-    with user_errors(prefix="--policy-file: "):
-        deployment = load_deployment(args.policy_file) if args.policy_file else None
-        verifier = get_verifier(args.verifier or (deployment.verifier if deployment else DEFAULT_VERIFIER))
-    kind, path = next(((kind, path) for kind, path in (("policy", args.policy_file), ("selector", args.selector),
-                                                       ("expander", args.expander)) if path), (None, None))
-    if kind is not None:
-        read = {str(path): deployment} if deployment else {}
-        with user_errors(prefix="--policy-file: " if kind == "policy" else ""):
-            policy = load_policy(kind, path, verifier.name, pair, None, read)
-        return verifier, policy, lambda machine: load_policy(kind, path, verifier.name, pair, machine, read)
-    with user_errors(prefix="--action: "):
-        action = Action.parse(args.action or DEFAULT_ACTION)
-        check_in_grid(action)
-        if args.policy == "static":
-            check_action(verifier, action)
-    with user_errors():
-        return verifier, make_policy(args.policy, PolicyOptions(action, args.max_draft, args.entropy_threshold)), None
+    deployment = None
+    if spec.kind == "policy":
+        with user_errors(prefix="--policy-file: "):
+            deployment = load_deployment(spec.path)
+    name = args.verifier or (deployment.verifier if deployment else DEFAULT_VERIFIER)
+    with user_errors(prefix="--verifier: "):
+        verifier = get_verifier(name)
+    with user_errors(ValueError, prefix="--action: "):
+        check_spec_verifier(spec, verifier)
+    return verifier.name, deployment
+
+
+def _policy(args: argparse.Namespace, spec: PolicySpec, pair, verifier_name: str, deployment):
+    """(the verifier, the policy, the latency table it reads or None): the spec checked against the pair (its file
+    read once) before this machine's kernels and latency table are measured, then built on them."""
+    from decode.policies.deployment import build_policy, load_policy_spec, needs_latency
+    from decode.verifiers import get_verifier
+
+    flag = {"policy": "--policy-file: ", "selector": "--selector: ", "expander": "--expander: "}.get(spec.kind, "")
+    with user_errors(prefix=flag):
+        loaded = load_policy_spec(spec, pair, verifier_name, deployment)
+    print(use_machine_kernels(pair, args), file=sys.stderr)  # every check passed: the work starts here
+    machine = None
+    if needs_latency(spec):
+        machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
+        print(which, file=sys.stderr)
+    with user_errors(prefix=flag):
+        return get_verifier(verifier_name), build_policy(loaded, pair, verifier_name, machine), machine
 
 
 def _prompt_ids(args: argparse.Namespace, pair) -> list[int]:

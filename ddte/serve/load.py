@@ -94,18 +94,18 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from bench.decoding import method_policy
     from bench.method import Method
     from ddte.serve.app import Served, create_app
     from ddte_core.machine import environment
     from decode.drafting.sampling import SamplingConfig
     from decode.engine import SpeculativeDecoder
     from decode.pair import read_pair_config
+    from decode.policies.deployment import build_policy
     from decode.verifiers import get_verifier
 
     pair = read_pair_config(args.pair).load()
     method = Method.parse(args.method)
-    policy = method_policy(method, pair, {})
+    policy = build_policy(method.policy, pair, method.verifier)
     decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(method.verifier), pair.eos_token_id)
     served = Served("ddte", pair, decoder, policy, method.key, max_queue=max(args.clients) * args.requests_per_client)
     port = free_port()

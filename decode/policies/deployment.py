@@ -3,22 +3,30 @@
 ``ddte pipeline`` benches each selector and expander against the static candidates and writes this file; ``ddte
 generate`` and ``ddte bench`` load it with one flag (``--policy-file``). Each choice is a static action, a selector
 file or an expander file (paths relative to the policy file), with the measured ratio that justified it. This module
-is the file's one reader and writer. :meth:`Deployment.policy_for` turns a verifier's choices into one policy that
+is the file's one reader and writer, and :func:`load_deployment` its one validator: every field is checked at load
+with the rules of the matching flag. :meth:`Deployment.policy_for` turns a verifier's choices into one policy that
 serves any sampling configuration: each generation starts the choice measured nearest to its own.
+
+Every command builds its policy here, from a spec (decode/policies/spec.py): :func:`load_policy_spec` checks it
+against the verifier and the pair (reading its file once), before any timing; :func:`needs_latency` says whether the
+machine's latency table is then measured; :func:`build_policy` builds the policy from what was read.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ddte_core.paths import staged_file
-from decode.drafting.actions import Action
+from decode.drafting.actions import Action, check_in_grid
 from decode.drafting.sampling import SamplingConfig, nearest_note, nearest_setting
-from decode.policies.base import Policy, StaticPolicy
+from decode.policies.base import AdaptiveLengthPolicy, EntropyStopPolicy, Policy, StaticPolicy
 from decode.policies.guard import StaticProfile
 from decode.policies.latency import LatencyTable
+from decode.policies.spec import PolicySpec, check_spec_verifier
+from decode.verifiers import VERIFIERS, get_verifier, verifier_names
 
 FORMAT = "ddte-deployment/1"
 POLICY_KINDS = ("static", "selector", "expander")
@@ -148,7 +156,8 @@ class DeployedPolicy(Policy):
 
 
 def load_deployment(path: str | Path) -> Deployment:
-    """Read a policy file; ValueError with one line if it is missing or malformed."""
+    """Read a policy file and check it whole (:func:`check_choice`); ValueError with one line if it is missing or
+    malformed, or any field holds what the matching flag would refuse."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path} is a folder; give the policy.json a pipeline wrote")
@@ -163,48 +172,159 @@ def load_deployment(path: str | Path) -> Deployment:
         raise ValueError(f"{path}: not JSON ({err.msg})") from err
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path}: not a ddte policy file (format {FORMAT!r} expected)")
-    fields_known = set(Choice.__dataclass_fields__)
-    for i, c in enumerate(data.get("choices") or [], start=1):
-        if not isinstance(c, dict):
-            raise ValueError(f"{path}: choice {i} is not an object")
-        unknown, missing = sorted(set(c) - fields_known), sorted({"verifier", "temperature", "top_p", "policy",
-                                                                  "action"} - set(c))
-        if unknown or missing:
-            raise ValueError(f"{path}: choice {i} " + "; ".join(
-                part for part in (f"has unknown keys {', '.join(unknown)}" if unknown else "",
-                                  f"lacks {', '.join(missing)}" if missing else "") if part))
+    verifier, fingerprint, source = data.get("verifier"), data.get("pair_fingerprint", ""), data.get("source", {})
+    if not isinstance(verifier, str) or verifier not in VERIFIERS:
+        raise ValueError(f"{path}: verifier must be one of {', '.join(verifier_names())}, got {verifier!r}")
+    if not isinstance(fingerprint, str) or not isinstance(source, dict):
+        raise ValueError(f"{path}: pair_fingerprint must be a string and source an object")
+    if not isinstance(data.get("choices"), list) or not data["choices"]:
+        raise ValueError(f"{path}: choices must be a non-empty list")
+    choices = [check_choice(c, f"{path}: choice {i}") for i, c in enumerate(data["choices"], start=1)]
+    settings = [(c.verifier, c.temperature, c.top_p) for c in choices]
+    if len(set(settings)) < len(settings):
+        raise ValueError(f"{path}: two choices for one verifier at one temperature and top-p")
+    return Deployment(choices, get_verifier(verifier).name, fingerprint, source, path)
+
+
+REQUIRED = ("verifier", "temperature", "top_p", "policy", "action")
+
+
+def check_choice(entry: object, where: str) -> Choice:
+    """One choice of a policy file, every field checked with the rules of the matching flag (``--verifier``,
+    ``--temperature``, ``--top-p``, ``--action`` with its grid and the verifier's lossless shapes); ValueError naming
+    the field, one line."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} is not an object")
+    unknown, missing = sorted(set(entry) - set(Choice.__dataclass_fields__)), sorted(set(REQUIRED) - set(entry))
+    if unknown or missing:
+        raise ValueError(f"{where} " + "; ".join(
+            part for part in (f"has unknown keys {', '.join(unknown)}" if unknown else "",
+                              f"lacks {', '.join(missing)}" if missing else "") if part))
+    choice = Choice(**entry)
+    if not isinstance(choice.verifier, str) or choice.verifier not in VERIFIERS:
+        raise ValueError(f"{where}: verifier must be one of {', '.join(verifier_names())}, got {choice.verifier!r}")
+    if not _is_number(choice.temperature) or not 0 <= choice.temperature < math.inf:
+        raise ValueError(f"{where}: temperature must be a finite number >= 0, got {choice.temperature!r}")
+    if not _is_number(choice.top_p) or not 0 < choice.top_p <= 1:
+        raise ValueError(f"{where}: top_p must be a number in (0, 1], got {choice.top_p!r}")
+    if choice.policy not in POLICY_KINDS:
+        raise ValueError(f"{where}: unknown policy {choice.policy!r} (one of {', '.join(POLICY_KINDS)})")
+    from decode.engine import check_action  # torch: only once a policy file is read
+
+    if not isinstance(choice.action, str):
+        raise ValueError(f"{where}: action must be a 'K,L1,L2' string, got {choice.action!r}")
     try:
-        choices = [Choice(**c) for c in data["choices"]]
-        unknown = sorted({c.policy for c in choices} - set(POLICY_KINDS))
-        if unknown:
-            raise ValueError(f"{path}: unknown policy {unknown[0]!r} (one of {', '.join(POLICY_KINDS)})")
-        return Deployment(choices, str(data["verifier"]), str(data.get("pair_fingerprint", "")),
-                          dict(data.get("source", {})), path)
-    except (KeyError, TypeError) as err:
-        raise ValueError(f"{path}: malformed policy file ({err})") from err
+        action = Action.parse(choice.action)
+        check_in_grid(action)
+        check_action(get_verifier(choice.verifier), action)
+    except ValueError as err:
+        raise ValueError(f"{where}: action {err}") from err
+    for name in ("selector", "expander"):
+        value = getattr(choice, name)
+        if choice.policy == name and (not isinstance(value, str) or not value):
+            raise ValueError(f"{where}: {_a(name)} choice without its file ('{name}': a path relative to the "
+                             f"policy file), got {value!r}")
+        if choice.policy != name and value is not None:
+            raise ValueError(f"{where}: {_a(choice.policy)} choice names {_a(name)} file, which only {_a(name)} "
+                             "choice reads")
+    for name in ("tokens_per_s", "static_tokens_per_s"):
+        value = getattr(choice, name)
+        if value is not None and (not _is_number(value) or not 0 <= value < math.inf):
+            raise ValueError(f"{where}: {name} must be a finite number >= 0 or null, got {value!r}")
+    if not isinstance(choice.reason, str):
+        raise ValueError(f"{where}: reason must be a string, got {choice.reason!r}")
+    if choice.profile is not None:
+        _check_profile(choice.profile, where)
+    return choice
 
 
-POLICY_FILES = ("selector", "expander", "policy")  # what --selector, --expander and --policy-file load
+def _check_profile(profile: object, where: str) -> None:
+    """A static choice's profile: a :class:`StaticProfile` whose trees are all in the grid."""
+    try:
+        if not isinstance(profile, dict):
+            raise ValueError("not an object")
+        read = StaticProfile.from_dict(profile)
+        if len(read.actions) != len(read.be) or not read.actions or not read.lengths:
+            raise ValueError("its actions and be differ in length, or it holds none")
+        for key in read.actions:
+            check_in_grid(Action.parse(key))
+    except (ValueError, TypeError, AttributeError) as err:
+        raise ValueError(f"{where}: profile is not a static profile ({err})") from err
 
 
-def load_policy(kind: str, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None,
-                deployments: dict[str, Deployment] | None = None) -> Policy:
-    """The one way a command turns a policy file into a policy for ``verifier`` on ``pair``: a ``selector`` or an
-    ``expander`` (ONNX) or a ``policy`` file (policy.json), checked against the pair (ValueError for one that does not
-    fit). ``machine``: the running machine's latency table (decode/policies/guard.py). ``deployments``: policy files
-    already read, by path; a policy file read here joins it."""
-    if kind == "selector":
-        from decode.policies.selector import OnnxSelectorPolicy
+def _a(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
 
-        return OnnxSelectorPolicy.for_pair(path, verifier, pair, machine)
-    if kind == "expander":
+
+def _is_number(value: object) -> bool:
+    """A JSON number that is a real number (true and false are not; NaN is, and fails the range checks)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A spec checked against a pair and a verifier, holding what its file held: :func:`build_policy` builds from it
+    without reading the file again.
+
+    Attributes:
+        spec: the policy spec (decode/policies/spec.py).
+        verifier: the verifier's name.
+        checked: the policy as built without a latency table (what a ``--latency fitted`` run serves).
+        deployment: the policy file a ``policy=FILE`` spec named, read and checked whole; None for the other kinds.
+    """
+
+    spec: PolicySpec
+    verifier: str
+    checked: Policy
+    deployment: Deployment | None = None
+
+
+def needs_latency(spec: PolicySpec) -> bool:
+    """Whether the policy of ``spec`` reads the running machine's latency table: a selector, expander or policy
+    file, whose static fallbacks and guards that table picks (decode/policies/guard.py)."""
+    return spec.reads_file
+
+
+def load_policy_spec(spec: PolicySpec, pair, verifier: str, deployment: Deployment | None = None) -> LoadedPolicy:
+    """Check ``spec`` against ``verifier`` and ``pair`` before any timing: a static shape the verifier is lossless on,
+    a selector or expander file (schema, verifier, pair), a policy file (read once, checked whole, then its choices
+    for ``verifier`` against the pair). ``deployment``: the policy file of a ``policy=FILE`` spec when the caller has
+    read it already (to name its verifier before the pair loads). ValueError with one line, KeyError for an unknown
+    verifier."""
+    checker = get_verifier(verifier)
+    check_spec_verifier(spec, checker)
+    if spec.kind == "policy":
+        deployment = deployment if deployment is not None else load_deployment(spec.path)
+        return LoadedPolicy(spec, checker.name, deployment.policy_for(checker.name, pair), deployment)
+    return LoadedPolicy(spec, checker.name, _policy_of(spec, checker.name, pair, None))
+
+
+def build_policy(spec: PolicySpec | LoadedPolicy, pair, verifier: str, latency: LatencyTable | None = None) -> Policy:
+    """The one way a command turns a spec into the policy for ``verifier`` on ``pair``. ``latency``: the running
+    machine's table, which picks a file's fallbacks (None: each file as fitted). A :class:`LoadedPolicy` is built
+    from what it read; a plain spec is checked first (:func:`load_policy_spec`)."""
+    loaded = spec if isinstance(spec, LoadedPolicy) else load_policy_spec(spec, pair, verifier)
+    if loaded.verifier != get_verifier(verifier).name:
+        raise ValueError(f"the policy was checked for verifier '{loaded.verifier}', not '{verifier}'")
+    if latency is None or not needs_latency(loaded.spec):
+        return loaded.checked
+    if loaded.deployment is not None:
+        return loaded.deployment.policy_for(loaded.verifier, pair, latency)
+    return _policy_of(loaded.spec, loaded.verifier, pair, latency)
+
+
+def _policy_of(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> Policy:
+    """A built-in policy, or a selector or expander file loaded and checked against ``pair``."""
+    if spec.kind == "selector":
+        from decode.policies.selector import OnnxSelectorPolicy  # onnxruntime and numpy: only where a file names one
+
+        return OnnxSelectorPolicy.for_pair(spec.path, verifier, pair, latency)
+    if spec.kind == "expander":
         from decode.policies.expander import ExpanderPolicy
 
-        return ExpanderPolicy.for_pair(path, verifier, pair, machine)
-    if kind != "policy":
-        raise ValueError(f"unknown policy file kind {kind!r} (one of {', '.join(POLICY_FILES)})")
-    deployments = {} if deployments is None else deployments
-    key = str(path)
-    if key not in deployments:
-        deployments[key] = load_deployment(path)
-    return deployments[key].policy_for(verifier, pair, machine)
+        return ExpanderPolicy.for_pair(spec.path, verifier, pair, latency)
+    if spec.kind == "static":
+        return StaticPolicy(spec.action)
+    if spec.kind == "adaptive":
+        return AdaptiveLengthPolicy(initial=min(4, spec.max_draft), maximum=spec.max_draft)
+    return EntropyStopPolicy(max_length=spec.max_draft, threshold=spec.entropy_threshold)

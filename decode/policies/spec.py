@@ -33,18 +33,23 @@ SPEC_FORMS = "K,L1,L2, adaptive[:max-draft=N], entropy[:threshold=H,max-draft=N]
              "or policy=FILE"
 
 
-def check_max_draft(value: int) -> None:
+def check_max_draft(value: int, name: str = "max-draft") -> None:
     """ValueError unless ``value`` is a longest draft the adaptive and entropy policies take (1 to the grid's
-    longest single path)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"max-draft must be an integer >= 1, got {value!r}")
-    check_in_grid(Action(1, value, 0))
+    longest single path); ``name``: what the message calls it (a flag, say)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    try:
+        check_in_grid(Action(1, value, 0))
+    except ValueError as err:
+        raise ValueError(f"{name} {value}: {err}") from err
 
 
-def check_entropy_threshold(value: float) -> None:
-    """ValueError unless ``value`` is a finite number of nats > 0."""
+def check_entropy_threshold(value: float, name: str = "threshold") -> None:
+    """ValueError unless ``value`` is a finite number of nats > 0; ``name``: what the message calls it."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise ValueError(f"threshold must be a finite number > 0, got {value!r}")
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -114,46 +119,43 @@ class PolicySpec:
 
 
 def parse_policy_spec(text: str) -> PolicySpec:
-    """The spec from its text form (module docstring); ValueError with one line for anything else. The action grid
+    """The spec from its text form (module docstring); ValueError with one line for anything else (callers name the
+    flag or method it came from). The action grid
     bounds static shapes and longest drafts; whether a verifier is lossless on a shape is the caller's check
     (:func:`check_spec_verifier`)."""
     kind, eq, value = text.partition("=")
     if eq and kind in FILE_KINDS:
         if not value:
-            raise ValueError(f"'{text}': name the file after {kind}=")
+            raise ValueError(f"name the file after {kind}=")
         return PolicySpec.file(kind, value)
     name, colon, options = text.partition(":")
     if name in NAMED_KINDS:
-        return _parse_named(text, name, options if colon else None)
+        return _parse_named(name, options if colon else None)
     try:
         action = Action.parse(text)
         check_in_grid(action)
     except ValueError as err:
         if "," not in text:
             raise ValueError(f"'{text}' is not a policy: use {SPEC_FORMS}") from err
-        raise ValueError(f"'{text}': {err}") from err
+        raise
     return PolicySpec.static(action)
 
 
-def _parse_named(text: str, name: str, options: str | None) -> PolicySpec:
+def _parse_named(name: str, options: str | None) -> PolicySpec:
     """``adaptive`` or ``entropy`` with its ``:NAME=VALUE,...`` options (None: none given)."""
     values: dict[str, str] = {}
     for item in [] if options is None else options.split(","):
         key, eq, value = item.partition("=")
         if key not in OPTIONS[name] or not eq or not value:
-            raise ValueError(f"'{text}': {name} takes {', '.join(f'{o}=VALUE' for o in OPTIONS[name])}, got "
-                             f"'{item}'")
+            raise ValueError(f"{name} takes {', '.join(f'{o}=VALUE' for o in OPTIONS[name])}, got '{item}'")
         if key in values:
-            raise ValueError(f"'{text}': {key} is given twice")
+            raise ValueError(f"{name}: {key} is given twice")
         values[key] = value
-    try:
-        max_draft = _number(values.get("max-draft", str(DEFAULT_MAX_DRAFT)), "max-draft", int)
-        threshold = _number(values.get("threshold", str(DEFAULT_ENTROPY_THRESHOLD)), "threshold", float)
-        if name == "adaptive":
-            return PolicySpec.adaptive(max_draft)
-        return PolicySpec.entropy(threshold, max_draft)
-    except ValueError as err:
-        raise ValueError(f"'{text}': {err}") from err
+    max_draft = _number(values.get("max-draft", str(DEFAULT_MAX_DRAFT)), "max-draft", int)
+    threshold = _number(values.get("threshold", str(DEFAULT_ENTROPY_THRESHOLD)), "threshold", float)
+    if name == "adaptive":
+        return PolicySpec.adaptive(max_draft)
+    return PolicySpec.entropy(threshold, max_draft)
 
 
 def _shortest(value: float) -> str:
@@ -176,3 +178,17 @@ def check_spec_verifier(spec: PolicySpec, verifier) -> None:
         from decode.engine import check_action
 
         check_action(verifier, spec.action)
+
+
+def parse_verifier_spec(text: str) -> tuple[str, PolicySpec]:
+    """``VERIFIER@SPEC`` (a bench method's ddte form, ``ddte serve --method``): the verifier's own name and the spec,
+    checked together. KeyError naming the known verifiers for an unknown one; ValueError with one line otherwise."""
+    from decode.verifiers import get_verifier
+
+    name, sep, spec_text = text.partition("@")
+    if not sep:
+        raise ValueError(f"'{text}' is not VERIFIER@SPEC, SPEC one of {SPEC_FORMS}")
+    verifier = get_verifier(name)  # KeyError names the known verifiers
+    spec = parse_policy_spec(spec_text)
+    check_spec_verifier(spec, verifier)
+    return verifier.name, spec

@@ -36,8 +36,10 @@ def test_generate_writes_jsonl_and_matches_greedy(pair_dirs, tmp_path, capsys):
     reference = target.generate(torch.tensor([[5, 9, 3]]), max_new_tokens=10, min_new_tokens=10, do_sample=False)
     assert records[0]["tokens"] == reference[0, 3:].tolist()
     assert records[0]["stats"]["target_passes"] >= 1 and "block_efficiency" in records[0]["stats"]
-    printed = capsys.readouterr().out
-    assert "block efficiency" in printed
+    captured = capsys.readouterr()
+    printed = captured.err  # the statistics go to stderr, with --output or without; the samples to stdout
+    assert "block efficiency" in printed and "block efficiency" not in captured.out
+    assert f"wrote 2 samples to {out}" in printed and "--- sample 1" in captured.out
     passes, tokens = (sum(r["stats"][k] for r in records) for k in ("target_passes", "new_tokens"))
     assert (f"vs plain decoding: {passes} target passes instead of {tokens} (one per new token): "
             f"{tokens - passes} avoided") in printed
@@ -66,7 +68,7 @@ def test_generate_sampling_is_reproducible(pair_dirs, tmp_path):
         (["--verifier", "block", "--action", "2,0,3"], "not lossless"),
         (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
         (["--temperature", "inf"], "--temperature must be a finite number >= 0"),
-        (["--entropy-threshold", "nan"], "--entropy-threshold must be a finite number"),
+        (["--policy", "entropy", "--entropy-threshold", "nan"], "--entropy-threshold must be a finite number"),
         (["--seed", str(2**64)], "argument --seed: an integer in [0, "),
         (["--prompt-ids", "1,,2"], "no empty items"),
         (["--threads", "1000"], "more than this machine's"),

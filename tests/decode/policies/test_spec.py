@@ -35,17 +35,17 @@ def test_other_spellings_of_one_policy_read_as_its_canonical_spec():
 
 @pytest.mark.parametrize(("text", "message"), [
     ("bogus", "'bogus' is not a policy: use K,L1,L2, adaptive"),
-    ("1,x,0", "'1,x,0': an action is 'K,L1,L2'"),
-    ("0,1,0", "'0,1,0': an action needs K >= 1"),
-    ("9,9,9", "'9,9,9': (9,9,9) is beyond the action grid"),
+    ("1,x,0", "an action is 'K,L1,L2' (three integers), got '1,x,0'"),
+    ("0,1,0", "an action needs K >= 1"),
+    ("9,9,9", "(9,9,9) is beyond the action grid"),
     ("selector=", "name the file after selector="),
-    ("adaptive:max-draft=0", "max-draft must be an integer >= 1, got 0"),
-    ("adaptive:max-draft=17", "(1,17,0) is beyond the action grid"),
+    ("adaptive:max-draft=0", "max-draft must be >= 1, got 0"),
+    ("adaptive:max-draft=17", "max-draft 17: (1,17,0) is beyond the action grid"),
     ("adaptive:max-draft=x", "max-draft must be an integer, got 'x'"),
     ("adaptive:threshold=1", "adaptive takes max-draft=VALUE, got 'threshold=1'"),
     ("entropy:threshold=nan", "threshold must be a finite number > 0, got nan"),
     ("entropy:threshold=-1", "threshold must be a finite number > 0"),
-    ("entropy:threshold=1,threshold=2", "threshold is given twice"),
+    ("entropy:threshold=1,threshold=2", "entropy: threshold is given twice"),
     ("entropy:", "entropy takes threshold=VALUE, max-draft=VALUE, got ''"),
 ])
 def test_bad_specs_are_one_line_value_errors(text, message):
