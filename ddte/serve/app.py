@@ -186,7 +186,7 @@ class _Reply:
         self.count("499")
 
     def cut(self) -> None:
-        """The handler was cancelled: by the server at the end of its drain (503), or as its client left (499)."""
+        """The handler was cancelled: by uvicorn, when an answer outlasts a stop (503), or as its client left (499)."""
         self.job.cancel()
         self.count("503" if self.closing() else "499")
 

@@ -2,18 +2,24 @@
 ``--port 0`` included, and a taken port is one line), uvicorn run on it, and a bounded drain.
 
 A stop (Ctrl-C or SIGTERM) stops accepting, fails the queued requests at once (503), lets the running one finish for
-at most :data:`DRAIN_SECONDS` (then cuts it), and returns: the signal is how a server is asked to stop, so the command
-exits 0.
+at most :data:`DRAIN_SECONDS` (then cuts it: 503, or an error event for a stream), and returns once the answers are
+sent: the signal is how a server is asked to stop, so the command exits 0.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
-from collections.abc import Callable
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ddte.serve.worker import Worker
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB (--max-body-kib): a whole context of text or token ids is far less
 DRAIN_SECONDS = 30.0  # how long a stop waits for the running request; the queued ones are answered 503 at once
+ANSWER_SECONDS = 10.0  # after the drain: how long uvicorn waits for the answers to be sent before it cancels them
 BACKLOG = 2048  # uvicorn's default
 
 
@@ -41,18 +47,27 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
 
 
-def serve(app, sock: socket.socket, on_stop: Callable[[], None], drain_seconds: float = DRAIN_SECONDS) -> None:
-    """Serve ``app`` on ``sock`` until a signal; ``on_stop()`` runs when the stop begins (the app's worker fails its
-    queued requests), then the running request has ``drain_seconds`` to finish."""
+def serve(app, sock: socket.socket, worker: Worker, drain_seconds: float = DRAIN_SECONDS) -> None:
+    """Serve ``app`` on ``sock`` until a signal, then stop: see the module's docstring. ``worker`` is the app's
+    (``app.state.worker``)."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=drain_seconds)
-    _server(config, on_stop).run(sockets=[sock])
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=ANSWER_SECONDS)
+    _server(config, worker, drain_seconds).run(sockets=[sock])
 
 
-def _server(config, on_stop: Callable[[], None]):
-    """uvicorn's server, except that a stop first calls ``on_stop`` (before uvicorn waits for open requests, so the
-    queued ones are answered at once), and that the signal that stopped it is not raised again afterwards."""
+async def drain(worker: Worker, seconds: float) -> None:
+    """Fail the queued requests (503) at once, wait up to ``seconds`` for the running one, then cut it (503)."""
+    worker.close()
+    deadline = time.monotonic() + seconds
+    while worker.running is not None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    worker.cut_running()
+
+
+def _server(config, worker: Worker, drain_seconds: float):
+    """uvicorn's server, except that a stop first stops accepting and drains the worker (before uvicorn waits for
+    open requests to be answered), and that the signal that stopped it is not raised again afterwards."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -63,7 +78,9 @@ def _server(config, on_stop: Callable[[], None]):
                 self._captured_signals.clear()
 
         async def shutdown(self, sockets=None) -> None:
-            on_stop()
+            for listener in self.servers:
+                listener.close()
+            await drain(worker, drain_seconds)
             await super().shutdown(sockets)
 
     return Server(config)

@@ -135,6 +135,13 @@ class Worker:
         for job in queued:
             job.fail("the server is shutting down", status=503)
 
+    def cut_running(self) -> None:
+        """Cancel the running job (its generation ends at its next step) and answer it 503."""
+        running = self.running
+        if running is not None:
+            running.cancel()
+            running.fail("the server stopped before this request finished", status=503)
+
     def stop(self, timeout: float) -> None:
         """:meth:`close`, cancel the running job (its generation ends at its next step), and wait up to ``timeout``
         seconds for the thread to end."""

@@ -7,9 +7,12 @@ and prints ``ok CASE`` for each; an assertion error ends it with a traceback and
 
 from __future__ import annotations
 
+import http.client
 import json
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +29,7 @@ from ddte.serve.load import free_port
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = "def add(a, b):\n"
 MODEL = "tiny"
+SERVER_THREAD = "uvicorn-under-test"  # the event loop's thread in running()
 
 
 def make_pairs(folder: Path) -> dict[str, Path]:
@@ -46,18 +50,18 @@ def make_pairs(folder: Path) -> dict[str, Path]:
 
 
 def served(pair_yaml: Path, method: str = "traversal@1,3,0", max_queue: int = 64, verifier=None, eos: bool = True):
+    from bench.decoding import method_policy
     from bench.method import Method
     from ddte.serve.app import Served
     from decode.engine import SpeculativeDecoder
     from decode.pair import read_pair_config
-    from decode.policies.deployment import build_policy
     from decode.verifiers import get_verifier
 
     pair = read_pair_config(pair_yaml).load()
     parsed = Method.parse(method)
     decoder = SpeculativeDecoder(pair.target, pair.draft, verifier or get_verifier(parsed.verifier),
                                  pair.eos_token_id if eos else None)
-    return Served(MODEL, pair, decoder, build_policy(parsed.policy, pair, parsed.verifier), parsed.key, max_queue, 64)
+    return Served(MODEL, pair, decoder, method_policy(parsed, pair, {}), parsed.key, max_queue, 64)
 
 
 @contextmanager
@@ -69,7 +73,7 @@ def running(serve):
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(serve), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, name=SERVER_THREAD, daemon=True)
     thread.start()
     deadline = time.time() + 30
     while not server.started:
@@ -80,6 +84,51 @@ def running(serve):
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+@contextmanager
+def logged():
+    """The log records of the server (uvicorn's and the app's) while the block runs; use it inside ``running``, whose
+    uvicorn configures its loggers."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    keep, loggers = Keep(), [logging.getLogger(), logging.getLogger("uvicorn")]
+    for logger in loggers:
+        logger.addHandler(keep)
+    try:
+        yield records
+    finally:
+        for logger in loggers:
+            logger.removeHandler(keep)
+
+
+def no_traceback(records: list[logging.LogRecord]) -> None:
+    bad = [r for r in records if r.exc_info or "Traceback" in r.getMessage() or r.levelno >= logging.ERROR]
+    assert not bad, [r.getMessage() for r in bad]
+
+
+def outcomes(base: str) -> dict[tuple[str, str], int]:
+    """``/metrics``' request counts by (endpoint, outcome)."""
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    found = {}
+    for line in lines:
+        if line.startswith("ddte_requests_total{"):
+            labels, value = line.removeprefix("ddte_requests_total{").split("} ")
+            endpoint, outcome = (part.split("=")[1].strip('"') for part in labels.split(","))
+            found[endpoint, outcome] = int(float(value))
+    return found
+
+
+def wait_until(check, what: str, seconds: float = 10.0) -> None:
+    deadline = time.time() + seconds
+    while not check():
+        assert time.time() < deadline, what
+        time.sleep(0.05)
 
 
 def post(base: str, path: str, body, raw: bytes | None = None) -> tuple[int, dict]:
@@ -242,6 +291,9 @@ def case_queue_and_disconnect(pairs: dict, folder: Path) -> None:
             assert time.time() < deadline, "the generation went on after its client left"
             time.sleep(0.1)
         assert _metric(base, "ddte_generation_tokens_total") < 16 + 400  # two answers of 8, and the cut stream
+        wait_until(lambda: outcomes(base).get(("completions", "499")) == 1, "the left stream was not counted 499")
+        assert outcomes(base) == {("completions", "200"): 2, ("completions", "429"): 1,
+                                  ("completions", "499"): 1}, outcomes(base)
         assert post(base, "/v1/completions", body)[0] == 200
 
 
@@ -292,6 +344,12 @@ def case_bad_inputs(pairs: dict, folder: Path) -> None:
                                                                                            "content": "x"}]})
         assert status == 400 and answer["error"]["param"] == "messages"
         assert post(base, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 4})[0] == 200
+    plain = served(pairs["chat"])  # as the shipped pair: a tokenizer without a chat template
+    plain.pair.tokenizer = RecordingTokenizer(plain.pair.tokenizer, chat_template=False)
+    with running(plain) as base:
+        status, answer = post(base, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user",
+                                                                                           "content": "hi"}]})
+        assert status == 400 and "--pair qwen-coder" in answer["error"]["message"], answer
 
 
 def case_stop_strings(pairs: dict, folder: Path) -> None:
@@ -307,22 +365,208 @@ def case_stop_strings(pairs: dict, folder: Path) -> None:
         assert cut["choices"][0]["text"] == text[: text.index(stop)] and cut["choices"][0]["finish_reason"] == "stop"
 
 
-def case_signal(pairs: dict, folder: Path) -> None:
-    """SIGINT while a request streams: that request finishes, the process exits 0."""
-    port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ddte", "serve", "--pair", str(pairs["chat"]), "--port", str(port),
-                             "--model-name", MODEL], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
+class RecordingTokenizer:
+    """The pair's tokenizer, recording the thread of each tokenization; ``chat_template`` may be taken away."""
+
+    def __init__(self, tokenizer, chat_template: bool = True) -> None:
+        self.tokenizer, self.threads = tokenizer, []
+        if not chat_template:
+            self.chat_template = None
+
+    def __call__(self, *args, **kwargs):
+        self.threads.append(threading.current_thread().name)
+        return self.tokenizer(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
+
+
+def case_body_edges(pairs: dict, folder: Path) -> None:
+    """Issue #54, class 1: a lone UTF-16 surrogate (prompt, message or key), a body nested 100,000 deep, bytes that
+    are not UTF-8 and a body over the limit are each one OpenAI error object (400, 413), counted in /metrics, with
+    nothing logged; a client that leaves halfway through its body is counted 499, with nothing logged; prompts are
+    tokenized off the event loop."""
+    serve = served(pairs["chat"])
+    serve.max_body_bytes = 256 * 1024
+    serve.pair.tokenizer = tokenizer = RecordingTokenizer(serve.pair.tokenizer)
+    start = b'{"model": "tiny", '
+    bodies = [
+        ("/v1/completions", start + b'"prompt": "a\\ud800b"}', 400, "lone surrogate"),
+        ("/v1/chat/completions", start + b'"messages": [{"role": "user", "content": "\\udfff"}]}', 400,
+         "lone surrogate"),
+        ("/v1/completions", start + b'"prompt": "x", "\\ud800": 1}', 400, "lone surrogate"),
+        ("/v1/completions", start + b'"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nests deeper"),
+        ("/v1/completions", start + b'"prompt": "\xff"}', 400, "not UTF-8"),
+        ("/v1/completions", start + b'"prompt": "' + b"x" * (300 * 1024) + b'"}', 413, "over 262144 bytes"),
+        ("/v1/completions", start + b'"prompt": "' + b"word " * 20_000 + b'"}', 400, "no room left"),
+    ]
+    with running(serve) as base, logged() as records:
+        for path, raw, status, words in bodies:
+            got, answer = post(base, path, None, raw=raw)
+            assert got == status and words in answer["error"]["message"], (raw[:60], got, answer)
+            assert answer["error"]["type"] == "invalid_request_error", answer
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as left:
+            left.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n" + start)
+        wait_until(lambda: outcomes(base).get(("completions", "499")) == 1, "the client that left was not counted")
+        assert post(base, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 4})[0] == 200
+        assert outcomes(base) == {("chat", "400"): 1, ("completions", "400"): 5, ("completions", "413"): 1,
+                                  ("completions", "499"): 1, ("completions", "200"): 1}, outcomes(base)
+    no_traceback(records)
+    assert tokenizer.threads and SERVER_THREAD not in tokenizer.threads, tokenizer.threads
+
+
+class SteppedDecoder:
+    """The real decoder, but each generation first waits for ``gate``, each step sleeps ``step_seconds``, and a
+    ``fail`` set makes it raise after its first step (so a test can hold the worker busy, or fail a stream)."""
+
+    def __init__(self, decoder, gate: threading.Event, step_seconds: float = 0.0) -> None:
+        self.decoder, self.gate, self.vocab, self.step_seconds = decoder, gate, decoder.vocab, step_seconds
+        self.fail = False
+
+    def generate(self, *args, on_step, **kwargs):
+        assert self.gate.wait(60)
+
+        def step(emitted):
+            if self.fail:
+                raise RuntimeError("the decoder broke")
+            time.sleep(self.step_seconds)
+            return on_step(emitted)
+
+        return self.decoder.generate(*args, on_step=step, **kwargs)
+
+
+def case_outcomes(pairs: dict, folder: Path) -> None:
+    """Issue #54, class 2: a queued client that leaves leaves /health's queue depth and its place in the queue; a
+    stream that fails or is left is counted 500 or 499, not 200; max_completion_tokens null means absent, and every
+    given max_tokens field is checked."""
+    gate = threading.Event()
+    serve = served(pairs["chat"], max_queue=1)
+    serve.decoder = decoder = SteppedDecoder(serve.decoder, gate)
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8}
+    host_port = None
+    with running(serve) as base, logged() as records:
+        host_port = base.removeprefix("http://").split(":")
+        results: list = []
+        first = threading.Thread(target=lambda: results.append(post(base, "/v1/completions", body)))
+        first.start()
+        wait_until(lambda: _metric(base, "ddte_requests_running") == 1, "the first request never started")
+        leaving = http.client.HTTPConnection(host_port[0], int(host_port[1]), timeout=30)
+        leaving.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        wait_until(lambda: _queue_depth(base) == 1, "the leaving request never queued")
+        leaving.close()
+        wait_until(lambda: _queue_depth(base) == 0, "/health counts a client that left")
+        assert _metric(base, "ddte_queue_depth") == 0
+        second = threading.Thread(target=lambda: results.append(post(base, "/v1/completions", body)))
+        second.start()  # the place the leaver held: queued, not refused
+        wait_until(lambda: _queue_depth(base) == 1, "the second request never queued")
+        gate.set()
+        first.join(60)
+        second.join(60)
+        assert [r[0] for r in results] == [200, 200], results
+        decoder.fail = True
+        with urllib.request.urlopen(urllib.request.Request(
+                base + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
+                headers={"Content-Type": "application/json"}), timeout=30) as response:
+            events = response.read().decode()
+        assert '"type": "server_error"' in events and "[DONE]" not in events, events
+        decoder.fail = False
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        status, answer = post(base, "/v1/chat/completions", {**chat, "max_completion_tokens": None, "max_tokens": 3})
+        assert status == 200 and answer["usage"]["completion_tokens"] <= 3, answer
+        status, answer = post(base, "/v1/chat/completions", {**chat, "max_completion_tokens": 4, "max_tokens": "x"})
+        assert status == 400 and answer["error"]["param"] == "max_tokens", answer
+        status, answer = post(base, "/v1/completions", {**body, "stream": None, "seed": None})
+        assert status == 200 and answer["object"] == "text_completion", answer
+        wait_until(lambda: outcomes(base).get(("completions", "499")) == 1, "the client that left was not counted")
+        assert outcomes(base) == {("completions", "200"): 3, ("completions", "499"): 1, ("completions", "500"): 1,
+                                  ("chat", "200"): 1, ("chat", "400"): 1}, outcomes(base)
+    no_traceback(records)
+
+
+def case_stop_and_drain(pairs: dict, folder: Path) -> None:
+    """Issue #54, class 2: SIGTERM answers the queued request 503 at once while the running one goes on to finish
+    (200); with a drain of 1 s, a running stream that would not finish is cut (an error event, counted 503) and the
+    server stops. Both through ddte/serve/server.py's serve() on this process's main thread, as the CLI runs it."""
+    from ddte.serve.app import create_app
+    from ddte.serve.server import listen_socket, serve, url_of
+
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8}
+    for drain_seconds in (30.0, 1.0):
+        gate = threading.Event()
+        serving = served(pairs["chat"], max_queue=4, eos=False)  # the cut stream would not end on its own
+        serving.decoder = SteppedDecoder(serving.decoder, gate, step_seconds=0.0 if drain_seconds > 1 else 0.2)
+        app, sock = create_app(serving), listen_socket("127.0.0.1", 0)
+        base, results = url_of(sock), {}
+        if drain_seconds > 1:
+            driver = threading.Thread(target=_queued_get_503, args=(base, body, gate, results))
+        else:
+            driver = threading.Thread(target=_running_is_cut, args=(base, body, gate, results))
+        driver.start()
+        serve(app, sock, app.state.worker, drain_seconds)
+        driver.join(60)
+        counted = dict(app.state.metrics.requests)
+        if drain_seconds > 1:
+            assert results["queued"][0] == 503 and results["queued"][1]["error"]["type"] == "server_error", results
+            assert results["running"][0] == 200, results
+            assert counted == {("completions", "200"): 1, ("completions", "503"): 1}, counted
+        else:
+            assert '"type": "server_error"' in results["stream"] and "[DONE]" not in results["stream"], results
+            assert counted == {("completions", "503"): 1}, counted
+
+
+def _queued_get_503(base: str, body: dict, gate: threading.Event, results: dict) -> None:
+    wait_until(lambda: _answers(base), "the server did not come up", 30)
+    running = threading.Thread(target=lambda: results.update(running=post(base, "/v1/completions", body)))
+    running.start()
+    wait_until(lambda: _metric(base, "ddte_requests_running") == 1, "the running request never started")
+    queued = threading.Thread(target=lambda: results.update(queued=post(base, "/v1/completions", body)))
+    queued.start()
+    wait_until(lambda: _queue_depth(base) == 1, "the second request never queued")
+    os.kill(os.getpid(), signal.SIGTERM)
+    queued.join(30)  # answered while the running request is still held at the gate
+    assert "queued" in results and "running" not in results, results
+    gate.set()
+    running.join(60)
+
+
+def _running_is_cut(base: str, body: dict, gate: threading.Event, results: dict) -> None:
+    wait_until(lambda: _answers(base), "the server did not come up", 30)
+    gate.set()
+    request = urllib.request.Request(base + "/v1/completions", data=json.dumps(
+        {**body, "max_tokens": 400, "stream": True}).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        first = response.readline().decode()
+        os.kill(os.getpid(), signal.SIGTERM)
+        results["stream"] = first + response.read().decode()
+
+
+def _answers(base: str) -> bool:
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.time() < deadline, "ddte serve did not come up"
-                time.sleep(0.2)
+        urllib.request.urlopen(base + "/health", timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def case_signal(pairs: dict, folder: Path) -> None:
+    """The CLI: --port 0 prints the port it bound; a second server on that port is one line, exit 2, and never says
+    it serves; SIGINT while a request streams lets it finish and exits 0; --host ::1 prints http://[::1]:PORT, which
+    answers, and SIGTERM exits 0."""
+    serve = [sys.executable, "-m", "ddte", "serve", "--pair", str(pairs["chat"]), "--model-name", MODEL]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([*serve, "--port", "0"], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        base = _serving_url(proc)
+        assert base.startswith("http://127.0.0.1:") and not base.endswith(":0"), base
+        wait_until(lambda: _answers(base), "ddte serve did not answer at the URL it printed", 60)
+        port = base.rsplit(":", 1)[1]
+        second = subprocess.run([*serve, "--port", port], cwd=REPO, env=env, capture_output=True, text=True,
+                                timeout=120)
+        assert second.returncode == 2 and "serving" not in second.stderr, second.stderr
+        assert second.stderr.strip().splitlines() == [f"ddte serve: error: cannot listen on 127.0.0.1:{port} "
+                                                      "(Address already in use)"], second.stderr
         request = urllib.request.Request(base + "/v1/completions", data=json.dumps(
             {"model": MODEL, "prompt": PROMPT, "max_tokens": 300, "stream": True}).encode(),
             headers={"Content-Type": "application/json"})
@@ -331,10 +575,42 @@ def case_signal(pairs: dict, folder: Path) -> None:
             proc.send_signal(signal.SIGINT)
             rest = response.read().decode()
         assert rest.rstrip().endswith("data: [DONE]"), rest[-300:]
-        assert proc.wait(60) == 0, proc.stderr.read()
+        assert proc.wait(60) == 0, "ddte serve did not exit 0 after a signal"
     finally:
         if proc.poll() is None:
             proc.kill()
+    proc = subprocess.Popen([*serve, "--host", "::1", "--port", "0"], cwd=REPO, env=env, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        base = _serving_url(proc)
+        assert base.startswith("http://[::1]:"), base
+        wait_until(lambda: _answers(base), "ddte serve did not answer at the URL it printed", 60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, "ddte serve did not exit 0 after a signal"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _serving_url(proc: subprocess.Popen, seconds: float = 120) -> str:
+    """The URL on ddte serve's "serving ... on URL (Ctrl-C stops)" line of stderr (read by a thread, which goes on
+    reading so that the server never blocks on a full pipe)."""
+    import queue
+
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline, seen = time.time() + seconds, []
+    while (line := lines.get(timeout=max(deadline - time.time(), 0.01))) is not None:
+        if line.startswith("serving "):
+            return line.split(" on ")[-1].split()[0]
+        seen.append(line)
+    raise AssertionError(f"ddte serve exited before it served: {''.join(seen)[-2000:]}")
 
 
 def main(argv: list[str]) -> int:

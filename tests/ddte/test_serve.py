@@ -21,12 +21,15 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("cases", [
     ["openai_client", "same_as_generate", "stop_strings", "bad_inputs", "signal"],
     ["exact_law", "concurrent_clients", "queue_and_disconnect"],
-], ids=["client", "load"])
+    ["body_edges", "outcomes", "stop_and_drain"],
+], ids=["client", "load", "edges"])
 def test_serve_cases(tmp_path, cases):
+    """Each case prints ``ok CASE``; no server logs a traceback (an ASGI exception, a client that left mid-body)."""
     code, output = run_loopback_only([sys.executable, "-m", "tests.ddte.serve_cases", str(tmp_path), *cases],
                                      cwd=REPO, timeout=500, env={"OMP_NUM_THREADS": "1"})
     assert code == 0, output[-6000:]
     assert [line for line in output.splitlines() if line.startswith("ok ")] == [f"ok {c}" for c in cases]
+    assert "Traceback" not in output and "Exception in ASGI" not in output, output[-6000:]
 
 
 @pytest.mark.parametrize(("argv", "words"), [
