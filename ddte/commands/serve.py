@@ -69,8 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(args: argparse.Namespace):
-    """Every flag checked before the pair loads; the method to serve."""
-    from bench.method import Method
+    """Every flag checked before the pair loads; (the verifier's name, the policy spec to serve, the policy file read
+    and checked whole or None)."""
+    from decode.policies.spec import SPEC_FORMS, parse_verifier_spec
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")
@@ -86,59 +87,58 @@ def check_arguments(args: argparse.Namespace):
         raise UserError("--verifier goes with --policy-file (a --method names its own verifier)")
     if args.policy_file:
         from decode.policies.deployment import load_deployment
+        from decode.policies.spec import PolicySpec
         from decode.verifiers import get_verifier
 
         with user_errors(prefix="--policy-file: "):
             deployment = load_deployment(args.policy_file)
             verifier = get_verifier(args.verifier or deployment.verifier).name
             deployment.choices_of(verifier)
-        return Method.policy_file(verifier, args.policy_file), {args.policy_file: deployment}
+        return verifier, PolicySpec.file("policy", args.policy_file), deployment
     text = args.method or DEFAULT_METHOD
-    if text in ("ar", "hf-assisted") or "@" not in text:  # what bench takes beside ddte's methods
-        raise UserError(f"--method {text!r}: serve runs a ddte method VERIFIER@SPEC, SPEC one of K,L1,L2, adaptive, "
-                        "entropy, selector=FILE or expander=FILE (e.g. traversal@1,2,0)")
-    with user_errors(KeyError, ValueError, prefix="--method: "):
-        method = Method.parse(text)
-    if method.is_hf or method.draft is not None:
-        raise UserError("--method: serve runs a ddte method on the pair's own draft (VERIFIER@SPEC)")
-    if method.path is not None:
+    if "@" not in text or "+draft=" in text:  # what bench takes beside ddte's methods
+        raise UserError(f"--method {text!r}: serve runs a ddte method VERIFIER@SPEC on the pair's own draft, SPEC "
+                        f"one of {SPEC_FORMS} (e.g. traversal@1,2,0)")
+    with user_errors(KeyError, ValueError, prefix=f"--method {text}: "):
+        verifier, spec = parse_verifier_spec(text)
+    if spec.path is not None:
         import os
 
-        if not os.path.isfile(method.path):
-            raise UserError(f"--method: file {method.path!r} does not exist")
-    return method, {}
+        if not os.path.isfile(spec.path):
+            raise UserError(f"--method: file {spec.path!r} does not exist")
+    return verifier, spec, None
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.decoding import method_policy, needs_latency
     from ddte.serve.app import Served, create_app
     from ddte.serve.server import serve
     from decode.engine import SpeculativeDecoder
+    from decode.policies.deployment import build_policy, load_policy_spec, needs_latency
     from decode.verifiers import get_verifier
 
-    method, deployments = check_arguments(args)
+    verifier, spec, deployment = check_arguments(args)
     apply_threads(args.threads)
     pair = load_pair_from_args(args)
     if pair.tokenizer is None:
         raise UserError("the pair has no tokenizer: pass --tokenizer DIR")
-    machine = None
-    if needs_latency([method]):
-        with user_errors():
-            method_policy(method, pair, deployments)  # checked against the pair before a table is measured
+    with user_errors():
+        loaded = load_policy_spec(spec, pair, verifier, deployment)  # checked against the pair before any timing
     print(use_machine_kernels(pair, args), file=sys.stderr)
-    if needs_latency([method]):
+    machine = None
+    if needs_latency(spec):
         machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
         print(which, file=sys.stderr)
     with user_errors():
-        policy = method_policy(method, pair, deployments, machine)
-        decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(method.verifier), pair.eos_token_id,
+        policy = build_policy(loaded, pair, verifier, machine)
+        decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(verifier), pair.eos_token_id,
                                      latency=machine)
-    served = Served(args.model_name, pair, decoder, policy, method.key, args.max_queue, args.default_max_tokens,
+    method = f"{verifier}@{spec.text}"
+    served = Served(args.model_name, pair, decoder, policy, method, args.max_queue, args.default_max_tokens,
                     args.max_body_kib * 1024)
     with user_errors(OSError):
         sock = listen_socket(args.host, args.port)
     app = create_app(served)
-    print(f"serving {method.key} as model {args.model_name!r} on {url_of(sock)} (Ctrl-C stops)", file=sys.stderr,
+    print(f"serving {method} as model {args.model_name!r} on {url_of(sock)} (Ctrl-C stops)", file=sys.stderr,
           flush=True)
     serve(app, sock, app.state.worker)
     return 0
