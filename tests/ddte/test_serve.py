@@ -46,3 +46,10 @@ def test_bad_flags_are_one_line_before_any_model_loads(argv, words, capsys):
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1, err
+
+
+def test_a_body_limit_under_one_kib_is_one_line_at_parse_time(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--max-body-kib", "0"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and "--max-body-kib" in err, err
