@@ -25,6 +25,7 @@ import torch
 
 from decode.drafting.sampling import SamplingConfig, distributions, entropy, law_entropy
 from decode.models.cached_lm import CachedLM
+from decode.models.draft_vocab import support_ids
 
 
 def _law(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
@@ -65,6 +66,7 @@ def time_after_forward(draft: CachedLM, prompt_ids: Sequence[int], sampling: Sam
     times: dict[str, list[float]] = {n: [] for n in names}
     values: dict[str, list[float]] = {n: [] for n in names}
     rng = np.random.default_rng(seed)
+    support = support_ids(draft.model)
     with torch.inference_mode():
         draft.prefill(list(prompt_ids))
         base, token = draft.length, int(prompt_ids[-1])
@@ -72,13 +74,13 @@ def time_after_forward(draft: CachedLM, prompt_ids: Sequence[int], sampling: Sam
             for name in rng.permutation(names):
                 if draft.length >= base + 24:
                     draft.crop(base)
-                logits = draft.extend_tree([token], [draft.length - 1], on_support=draft.support is not None)
+                logits = draft.extend_tree([token], [draft.length - 1], on_support=support is not None)
                 start = time.perf_counter()
                 _, value = VARIANTS[name](logits, sampling)
                 times[name].append((time.perf_counter() - start) * 1e6)
                 values[name].append(value)
                 index = int(logits[0].argmax())
-                token = index if draft.support is None else int(draft.support[index])
+                token = index if support is None else int(support[index])
     return times, values
 
 

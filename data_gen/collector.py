@@ -25,9 +25,10 @@ from data_gen.labels import label_forest
 from data_gen.schema import TRUNK_COLUMNS, TRUNK_STATE_COLUMNS, acceptance_column, label_column, trees_column
 from data_gen.union import UnionForest, grow_union_forest
 from decode.drafting.actions import Action
+from decode.drafting.delayed import expand_nodes
 from decode.drafting.sampling import SamplingConfig, distributions, entropy
 from decode.drafting.tree import ROOT
-from decode.models.cached_lm import CachedLM
+from decode.models.cached_lm import CachedLM, run_nodes
 from decode.pair import LoadedPair, load_pair_config
 from decode.policies.features import HIDDEN_NAMES, root_features
 from decode.policies.latency import LatencyTable, draft_passes
@@ -140,7 +141,7 @@ class Collector:
             context_length, sampling, self.latency.pass_times,
         )
         seed = derive_seed(self.seed, job.prompt_index, job.sampling_index, job.trajectory, position)
-        draft_hidden = {ROOT: draft_at[1].hidden.float().cpu()}  # forest node -> the draft's final hidden state
+        draft_hidden = {ROOT: draft_at[1].hidden}  # forest node -> the draft's final hidden state
         forest = grow_union_forest(
             q_root, self._draft_expander(sampling, draft_hidden), self.trees, self.k_max, self.l_max,
             torch.Generator().manual_seed(seed),
@@ -176,19 +177,11 @@ class Collector:
 
     def _draft_expander(self, sampling: SamplingConfig, hidden: dict[int, torch.Tensor] | None = None):
         """The union forest's ``expand``: one draft tree pass over new nodes whose parents were run (their final
-        hidden states kept in ``hidden`` when given)."""
-        slots = {0: self.draft.length - 1}
+        hidden states kept in ``hidden`` when given), as the decoding loop drafts (:func:`expand_nodes`)."""
+        slots = {ROOT: self.draft.length - 1}
 
         def expand(forest: UnionForest, nodes: list[int]) -> torch.Tensor:
-            base = self.draft.length
-            parents = [slots[forest.parents[v]] for v in nodes]
-            out = self.draft.extend_tree([forest.tokens[v] for v in nodes], parents, output_hidden=hidden is not None)
-            logits, states = out if hidden is not None else (out, None)
-            for i, v in enumerate(nodes):
-                slots[v] = base + i
-                if states is not None:
-                    hidden[v] = states[i].float().cpu()
-            return distributions(logits, sampling)
+            return expand_nodes(self.draft, nodes, forest.tokens, forest.parents, slots, sampling, hidden)
 
         return expand
 
@@ -217,17 +210,8 @@ class Collector:
         """Target logits ``(len(nodes), V)`` of ``nodes`` (non-root, closed under parents up to the root, parents
         first), in passes of at most ``target_chunk`` tokens; the cache is left with no speculative slot."""
         slots = {ROOT: self.target.length - 1}
-        out = []
-        for start in range(0, len(nodes), self.target_chunk):
-            chunk = nodes[start : start + self.target_chunk]
-            base = self.target.length
-            in_chunk = {v: i for i, v in enumerate(chunk)}
-            parents = [
-                -(in_chunk[u] + 1) if u in in_chunk else slots[u] for u in (forest.parents[v] for v in chunk)
-            ]
-            out.append(self.target.extend_tree([forest.tokens[v] for v in chunk], parents))
-            for v in chunk:
-                slots[v] = base + in_chunk[v]
+        out = [run_nodes(self.target, nodes[start : start + self.target_chunk], forest.tokens, forest.parents, slots)
+               for start in range(0, len(nodes), self.target_chunk)]
         self.target.commit([])
         return torch.cat(out)
 

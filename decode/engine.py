@@ -25,7 +25,8 @@ from decode.drafting.delayed import DraftedTree, TrunkNode, draft_delayed_tree
 from decode.drafting.rng import RandomSource
 from decode.drafting.sampling import SamplingConfig, distributions
 from decode.drafting.tree import ROOT, Regime
-from decode.models.cached_lm import CachedLM, check_same_vocab
+from decode.models.cached_lm import CachedLM, run_nodes
+from decode.models.loading import check_same_vocab
 from decode.policies.base import Policy, RootState, StepOutcome
 from decode.policies.features import RootFeatures, root_features
 from decode.policies.latency import LatencyTable, measure_latency
@@ -248,17 +249,17 @@ class SpeculativeDecoder:
         """
         tree, hidden = drafted.tree, request.features
         tip = self.target.length - 1
-        if request.target_pending:  # the usual case: the root is the block's first token
-            parents = [tip] + [-(u + 1) for u in tree.parents[1:]]
+        if request.target_pending:  # the usual case: the root is the block's first token, a child of the tip
             tokens = request.target_pending + list(tree.tokens[1:])
-            return self.target.extend_tree(tokens, parents, output_hidden=hidden)
+            return run_nodes(self.target, range(tree.num_nodes), tokens, tree.parents, {tree.parents[ROOT]: tip},
+                             output_hidden=hidden)
         # A one-token prompt: the root was run at prefill, so its row comes from there.
         root = request.target_root_logits.unsqueeze(0)
         if tree.num_nodes == 1:
             logits, states = root, None
         else:
-            parents = [tip if u == ROOT else -u for u in tree.parents[1:]]
-            out = self.target.extend_tree(list(tree.tokens[1:]), parents, output_hidden=hidden)
+            out = run_nodes(self.target, range(1, tree.num_nodes), tree.tokens, tree.parents, {ROOT: tip},
+                            output_hidden=hidden)
             logits, states = _split(out, hidden)
             logits = torch.cat([root, logits])
         if not hidden:

@@ -137,8 +137,9 @@ def load_pair(
         ValueError: a missing directory, weights that are not safetensors or GGUF, an unknown device or dtype, or
             two models that do not share one vocabulary.
     """
-    from decode.models.cached_lm import CachedLM, check_same_vocab, load_causal_lm
+    from decode.models.cached_lm import CachedLM
     from decode.models.fast_llama import cached_lm
+    from decode.models.loading import check_same_vocab, load_causal_lm
 
     dev = resolve_device(device)
     target_dtype = resolve_dtype(dtype, dev)
@@ -162,8 +163,8 @@ def load_pair(
 def load_draft_model(path: str | Path, device: torch.device, dtype: torch.dtype | None):
     """The draft as decoding runs it: its weights, with its reduced output vocabulary when its folder has one
     (:mod:`decode.models.draft_vocab`)."""
-    from decode.models.cached_lm import load_causal_lm
     from decode.models.draft_vocab import DraftVocab, attach_draft_vocab
+    from decode.models.loading import load_causal_lm
 
     model = load_causal_lm(path, device, dtype)
     vocab = DraftVocab.load(path) if Path(path).is_dir() else None
@@ -179,8 +180,8 @@ def load_other_draft(pair: LoadedPair, path: str | Path) -> CachedLM:
     Raises:
         ValueError: a missing folder, unsafe weights, another vocabulary, or a steering map for another target.
     """
-    from decode.models.cached_lm import check_same_vocab
     from decode.models.fast_llama import cached_lm
+    from decode.models.loading import check_same_vocab
 
     own = pair.draft
     draft = cached_lm(load_draft_model(path, own.device, own.dtype), own.device, own.dtype,
@@ -199,14 +200,14 @@ def attach_draft_steering(draft: CachedLM, target: CachedLM, draft_path: Path, t
     Raises:
         ValueError: the map is unreadable, does not fit the models, or was trained with another target.
     """
-    from decode.models.steering import SteeringMap, check_compatible
+    from decode.models.steering import SteeringMap, check_compatible, link_steering
 
     steering = SteeringMap.load(draft_path) if draft_path.is_dir() else None
     if steering is None:
         return
     check_compatible(steering, draft.model, target.config)
     steering.spec.check_target(model_fingerprint(target_path))
-    draft.attach_steering(steering, target)
+    link_steering(draft, target, steering)
 
 
 def load_pair_config(path: str | Path, device: str = "cpu", dtype: str | None = None,

@@ -32,7 +32,7 @@ class DistillModule(pl.LightningModule):
         self.steering = steering
         self._up_bias = None
         if steering is not None:
-            from decode.models.steering import UpProjectionBias
+            from decode.models.hooks import UpProjectionBias
 
             self._up_bias = UpProjectionBias(draft)
         object.__setattr__(self, "_target", target.eval().requires_grad_(False))

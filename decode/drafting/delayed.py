@@ -18,7 +18,7 @@ so the halting depth is a stopping time of the draft's draws and every verifier 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +27,8 @@ from decode.drafting.actions import Action
 from decode.drafting.rng import RandomSource
 from decode.drafting.sampling import SamplingConfig, distributions
 from decode.drafting.tree import ROOT, DraftTree, Regime, TreeBuilder
-from decode.models.cached_lm import CachedLM
+from decode.models.cached_lm import CachedLM, run_nodes
+from decode.models.draft_vocab import support_ids
 
 
 @dataclass
@@ -89,55 +90,82 @@ def draft_delayed_tree(
             action's K branches of L2 (a single path when K = 1 or L2 = 0) from that node. ``action.l1`` caps it.
         root_hidden: ``(H,)`` the draft's hidden state at the root, for ``halting`` at depth 0.
     """
-    builder = TreeBuilder()
-    # Laws are kept over the draft's support (its draft vocabulary's ids, None: all V): the draft's softmax and
-    # every draw then run over Vs entries, not V. q_root is zero off the support, so its cut is the same law.
-    support = draft.support
-    laws: dict[int, torch.Tensor] = {ROOT: q_root if support is None else q_root.index_select(0, support)}
-    slots = {ROOT: draft.length - 1}
-    hidden: dict[int, torch.Tensor] = {}
-    calls = 0
-
-    def run(nodes: list[int]) -> None:
-        """One draft call over ``nodes`` (children of already-run nodes); stores their laws and slots."""
-        nonlocal calls
-        tokens = [builder.tokens[v] for v in nodes]
-        parents = [slots[builder.parents[v]] for v in nodes]
-        base = draft.length
-        out = draft.extend_tree(tokens, parents, output_hidden=output_hidden, on_support=support is not None)
-        logits, states = out if output_hidden else (out, None)  # logits (n, Vs), or (n, V) without a support
-        calls += 1
-        for i, (v, row) in enumerate(zip(nodes, distributions(logits, sampling), strict=True)):
-            laws[v], slots[v] = row, base + i
-            if states is not None:
-                hidden[v] = states[i]
-
-    def draw(node: int) -> int:
-        """A child of ``node`` drawn from its law: the token id."""
-        return builder.draw(node, token_id(support, rng.categorical(laws[node])))
-
+    state = _Drafting(draft, q_root, sampling, rng, output_hidden)
     tip, depth = ROOT, 0
     for j in range(action.l1):
-        if halting is not None and halting(TrunkNode(j, laws[tip], hidden.get(tip, root_hidden))):
+        if halting is not None and halting(TrunkNode(j, state.laws[tip], state.hidden.get(tip, root_hidden))):
             break
-        tip, depth = draw(tip), j + 1
+        tip, depth = state.draw(tip), j + 1
         if j < action.l1 - 1 or action.l2 > 0:
-            run([tip])
+            state.expand([tip])
     if action.is_single_path and depth < action.l1:
-        tree = builder.build(Regime.IID, (1, depth, 0))
-        return _finish(tree, q_root, laws, support, slots, hidden if output_hidden else None, calls, depth)
-    k = action.k if action.l2 > 0 else 0
-    heads = [tip] * k
+        return state.finish(state.builder.build(Regime.IID, (1, depth, 0)), depth)
+    heads = [tip] * (action.k if action.l2 > 0 else 0)
     for level in range(action.l2):
         if level == 0 and without_replacement:
-            heads = _distinct_children(builder, tip, laws[tip], support, k, rng)
+            heads = _distinct_children(state.builder, tip, state.laws[tip], state.support, action.k, rng)
         else:
-            heads = [draw(node) for node in heads]
+            heads = [state.draw(node) for node in heads]
         if level < action.l2 - 1:
-            run(list(dict.fromkeys(v for v in heads if v not in laws)))
+            state.expand(list(dict.fromkeys(v for v in heads if v not in state.laws)))
     regime = Regime.WITHOUT_REPLACEMENT if without_replacement else Regime.IID
-    tree = builder.build(regime, None if without_replacement else (action.k, depth, action.l2))
-    return _finish(tree, q_root, laws, support, slots, hidden if output_hidden else None, calls, depth)
+    return state.finish(state.builder.build(regime, None if without_replacement else (action.k, depth, action.l2)),
+                        depth)
+
+
+def expand_nodes(draft: CachedLM, nodes: list[int], tokens: Sequence[int], parent_of: Sequence[int],
+                 slots: dict[int, int], sampling: SamplingConfig, hidden: dict[int, torch.Tensor] | None = None,
+                 on_support: bool = False) -> torch.Tensor:
+    """One draft call over tree nodes whose parents were run: the laws their children are drawn from.
+
+    Args:
+        draft: the draft; the tree hangs off its cache (``slots`` maps run nodes to cache slots, and gains these).
+        nodes: the nodes to run, parents before children.
+        tokens, parent_of: every node's token and parent node (by node index).
+        sampling: the transform of the draft's logits.
+        hidden: gains each node's final draft hidden state ``(H,)`` when given.
+        on_support: laws over the draft's support ``(n, Vs)`` (:func:`~decode.models.draft_vocab.support_ids`).
+
+    Returns:
+        ``(n, V)`` laws (``(n, Vs)`` on the support), row i for ``nodes[i]``.
+    """
+    out = run_nodes(draft, nodes, tokens, parent_of, slots, output_hidden=hidden is not None, on_support=on_support)
+    logits, states = out if hidden is not None else (out, None)
+    if states is not None:
+        hidden.update(zip(nodes, states, strict=True))
+    return distributions(logits, sampling)
+
+
+class _Drafting:
+    """One tree's drafting state: the growing tree, each run node's law over the draft's support ``(Vs,)`` (or
+    ``(V,)``), slot and hidden state, and the draft calls made."""
+
+    def __init__(self, draft: CachedLM, q_root: torch.Tensor, sampling: SamplingConfig, rng: RandomSource,
+                 output_hidden: bool) -> None:
+        self.draft, self.q_root, self.sampling, self.rng = draft, q_root, sampling, rng
+        self.builder = TreeBuilder()
+        # Laws are kept over the draft's support (its draft vocabulary's ids, None: all V): the draft's softmax and
+        # every draw then run over Vs entries, not V. q_root is zero off the support, so its cut is the same law.
+        self.support = support_ids(draft.model)
+        self.laws = {ROOT: q_root if self.support is None else q_root.index_select(0, self.support)}
+        self.slots = {ROOT: draft.length - 1}
+        self.hidden: dict[int, torch.Tensor] = {}
+        self.output_hidden, self.calls = output_hidden, 0
+
+    def expand(self, nodes: list[int]) -> None:
+        """One draft call over ``nodes`` (children of already-run nodes): their laws, slots and hidden states."""
+        laws = expand_nodes(self.draft, nodes, self.builder.tokens, self.builder.parents, self.slots, self.sampling,
+                            self.hidden if self.output_hidden else None, on_support=self.support is not None)
+        self.laws.update(zip(nodes, laws, strict=True))
+        self.calls += 1
+
+    def draw(self, node: int) -> int:
+        """A child of ``node`` drawn from its law: the child's node index."""
+        return self.builder.draw(node, token_id(self.support, self.rng.categorical(self.laws[node])))
+
+    def finish(self, tree: DraftTree, depth: int) -> DraftedTree:
+        return _finish(tree, self.q_root, self.laws, self.support, self.slots,
+                       self.hidden if self.output_hidden else None, self.calls, depth)
 
 
 def token_id(support: torch.Tensor | None, index: int) -> int:

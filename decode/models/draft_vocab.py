@@ -102,6 +102,12 @@ class SubsetHead(nn.Module):
         return expand_logits(logits, self.token_ids, self.vocab_size) if self.expand else logits
 
 
+def support_ids(model: nn.Module) -> torch.Tensor | None:
+    """The token ids ``(Vs,)`` where ``model``'s logits can be finite (its draft vocabulary's, on its
+    :class:`SubsetHead`), or None: every id."""
+    return getattr(model.get_output_embeddings(), "token_ids", None)
+
+
 @contextmanager
 def support_logits(model: nn.Module) -> Iterator[None]:
     """Within it, ``model``'s forward returns its draft vocabulary's logits ``(..., Vs)`` (a model without one keeps

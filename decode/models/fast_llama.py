@@ -32,8 +32,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from decode.models.cached_lm import CachedLM, attention_windows
+from decode.models.cached_lm import CachedLM, ForwardOutput
 from decode.models.kernels import DEFAULT, kernel_path
+from decode.models.masks import additive_mask, attention_windows, block_patterns, causal_pattern, window_of
 
 _INITIAL_SLOTS = 256
 # model types whose decoder layer the fast forward reproduces (see the module docstring)
@@ -98,9 +99,6 @@ class FastCachedLM(CachedLM):
             nbytes += self._head.nbytes
         self.kernel = name
         return nbytes
-
-    def _enable_steer(self) -> None:
-        """Nothing to hook: this forward adds :attr:`steer` itself."""
 
     # --- weights --------------------------------------------------------------------------------------
     def _load_weights(self) -> None:
@@ -174,47 +172,48 @@ class FastCachedLM(CachedLM):
         pass  # rows past the slot count are dead; they are overwritten by the next block
 
     # --- the forward ----------------------------------------------------------------------------------
-    def _forward(self, ids, allowed: np.ndarray | None, pos: np.ndarray | None, output_hidden: bool):
-        """Logits ``(n, V)`` (and final normed hidden states ``(n, H)``) of ``ids`` after the cached slots."""
+    def _forward(self, ids, allowed: np.ndarray | None, pos: np.ndarray, output_hidden: bool,
+                 up_bias: torch.Tensor | None, tap_layers: tuple[int, ...]) -> ForwardOutput:
+        """Logits ``(n, V)`` (and final normed hidden states ``(n, H)``, the tapped layers' inputs) of ``ids`` after
+        the cached slots, as :meth:`CachedLM._forward`."""
         n, start = len(ids), self.length
         self._reserve(start + n)
         with torch.inference_mode():
             index = torch.as_tensor(ids, dtype=torch.long, device=self.device)
-            if pos is None:
-                pos = np.arange(start, start + n, dtype=np.int64)
             positions = torch.from_numpy(pos).to(self.device)
             cos, sin = self.cos[positions].unsqueeze(0), self.sin[positions].unsqueeze(0)  # (1, n, d)
             masks = self._masks(allowed, pos, n, start)
             x = self.embed[index]  # (n, H)
             inputs = []  # each layer's input (HF's hidden_states[i]), kept only when taps read them
             for i, w in enumerate(self.layers):
-                if self.taps:
+                if tap_layers:
                     inputs.append(x)
-                mask = None if masks is None else self._layer_mask(i, masks)
+                mask = None if masks is None else window_of(self.layer_windows, i, masks)
                 x = x + self._attention(i, F.rms_norm(x, x.shape[-1:], w["ln1"], self.eps), w, cos, sin, mask,
                                         start, n)
                 h = F.rms_norm(x, x.shape[-1:], w["ln2"], self.eps)
                 gate, up = w["kwgu"](h).chunk(2, dim=-1)
-                if self._steer is not None:  # SD²: the step's bias on the up projection, every token alike
-                    up = up + self._steer[i]
+                if up_bias is not None:  # SD²: the step's bias on the up projection, every token alike
+                    up = up + up_bias[i]
                 x = x + w["kwd"](F.silu(gate) * up)
             hidden = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
-            if self.taps:  # hidden_states[L] is the final normed state, as in HF's output
-                self.tapped = torch.stack([(inputs + [hidden])[i] for i in self.taps], dim=1).float()
+            tapped = None
+            if tap_layers:  # hidden_states[L] is the final normed state, as in HF's output
+                tapped = torch.stack([(inputs + [hidden])[i] for i in tap_layers], dim=1).float()
             logits = self._head(hidden).float()  # (n, V)
-            return (logits, hidden.float()) if output_hidden else logits
+            return ForwardOutput(logits, hidden.float() if output_hidden else None, tapped)
 
     def _masks(self, allowed: np.ndarray | None, pos: np.ndarray, n: int,
                start: int) -> dict[int | None, torch.Tensor] | None:
-        """Additive ``(1, n, start + n)`` masks keyed by window (as :meth:`CachedLM._block_patterns`); None where
-        plain causal attention is exact for every layer (one token, or a prefill, that no window cuts)."""
-        patterns = self._block_patterns(allowed, pos)
+        """Additive ``(1, n, start + n)`` masks keyed by window (:func:`~decode.models.masks.block_patterns`); None
+        where plain causal attention is exact for every layer (one token, or a prefill, that no window cuts)."""
+        patterns = block_patterns(self.layer_windows, allowed, pos, self.slots)
         if patterns is None:
             if n == 1 or start == 0:
                 return None
             # sdpa's is_causal aligns the block to the top-left corner, not after the cached slots
-            patterns = {None: self._causal_pattern(n, start)}
-        return {w: self._additive_mask(p).unsqueeze(0) for w, p in patterns.items()}
+            patterns = {None: causal_pattern(n, start)}
+        return {w: additive_mask(p, self.dtype, self.device).unsqueeze(0) for w, p in patterns.items()}
 
     def _attention(self, i: int, h: torch.Tensor, w: dict, cos, sin, mask, start: int, n: int) -> torch.Tensor:
         """Self-attention of layer i for the block's n tokens over the cached slots and themselves."""

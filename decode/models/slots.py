@@ -16,7 +16,7 @@ its key/value tensors in step with this class.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -193,3 +193,19 @@ class SlotForest:
         self._anc = self._anc[:k, :k]
         if not self._linear:  # a prefix of a chain is a chain; otherwise check the kept part
             self._linear = bool(np.array_equal(self._par, np.arange(self.committed - 1, length - 1)))
+
+
+def block_parents(nodes: Sequence[int], parent_of: Sequence[int], slots: Mapping[int, int]) -> list[int]:
+    """The parents of a block of tree nodes in :meth:`SlotForest.plan_block`'s convention.
+
+    Args:
+        nodes: the block's nodes in order, parents before children.
+        parent_of: each node's parent node, by node index (a tree's ``parents``).
+        slots: the cache slot of each node already cached; every parent outside the block must be there (a tree's
+            root is usually the committed tip: ``{root: committed - 1}``).
+
+    Returns:
+        per node, ``-(j + 1)`` where its parent is token j of the block, else the parent's absolute slot.
+    """
+    in_block = {v: j for j, v in enumerate(nodes)}
+    return [-(in_block[u] + 1) if u in in_block else slots[u] for u in (parent_of[v] for v in nodes)]

@@ -30,6 +30,7 @@ from torch import nn
 
 from ddte_core.paths import staged_file
 from ddte_core.tensor_files import read_tensor_file
+from decode.models.hooks import ForwardHook
 
 FILE = "steering.safetensors"
 FORMAT = "ddte-steering/1"
@@ -123,8 +124,33 @@ class SteeringMap(nn.Module):
         return steering.eval()
 
 
-class SteeringLink:
-    """The one hook between a steered draft and its target: the δ of a draft forward.
+class TargetTaps(ForwardHook):
+    """The target's end of steering: the states entering layers ``layers`` (HF ``hidden_states`` indices) at every
+    cached slot, kept through commits and crops, so a draft can read the target's state at any committed position."""
+
+    def __init__(self, layers: tuple[int, ...]) -> None:
+        self.tap_layers = tuple(layers)
+        self._rows: list[torch.Tensor] = []  # (len(layers), H) per cached slot, views of each forward's states
+
+    def tapped(self, states: torch.Tensor) -> None:
+        self._rows.extend(states)
+
+    def committed(self, first: int, keep: list[int]) -> None:
+        self._rows[first:] = [self._rows[s] for s in keep]
+
+    def cropped(self, length: int) -> None:
+        del self._rows[length:]
+
+    def reset(self) -> None:
+        self._rows = []
+
+    def row(self, slot: int) -> torch.Tensor:
+        """``(len(layers), H)`` the states tapped at cached slot ``slot``."""
+        return self._rows[slot]
+
+
+class SteeringLink(ForwardHook):
+    """The draft's end of steering: the δ of each draft forward, from the target's taps.
 
     A forward whose root is position r (the token the step drafts from: the last token of a committed run, the
     committed tip under a speculative block) adds δ(target's states at r − 1). In the decoding loop r − 1 is the
@@ -135,12 +161,12 @@ class SteeringLink:
 
     Args:
         steering: the map.
-        target: the target whose taps the map reads (its ``taps`` are set here).
+        target: the target (a :class:`~decode.models.cached_lm.CachedLM`) whose hook is a :class:`TargetTaps` of the
+            map's layers.
     """
 
     def __init__(self, steering: SteeringMap, target) -> None:
         self.map, self.target = steering, target
-        target.taps = tuple(steering.spec.target_layers)
         self._state: torch.Tensor | None = None
         self._delta: torch.Tensor | None = None
 
@@ -148,14 +174,33 @@ class SteeringLink:
     def spec(self) -> SteeringSpec:
         return self.map.spec
 
-    def delta_before(self, root: int) -> torch.Tensor | None:
+    def up_bias(self, root: int | None) -> torch.Tensor | None:
         """δ ``(L, d_ff)`` for a draft forward rooted at position ``root``; None: unsteered."""
-        state = self.target.taps_at(root - 1)
-        if state is None:
+        if root is None or not 0 <= root - 1 < self.target.committed:
             return None
+        state = self.target.hook.row(root - 1)
         if state is not self._state:
             self._state, self._delta = state, self.map.step_delta(state)
         return self._delta
+
+
+def link_steering(draft, target, steering: SteeringMap) -> SteeringLink:
+    """Steer ``draft`` by ``steering`` from ``target``'s states (both :class:`~decode.models.cached_lm.CachedLM`):
+    the target taps the map's layers (its hook), the draft adds the δ its link gives (its hook), so whatever runs the
+    pair (the decoding loop, the collector) does nothing for it.
+
+    Raises:
+        ValueError: the target already taps other layers for another steered draft.
+    """
+    layers = tuple(steering.spec.target_layers)
+    taps = target.hook
+    if taps is None:
+        target.hook = TargetTaps(layers)
+    elif not isinstance(taps, TargetTaps) or taps.tap_layers != layers:
+        raise ValueError(f"the target already has a hook ({type(taps).__name__}); a second steered draft must read "
+                         "the same target layers")
+    draft.hook = SteeringLink(steering.to(draft.device).eval(), target)
+    return draft.hook
 
 
 def draft_mlp_shape(model) -> tuple[int, int]:
@@ -175,28 +220,3 @@ def check_compatible(steering: SteeringMap, draft_model, target_config) -> None:
         raise ValueError(f"steering map reads target layers {list(spec.target_layers)} of width "
                          f"{spec.target_hidden}; the target has {text.num_hidden_layers} layers of width "
                          f"{text.hidden_size}")
-
-
-class UpProjectionBias:
-    """Adds a per-layer bias to HF draft MLPs' up projections through forward hooks (HF's forward, and training).
-
-    ``delta`` is None (no steering) or ``(..., L, d_ff)``: ``(L, d_ff)`` for one step of decoding (every token
-    alike), ``(B, n, L, d_ff)`` in training (a bias per position).
-    """
-
-    def __init__(self, model) -> None:
-        self.delta: torch.Tensor | None = None
-        self._handles = [layer.mlp.up_proj.register_forward_hook(self._hook(i))
-                         for i, layer in enumerate(model.model.layers)]
-
-    def _hook(self, layer: int):
-        def add(_module, _inputs, output):
-            if self.delta is None:
-                return output
-            return output + self.delta[..., layer, :].to(output.dtype)
-        return add
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []

@@ -131,7 +131,8 @@ def test_target_rows_equal_a_prefill_of_each_node(tiny_pair, chunk):
     from data_gen.collector import Collector
     from data_gen.union import grow_union_forest
     from decode.drafting.sampling import SamplingConfig, distributions
-    from decode.models.cached_lm import CachedLM, load_causal_lm
+    from decode.models.cached_lm import CachedLM
+    from decode.models.loading import load_causal_lm
     from decode.verifiers import get_verifier
 
     target, draft = (CachedLM(load_causal_lm(tiny_pair / n)) for n in ("target", "draft"))
@@ -168,8 +169,9 @@ def test_features_match_the_decoder(tiny_pair, steered):
     from decode.drafting.rng import TorchRandom
     from decode.drafting.sampling import SamplingConfig
     from decode.engine import SpeculativeDecoder
-    from decode.models.cached_lm import CachedLM, load_causal_lm
-    from decode.models.steering import SteeringMap, SteeringSpec, draft_mlp_shape
+    from decode.models.cached_lm import CachedLM
+    from decode.models.loading import load_causal_lm
+    from decode.models.steering import SteeringMap, SteeringSpec, draft_mlp_shape, link_steering
     from decode.policies.base import StaticPolicy
     from decode.verifiers import get_verifier
 
@@ -181,7 +183,7 @@ def test_features_match_the_decoder(tiny_pair, steered):
             steering = SteeringMap(spec)
             with torch.no_grad():
                 steering.out.weight.normal_(0.0, 1.0)
-            draft.attach_steering(steering, target)  # linked: the decoder and the collector know nothing of it
+            link_steering(draft, target, steering)  # linked: the decoder and the collector know nothing of it
         return target, draft
 
     latency = LatencyTable([8, 32], [1, 4], [[1.0, 2.0], [1.5, 2.5]], [[5.0, 6.0], [7.0, 9.0]])

@@ -123,7 +123,7 @@ def test_a_method_with_another_draft_runs_that_draft_steered_beside_the_pairs_ow
     from bench.decoding import make_runners
     from bench.method import Method
     from decode.drafting.sampling import SamplingConfig
-    from decode.models.steering import SteeringMap, SteeringSpec
+    from decode.models.steering import SteeringLink, SteeringMap, SteeringSpec
     from decode.pair import load_pair, model_fingerprint
 
     root, prompts = pair_dirs
@@ -135,11 +135,11 @@ def test_a_method_with_another_draft_runs_that_draft_steered_beside_the_pairs_ow
                                          f"traversal@adaptive+draft={other}")]
     own, steered, adaptive = make_runners(methods, pair)
     assert own.decoder is not steered.decoder and steered.decoder is adaptive.decoder
-    assert own.decoder.draft.steering is None and steered.decoder.draft.steering is not None
+    assert own.decoder.draft.hook is None and isinstance(steered.decoder.draft.hook, SteeringLink)
     assert steered.decoder.draft.model is not pair.draft.model
     stats = steered.one([5, 9, 3], 0, SamplingConfig(1.0), 4)
-    assert stats.new_tokens == 4 and torch.is_tensor(pair.target.tapped)
-    assert steered.decoder.draft.steering.target is pair.target  # linked to the pair's own target
+    assert stats.new_tokens == 4 and torch.is_tensor(pair.target.hook.row(0))
+    assert steered.decoder.draft.hook.target is pair.target  # linked to the pair's own target
     assert own.one([5, 9, 3], 0, SamplingConfig(1.0), 4).new_tokens == 4
     assert main(["bench", "--target", str(root / "target"), "--draft", str(root / "draft"), "--tokenizer",
                  str(DEFAULT_TOKENIZER), "--prompts", str(prompts), "--field", "text", "--num-prompts", "1",

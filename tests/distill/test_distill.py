@@ -117,7 +117,7 @@ def test_steered_distillation_trains_the_map_and_writes_a_steered_draft(tiny, tm
     assert float(steering.out.weight.detach().abs().max()) > 0  # trained away from its zero start
     assert json.loads((out / "distill.json").read_text())["steering"]["parameters"] > 0
     pair = load_pair(tiny / "target", out, REPO / "models" / "tokenizer")
-    assert pair.draft.steering is not None and pair.target.taps == (0, 1)
+    assert pair.draft.hook is not None and pair.target.hook.tap_layers == (0, 1)
     other = save_tiny_pair(tmp_path / "other", target_hidden=32, draft_hidden=16, context=128, seeds=(9, 2))
     with pytest.raises(ValueError, match="another target"):
         load_pair(other / "target", out, REPO / "models" / "tokenizer")

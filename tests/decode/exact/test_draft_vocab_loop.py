@@ -19,7 +19,7 @@ from decode.drafting.actions import Action
 from decode.drafting.rng import TorchRandom
 from decode.engine import SpeculativeDecoder
 from decode.models.cached_lm import CachedLM
-from decode.models.draft_vocab import DraftVocab, attach_draft_vocab
+from decode.models.draft_vocab import DraftVocab, attach_draft_vocab, support_ids
 from decode.models.fast_llama import cached_lm
 from decode.policies.base import StaticPolicy
 from decode.policies.expander import HaltingPolicy
@@ -57,7 +57,7 @@ def _shape(name: str) -> Action:
 def test_the_draft_hands_over_laws_on_its_support():
     _, draft = reduced_pair()
     draft.prefill([2, 0, 1])
-    assert draft.support.tolist() == list(SUPPORT)
+    assert support_ids(draft.model).tolist() == list(SUPPORT)
     compact, full = draft.extend_tree([0], [2], on_support=True), draft.extend_tree([0], [2])
     assert compact.shape == (1, len(SUPPORT)) and full.shape == (1, VOCAB)
     assert torch.allclose(compact, full[:, list(SUPPORT)], atol=1e-6) and bool(torch.isneginf(full[:, 1]).all())

@@ -95,7 +95,7 @@ class MislabelledDecoder(SpeculativeDecoder):
             for v in range(tree.num_nodes):
                 if drafted.slots[v] < 0:
                     continue  # a leaf: nothing was drawn from it
-                parent = draft.parent_of(drafted.slots[v]) if v == 0 else drafted.slots[tree.parents[v]]
+                parent = draft.slots.parent_of(drafted.slots[v]) if v == 0 else drafted.slots[tree.parents[v]]
                 token = self.sequence[-1] if v == 0 else tree.tokens[v]
                 length = draft.length
                 logits = draft.extend_tree([token], [parent])

@@ -18,9 +18,9 @@ from decode.drafting.delayed import DraftedTree, draft_delayed_tree
 from decode.drafting.sampling import SamplingConfig, distributions
 from decode.drafting.tree import ROOT
 from decode.engine import SpeculativeDecoder
-from decode.models.cached_lm import CachedLM
+from decode.models.cached_lm import CachedLM, run_nodes
 from decode.models.fast_llama import cached_lm
-from decode.models.steering import SteeringMap, SteeringSpec
+from decode.models.steering import SteeringMap, SteeringSpec, link_steering
 from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier, verifier_names
 from tests.decode.exact.harness import enumerate_runs, outcome_law, recomputed_law
@@ -43,7 +43,7 @@ def steering_for(target_hidden: int, draft_ffn: int, seed: int = 0) -> SteeringM
 def steered_pair(seed: int) -> tuple[CachedLM, CachedLM]:
     target = CachedLM(tiny_llama(seed=seed, vocab=VOCAB, hidden=32, layers=2, logit_scale=3.0))
     draft = cached_lm(tiny_llama(seed=seed + 100, vocab=VOCAB, hidden=16, layers=1, logit_scale=3.0))
-    draft.attach_steering(steering_for(32, 32, seed), target)
+    link_steering(draft, target, steering_for(32, 32, seed))
     return target, draft
 
 
@@ -66,15 +66,15 @@ class StaleSteeringDecoder(SpeculativeDecoder):
     """Wrong: draws each tree under the previous step's δ, then gives the verifier q recomputed under this step's."""
 
     def _draft_tree(self, request, q_root, action):
-        link = self.draft.steering
-        current = link.delta_before(self.draft.committed - 1)
+        link = self.draft.hook
+        current = link.up_bias(self.draft.committed - 1)
         stale, request.previous_delta = getattr(request, "previous_delta", None), current
-        link.delta_before = lambda root: stale  # shadows the method on this instance while the tree is drawn
+        link.up_bias = lambda root: stale  # shadows the method on this instance while the tree is drawn
         try:
             drafted = draft_delayed_tree(self.draft, q_root, action, request.sampling, request.rng,
                                          self.without_replacement)
         finally:
-            del link.delta_before
+            del link.up_bias
         self.draft.commit([])  # drop the stale slots, then run the same nodes under this step's δ
         return _requeried(self.draft, drafted, q_root, request.sampling)
 
@@ -85,11 +85,9 @@ def _requeried(draft: CachedLM, drafted: DraftedTree, q_root: torch.Tensor, samp
     slots, q = {ROOT: draft.length - 1}, drafted.q.clone()
     q[ROOT] = q_root
     if ran:
-        base = draft.length
-        rows = draft.extend_tree([tree.tokens[v] for v in ran], [slots[tree.parents[v]] if tree.parents[v] in slots
-                                 else -(ran.index(tree.parents[v]) + 1) for v in ran])
-        for i, (v, row) in enumerate(zip(ran, distributions(rows, sampling), strict=True)):
-            q[v], slots[v] = row, base + i
+        rows = run_nodes(draft, ran, tree.tokens, tree.parents, slots)
+        for v, row in zip(ran, distributions(rows, sampling), strict=True):
+            q[v] = row
     return DraftedTree(tree, q, [slots.get(v, -1) for v in range(tree.num_nodes)], drafted.draft_calls)
 
 

@@ -22,8 +22,11 @@ from decode.drafting.actions import Action
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig, distributions
 from decode.engine import SpeculativeDecoder
-from decode.models.cached_lm import CachedLM, attention_windows, block_parents, load_causal_lm
+from decode.models.cached_lm import CachedLM
 from decode.models.fast_llama import FastCachedLM, cached_lm
+from decode.models.loading import load_causal_lm
+from decode.models.masks import attention_windows
+from decode.models.slots import block_parents
 from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier
 from tests.decode.architectures import (
@@ -72,7 +75,7 @@ def _worst_gap(lm: CachedLM) -> float:
     gaps.append(_gap(lm.prefill(prefix), _recompute(lm, prefix)))
     # a 9-node tree: a trunk, then branches, some deeper than the window
     tokens, local = rand(9), [-1, 0, 1, 2, 3, 2, 5, 2, 7]
-    out = lm.extend_tree(tokens, block_parents(local, lm.length - 1))
+    out = lm.extend_tree(tokens, block_parents(range(len(local)), local, {-1: lm.length - 1}))
     gaps += [_gap(out[i], _recompute(lm, prefix + _path(tokens, local, i))[-1]) for i in range(9)]
     lm.commit([12 + i for i in (0, 1, 2, 7, 8)])  # keep 0 -> 1 -> 2 -> 7 -> 8, drop the rest
     seq = prefix + [tokens[i] for i in (0, 1, 2, 7, 8)]
@@ -114,9 +117,9 @@ def test_a_mask_that_ignores_the_window_misses_the_recompute(name: str, role: st
     """Negative control: the same passes with every layer attending to its whole path are far off, so the matrix
     sees the window (and the window is smaller than the test's context)."""
     lm = _wrap(name, role)
-    assert any(w is not None for w in lm._layer_windows)
-    lm._layer_windows = [None] * len(lm._layer_windows)
-    lm._type_windows = dict.fromkeys(lm._type_windows)
+    assert any(w is not None for w in lm.layer_windows)
+    lm.layer_windows = [None] * len(lm.layer_windows)
+    lm.type_windows = dict.fromkeys(lm.type_windows)
     assert _worst_gap(lm) > 1e-3
 
 
@@ -140,7 +143,7 @@ def test_default_windows_and_eager_only_models_load() -> None:
     context) run; Gemma2, which has no sdpa path for its softcapped scores, runs eager, softcapping on."""
     for name in ("mistral", "gemma3_text"):
         lm = CachedLM(arch_model(name, 0, V, 64, 2, window=4096))
-        assert 4096 in lm._layer_windows and _worst_gap(lm) < TOL
+        assert 4096 in lm.layer_windows and _worst_gap(lm) < TOL
     gemma2 = CachedLM(arch_model("gemma2", 0, V, 64, 2))
     assert gemma2.model.config._attn_implementation == "eager"
     assert gemma2.config.attn_logit_softcapping and gemma2.config.final_logit_softcapping
@@ -226,7 +229,7 @@ def test_sampling_loop_is_lossless_on_a_hybrid_sliding_window_target() -> None:
     target_model = arch_model("gemma3_text", 11, vocab, 32, 2, window, logit_scale=0.5)
     draft = cached_lm(arch_model("qwen2-window", 12, vocab, 32, 1, window, logit_scale=0.5))
     target = CachedLM(target_model)
-    assert isinstance(draft, FastCachedLM) and target._layer_windows == [window, None]
+    assert isinstance(draft, FastCachedLM) and target.layer_windows == [window, None]
     with torch.inference_mode():
         first = distributions(_recompute(target, prompt)[-1], sampling)
         second = distributions(target_model(torch.tensor([prompt + [a] for a in range(vocab)]),
@@ -236,7 +239,7 @@ def test_sampling_loop_is_lossless_on_a_hybrid_sliding_window_target() -> None:
     assert accepted > 800  # most steps accept drafted tokens, so the tree passes decide the output
     assert chi2_p_value(exact, counts) > 1e-4
     blind = CachedLM(target_model)
-    blind._layer_windows = [None] * len(blind._layer_windows)
-    blind._type_windows = dict.fromkeys(blind._type_windows)
+    blind.layer_windows = [None] * len(blind.layer_windows)
+    blind.type_windows = dict.fromkeys(blind.type_windows)
     counts, _ = _first_two(SpeculativeDecoder(blind, draft, get_verifier("specinfer")), prompt, 500, sampling)
     assert chi2_p_value(exact, counts) < 1e-4  # the threshold the correct loop passes

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from decode.models.cached_lm import load_causal_lm
 from decode.models.gguf import check_gguf_file, convert_gguf, load_gguf_model, load_gguf_tokenizer
+from decode.models.loading import load_causal_lm
 from decode.models.registry import fetched_gguf, fetched_model_dir, is_fetched
 
 needs_smollm2 = pytest.mark.skipif(not is_fetched("smollm2") or not fetched_gguf("smollm2").is_file(),

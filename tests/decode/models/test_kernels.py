@@ -120,7 +120,7 @@ def test_stock_kernels_give_back_f_linear_and_default_restores_plain_layers() ->
 @pytest.mark.parametrize("path", ["onednn", "int8-weight", "default"])
 def test_a_layers_hooks_follow_it_onto_a_path(path: str) -> None:
     """A steered draft on HF's forward adds its bias through hooks on the up projections: they must survive."""
-    from decode.models.steering import UpProjectionBias
+    from decode.models.hooks import UpProjectionBias
 
     lm = CachedLM(arch_model("llama", 4, V, 32, 1, 8))
     bias = UpProjectionBias(lm.model)

@@ -10,8 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, Qwen2Config
 
-from decode.models.cached_lm import CachedLM, block_parents, check_same_vocab, load_causal_lm
+from decode.models.cached_lm import CachedLM
 from decode.models.fast_llama import FastCachedLM, cached_lm
+from decode.models.loading import check_same_vocab, load_causal_lm
+from decode.models.slots import block_parents
 
 V = 64
 TOL = 1e-5
@@ -119,7 +121,7 @@ def test_extend_tree_matches_paths(lm: CachedLM, seed: int) -> None:
     local = [-1] + [rng.randrange(-1, i) for i in range(1, n)]  # -1 = child of the last prefix token
     tokens = _rand(n, rng)
     lm.prefill(prefix)
-    logits = lm.extend_tree(tokens, block_parents(local, lm.length - 1))
+    logits = lm.extend_tree(tokens, block_parents(range(len(local)), local, {-1: lm.length - 1}))
     assert logits.shape == (n, V)
     for i in range(n):
         path, j = [], i
@@ -128,7 +130,7 @@ def test_extend_tree_matches_paths(lm: CachedLM, seed: int) -> None:
             j = local[j]
         assert _diff(logits[i], _ref(lm, prefix + path[::-1])[-1]) < TOL, (i, local)
         depth = len(path) - 1
-        assert lm.position_of(20 + i) == 20 + depth
+        assert lm.slots.position_of(20 + i) == 20 + depth
     assert lm.length == 20 + n and lm.committed == 20
     _check_cache(lm)
 
@@ -187,8 +189,8 @@ def test_sibling_of_committed_slot_and_interleaved_blocks(lm: CachedLM) -> None:
     assert _diff(out[0], _ref(lm, prefix[:16] + toks[:1])[-1]) < TOL
     assert _diff(out[1], _ref(lm, prefix + [tok, toks[1]])[-1]) < TOL
     assert _diff(out[2], _ref(lm, prefix[:16] + [toks[0], toks[2]])[-1]) < TOL
-    assert [lm.position_of(s) for s in range(20, 25)] == [20, 21, 16, 21, 17]
-    assert [lm.parent_of(s) for s in range(19, 25)] == [18, 19, 20, 15, 20, 22]
+    assert [lm.slots.position_of(s) for s in range(20, 25)] == [20, 21, 16, 21, 17]
+    assert [lm.slots.parent_of(s) for s in range(19, 25)] == [18, 19, 20, 15, 20, 22]
     with pytest.raises(ValueError):
         lm.commit([22])  # hangs off slot 15, not the committed tip
     lm.commit([20, 23])
@@ -202,7 +204,7 @@ def test_commit_then_bonus_matches_recompute(lm: CachedLM) -> None:
     local = [-1, 0, 1, 2, 3, 2, 5, 2, 7]
     for accepted in ([0, 1, 2, 5, 6], [0, 1, 2, 3], [0], [], [0, 1, 2, 7, 8]):
         lm.prefill(prefix)
-        lm.extend_tree(tokens, block_parents(local, 19))
+        lm.extend_tree(tokens, block_parents(range(len(local)), local, {-1: 19}))
         lm.commit([20 + i for i in accepted])
         assert lm.length == lm.committed == 20 + len(accepted)
         _check_cache(lm)
@@ -261,7 +263,7 @@ def test_crop_matches_recompute(lm: CachedLM) -> None:
 def test_invalid_commit_raises(lm: CachedLM) -> None:
     rng = random.Random(9)
     lm.prefill(_rand(20, rng))
-    lm.extend_tree(_rand(5, rng), block_parents([-1, 0, 1, -1, 3], 19))  # slots 20-22 and 23-24
+    lm.extend_tree(_rand(5, rng), block_parents(range(5), [-1, 0, 1, -1, 3], {-1: 19}))  # slots 20-22 and 23-24
     for bad in ([19], [20, 22], [21], [20, 21, 24], [25], [23, 21], [20, 20]):
         with pytest.raises(ValueError):
             lm.commit(bad)
