@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, Qwen2Config
 
-from decode.models.cached_lm import CachedLM
+from decode.models.cached_lm import CachedLM, run_nodes
 from decode.models.fast_llama import FastCachedLM, cached_lm
 from decode.models.loading import check_same_vocab, load_causal_lm
 from decode.models.slots import block_parents
@@ -177,6 +177,27 @@ def test_breadth_first_branches_equal_branches_alone(lm: CachedLM) -> None:
         assert _diff(ref, _ref(lm, prefix + trunk + branches[b])[-depth:]) < TOL
     assert lm.length == 20 + 2 + k * depth
     _check_cache(lm)
+
+
+def test_run_nodes_runs_a_tree_in_blocks_and_records_their_slots(lm: CachedLM) -> None:
+    """A tree run in two blocks by run_nodes (the second block's parents partly in the first, partly its own) gives
+    each node the logits of its path, and slots where extend_tree put it."""
+    rng = random.Random(4)
+    prefix = _rand(20, rng)
+    parents = [-1, 0, 1, 0, 3, 2, 5, 4]  # node 0 = the root, the last prefix token
+    tokens = [prefix[-1]] + _rand(7, rng)
+    lm.prefill(prefix)
+    slots = {0: lm.length - 1}
+    first = run_nodes(lm, [1, 2, 3], tokens, parents, slots)
+    second = run_nodes(lm, [4, 5, 6, 7], tokens, parents, slots)
+    assert slots == {0: 19, 1: 20, 2: 21, 3: 22, 4: 23, 5: 24, 6: 25, 7: 26}
+    assert block_parents([4, 5, 6, 7], parents, slots) == [22, 21, -2, -1]
+    for v, row in zip([1, 2, 3, 4, 5, 6, 7], torch.cat([first, second]), strict=True):
+        path, u = [], v
+        while u > 0:
+            path.append(tokens[u])
+            u = parents[u]
+        assert _diff(row, _ref(lm, prefix + path[::-1])[-1]) < TOL, v
 
 
 def test_sibling_of_committed_slot_and_interleaved_blocks(lm: CachedLM) -> None:
