@@ -63,11 +63,25 @@ class _IntermixedParser(_OneLineParser):
     def parse_known_args(self, args=None, namespace=None):
         if self._inner:  # parse_known_intermixed_args calls back into parse_known_args
             return super().parse_known_args(args, namespace)
+        args = list(sys.argv[1:] if args is None else args)
+        cut = args.index("--") if "--" in args else len(args)
         self._inner = True
         try:
-            return self.parse_known_intermixed_args(args, namespace)
+            namespace, extras = self.parse_known_intermixed_args(args[:cut], namespace)
         finally:
             self._inner = False
+        return namespace, extras + self._positionals_after_dashes(namespace, args[cut + 1:])
+
+    def _positionals_after_dashes(self, namespace, tail: list[str]) -> list[str]:
+        """What follows ``--`` is positional even where it starts with '-' (``ddte generate -- "--x"``); the
+        intermixed parse would lose the ``--``, so each positional not yet given takes its share here. The rest."""
+        for action in (a for a in self._actions if not a.option_strings and tail):
+            if action.nargs in ("*", "+"):
+                setattr(namespace, action.dest, list(getattr(namespace, action.dest, None) or []) + tail)
+                tail = []
+            elif getattr(namespace, action.dest, None) in (None, action.default):
+                setattr(namespace, action.dest, tail.pop(0))
+        return tail
 
 
 

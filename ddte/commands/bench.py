@@ -4,8 +4,10 @@ Methods:
   ar                      the target alone, HF transformers `generate` (the baseline of every speedup)
   hf-assisted             HF assisted generation with the same pair and sampling (`assistant_model`)
   VERIFIER@K,L1,L2        ddte with a static delayed tree, e.g. traversal@2,2,4
-  VERIFIER@adaptive       ddte with HF's +2/-1 draft-length schedule on a single path
-  VERIFIER@entropy        ddte with the entropy stop rule on a single path of up to 8 tokens
+  VERIFIER@adaptive       ddte with HF's +2/-1 draft-length schedule on a single path (adaptive:max-draft=N: up to
+                          N tokens, default 8)
+  VERIFIER@entropy        ddte with the entropy stop rule on a single path of up to 8 tokens, halting above 2 nats
+                          (entropy:threshold=H,max-draft=N for others)
   VERIFIER@selector=FILE  ddte with a trained selector (ddte export) choosing the tree at every step
   VERIFIER@expander=FILE  ddte with a fitted expander (ddte expander) halting the trunk node by node while drafting
   VERIFIER@policy=FILE    ddte with the policy a `ddte pipeline` policy file chooses (also: --policy-file FILE)

@@ -101,8 +101,10 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pair", default=None, help="a pair: a name under configs/pair/ (shipped, smollm2, "
                         "qwen-coder) or a YAML with keys target, draft, tokenizer, target_dtype, draft_dtype (instead "
                         "of --target/--draft/--tokenizer)")
-    parser.add_argument("--target", default=str(DEFAULT_TARGET), help="target model: an HF folder or a .gguf file")
-    parser.add_argument("--draft", default=str(DEFAULT_DRAFT), help="draft model: an HF folder or a .gguf file")
+    parser.add_argument("--target", default=None,
+                        help=f"target model: an HF folder or a .gguf file (default: {DEFAULT_TARGET})")
+    parser.add_argument("--draft", default=None,
+                        help=f"draft model: an HF folder or a .gguf file (default: {DEFAULT_DRAFT})")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the target)")
     parser.add_argument("--device", default=DEFAULT_DEVICE, choices=("cpu", "cuda", "auto"),
                         help=DEVICE_HELP)
@@ -127,19 +129,28 @@ def check_kernels_argument(value: str | None) -> None:
             KernelRequest.parse(value)
 
 
+def check_pair_arguments(args: argparse.Namespace) -> None:
+    """UserError for --pair beside --target or --draft: the pair names both, and one of them would go unread."""
+    given = [flag for flag, value in (("--target", args.target), ("--draft", args.draft)) if value is not None]
+    if args.pair and given:
+        raise UserError(f"--pair names the target and the draft: do not combine it with {' or '.join(given)}")
+
+
 def load_pair_from_args(args: argparse.Namespace):
     """The pair named by --pair, or by --target/--draft/--tokenizer, on the default kernels (a command moves it to
     this machine's with :func:`use_machine_kernels` once its own checks have passed); UserError when it cannot be
     loaded or --kernels does not parse."""
-    from decode.pair import load_pair, read_pair_config
+    from decode.pair import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair, read_pair_config
 
+    check_pair_arguments(args)
     fast = getattr(args, "draft_forward", "fast") == "fast"
     check_kernels_argument(getattr(args, "kernels", None))
     with user_errors():
         if args.pair:
             pair = read_pair_config(args.pair).load(args.device, args.dtype, fast, args.tokenizer)
         else:
-            pair = load_pair(args.target, args.draft, args.tokenizer, args.device, args.dtype, fast)
+            pair = load_pair(args.target or str(DEFAULT_TARGET), args.draft or str(DEFAULT_DRAFT), args.tokenizer,
+                             args.device, args.dtype, fast)
     return pair
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 
 from ddte.commands.common import (
@@ -78,7 +79,13 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold in (0, 1]")
 
 
+# argparse reads a value that starts with '-' as an option unless it looks like a negative number; a comma-separated
+# list of integers counts as one here, so `--action -1,2,2` reaches the action check and names what is wrong with K.
+NEGATIVE_VALUES = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d+(,-?\d+)+$")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser._negative_number_matcher = NEGATIVE_VALUES
     parser.add_argument("prompt", nargs="?", default=None, help="prompt text (needs the pair's tokenizer)")
     parser.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of text")
     parser.add_argument("--chat", default="auto", choices=("auto", "on", "off"),

@@ -148,3 +148,16 @@ def test_a_selector_at_a_temperature_it_was_not_trained_for_says_so_once(tempera
                      "the nearest, T=0.6 top-p=1"]
     assert main([*base, "--temperature", "1"]) == 0
     assert "note:" not in capsys.readouterr().err
+
+
+def test_a_prompt_starting_with_dashes_is_text_after_a_double_dash(capsys):
+    """`ddte generate -- "--x"`: what follows ``--`` is the prompt, on the shipped pair's tokenizer."""
+    from ddte.cli import build_parser
+
+    args, extra = build_parser("generate").parse_known_args(["generate", "--max-new-tokens", "2", "--", "--x"])
+    assert (args.prompt, args.max_new_tokens, extra) == ("--x", 2, [])
+    assert main(["generate", "--max-new-tokens", "2", "--temperature", "0", "--", "--x"]) == 0
+    captured = capsys.readouterr()
+    assert "--- sample 0 (2 tokens" in captured.out and "block efficiency" in captured.err
+    args, extra = build_parser("generate").parse_known_args(["generate", "hello", "--", "--x"])
+    assert (args.prompt, extra) == ("hello", ["--x"])  # one prompt: the second is refused as unrecognized

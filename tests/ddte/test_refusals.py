@@ -623,3 +623,46 @@ def test_analyze_checks_a_selector_against_the_data_set_before_the_analysis(give
                                                "--expansion", "--folds", "2", "--selector", f"{given}={selector}"],
                          message)
     assert not out.exists()
+
+
+BAD_POLICY_CHOICE = {"verifier": "traversal", "temperature": 1.0, "top_p": 1.0, "policy": "static", "action": "1,2,0"}
+
+
+@pytest.mark.parametrize(("command", "argv", "message"), [
+    ("generate", ["--entropy-threshold", "1.5"], "--entropy-threshold belongs to the entropy policy"),
+    ("generate", ["--max-draft", "4"], "--max-draft belongs to the adaptive and entropy policies"),
+    ("generate", ["--policy", "adaptive", "--entropy-threshold", "1.5"], "--entropy-threshold belongs to"),
+    ("generate", ["--chat", "on"], "--chat on renders a text prompt through the chat template"),
+    ("generate", ["--action", "-1,2,2"], "--action: an action needs K >= 1"),
+    ("generate", ["--action=-1,2,2"], "--action: an action needs K >= 1"),
+    ("generate", ["--pair", "shipped"], "--pair names the target and the draft: do not combine it with --target"),
+    ("bench", ["--pair", "shipped"], "--pair names the target and the draft: do not combine it with --target"),
+    ("bench", ["--temperature", "0.6", "0.6"], "--temperature 0.6 is given twice"),
+    ("bench", ["--plot", "{out}/x.json"], "--plot {out}/x.json: name the figure *.png, *.svg or *.pdf"),
+    ("generate", ["--policy-file", "{policy}", "temperature=NaN"], "temperature must be a finite number >= 0"),
+    ("generate", ["--policy-file", "{policy}", "temperature=\"0.6\""], "temperature must be a finite number"),
+    ("generate", ["--policy-file", "{policy}", "temperature=null"], "temperature must be a finite number"),
+    ("bench", ["--policy-file", "{policy}", "temperature=[1]"], "temperature must be a finite number >= 0"),
+    ("bench", ["--methods", "traversal@policy={policy}", "action=\"9,9,9\""], "action (9,9,9) is beyond the"),
+    ("serve", ["--policy-file", "{policy}", "action=\"9,9,9\""], "action (9,9,9) is beyond the action grid"),
+])
+def test_flags_and_policy_files_that_would_be_dropped_or_fail_late_are_one_line(tiny, tmp_path, capsys, command,
+                                                                                argv, message):
+    """Issue #54: a flag its policy would not read, a second spelling of one setting, a plot format that is not
+    written, a value starting with '-', and a policy.json field the matching flag would refuse (the field to change
+    given as ``FIELD=JSON``): exit 2, one line naming it, nothing written, before any model loads."""
+    from decode.policies.deployment import FORMAT
+
+    out = tmp_path / "never"
+    changes = [a for a in argv if "=" in a and not a.startswith("-") and "@" not in a]
+    policy = tmp_path / "policy.json"
+    choice = BAD_POLICY_CHOICE | {k: json.loads(v) for k, v in (c.split("=", 1) for c in changes)}
+    policy.write_text(json.dumps({"format": FORMAT, "verifier": "traversal", "choices": [choice]}))
+    argv = [a.format(out=out, policy=policy) for a in argv if a not in changes]
+    models = ["--target", str(tiny / "target"), "--draft", str(tiny / "draft")]
+    base = {"generate": ["--prompt-ids", "5,9", "--max-new-tokens", "3", "--output", str(out / "o.jsonl")],
+            "bench": ["--num-prompts", "1", "--max-new-tokens", "3", "--methods", "ar", "--output",
+                      str(out / "b.json")],
+            "serve": ["--port", "0"]}[command]
+    _refused(capsys, [command, *models, *base, *argv], message.format(out=out))
+    assert not out.exists()
