@@ -70,7 +70,8 @@ class ServerMetrics:
 
     def render(self) -> str:
         with self._lock:
-            lines = ["# TYPE ddte_requests_total counter"]
+            lines = ["# HELP ddte_requests_total requests by endpoint and outcome: the HTTP status (a stream's when it "
+                     "ends), 499 for a client that left", "# TYPE ddte_requests_total counter"]
             lines += [f'ddte_requests_total{{endpoint="{e}",outcome="{o}"}} {n}'
                       for (e, o), n in sorted(self.requests.items())]
             for name, value, help_text in (
