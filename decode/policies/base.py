@@ -12,8 +12,8 @@ trunk is drafted: the action ``choose`` returns is the widest tree of the step, 
 at any node, from the draft's own state there; decode/drafting/delayed.py). Each generation begins with
 ``start(sampling)``, which returns the policy that serves it: the policy itself, a fresh copy of a stateful one, or
 the simpler policy it amounts to at that sampling configuration; the decoder reads the capabilities of what ``start``
-returns. So one policy object serves every generation, at any temperature. :data:`POLICIES` names every policy;
-:func:`make_policy` builds one from its name and options.
+returns. So one policy object serves every generation, at any temperature. :data:`POLICIES` names the built-in policies;
+decode/policies/deployment.py (``build_policy``) builds any policy from its spec (decode/policies/spec.py).
 """
 
 from __future__ import annotations
@@ -109,21 +109,6 @@ class Policy:
         return None
 
 
-@dataclass
-class PolicyOptions:
-    """What the built-in policies can be given (each reads its own fields).
-
-    Attributes:
-        action: the static policy's action.
-        max_draft: adaptive/entropy: the longest draft.
-        entropy_threshold: entropy: stop above this draft entropy (nats).
-    """
-
-    action: Action | None = None
-    max_draft: int = 8
-    entropy_threshold: float = 2.0
-
-
 class StaticPolicy(Policy):
     """The same action every step."""
 
@@ -132,11 +117,6 @@ class StaticPolicy(Policy):
     def __init__(self, action: Action) -> None:
         self.action = action
 
-    @classmethod
-    def from_options(cls, options: PolicyOptions) -> StaticPolicy:
-        if options.action is None:
-            raise ValueError("the static policy needs an action K,L1,L2")
-        return cls(options.action)
 
     def choose(self, root: RootState) -> Action:
         return self.action
@@ -157,11 +137,6 @@ class AdaptiveLengthPolicy(Policy):
         self.initial, self.minimum, self.maximum = initial, minimum, maximum
         self.length = initial
 
-    @classmethod
-    def from_options(cls, options: PolicyOptions) -> AdaptiveLengthPolicy:
-        if options.max_draft < 1:
-            raise ValueError(f"the adaptive policy needs a longest draft >= 1, got {options.max_draft}")
-        return cls(initial=min(4, options.max_draft), maximum=options.max_draft)
 
     def start(self, sampling: SamplingConfig) -> AdaptiveLengthPolicy:
         return AdaptiveLengthPolicy(self.initial, self.minimum, self.maximum)
@@ -194,12 +169,6 @@ class EntropyStopPolicy(Policy):
         self.action, self.threshold = Action(1, max_length, 0), threshold
         self.rule = HaltingRule(-threshold, 0, max_length, 1, 0)  # the expanders' rule on minus the entropy
 
-    @classmethod
-    def from_options(cls, options: PolicyOptions) -> EntropyStopPolicy:
-        if options.max_draft < 1 or options.entropy_threshold <= 0:
-            raise ValueError(f"the entropy policy needs a longest draft >= 1 and a threshold > 0, got "
-                             f"{options.max_draft} and {options.entropy_threshold}")
-        return cls(max_length=options.max_draft, threshold=options.entropy_threshold)
 
     def choose(self, root: RootState) -> Action:
         return self.action
@@ -225,7 +194,3 @@ POLICIES = Registry(
     },
 )
 
-
-def make_policy(name: str, options: PolicyOptions) -> Policy:
-    """A fresh policy by name; KeyError for an unknown name, ValueError for options it cannot take."""
-    return POLICIES.get(name).from_options(options)
