@@ -18,7 +18,7 @@ from decode.verifiers.ot import SpecInferVerifier, SpecTrVerifier
 from decode.verifiers.otlp import SpecInferSolver, SpecTrSolver, spectr_rho
 from decode.verifiers.traversal import TraversalState, TraversalVerifier
 from tests.decode.exact.harness import ToyPair, emitted_law, sample_delayed, sample_without_replacement, stream_error
-from tests.decode.exact.spectr_gbv import ReleasedSpecTrGBV
+from tests.decode.verifiers.spectr_gbv import ReleasedSpecTrGBV
 
 FLAGGED = 1e-6  # real verifiers stay below 1e-9; a biased one must be clearly above
 

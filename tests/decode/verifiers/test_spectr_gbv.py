@@ -28,7 +28,7 @@ from tests.decode.exact.harness import (
     stream_law,
     stream_tv,
 )
-from tests.decode.exact.spectr_gbv import FixedSpecTrGBV, ReleasedSpecTrGBV
+from tests.decode.verifiers.spectr_gbv import FixedSpecTrGBV, ReleasedSpecTrGBV
 
 A, B = 0, 1
 TOY = ToyPair.context_free((1 / 3, 2 / 3), (2 / 3, 1 / 3))
