@@ -3,8 +3,8 @@
 A prompt is the text of a module up to and including the header of a function or class and its docstring, i.e. the
 point where the body's code should begin. Every record has the ``prompt`` plus provenance: module path, line
 numbers, the def/class name, python version and split. Only held-out modules are used unless ``--split train`` is
-given (for data collection): held-out prompts never contain text from a training module. The output is
-deterministic.
+given (for data collection): held-out prompts never contain text from a training module of the pair whose recipe
+--recipe names (the shipped pair's, models/recipe.json, by default). The output is deterministic.
 
 With --chat SET the records are chat messages (``{"messages": [{"role": "user", "content": ...}]}``) for a real
 chat model, built from ../shared/data (spec_bench questions, gsm8k, humaneval; $DDTE_SHARED_DATA overrides where):
@@ -29,11 +29,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ddte.commands.common import UserError, check_output_file
+from ddte.commands.common import UserError, check_output_file, user_errors
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from data_gen.corpus import HELDOUT_FRACTION, SPLITS
+    from data_gen.corpus import SPLITS
     from data_gen.prompts import DEFAULT_COUNT, DEFAULT_MAX_CHARS
 
     parser.add_argument("--output", required=True, help="output JSONL path")
@@ -49,35 +49,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=("chat", "mixed"), default="chat",
                         help="with --chat: the chat workload (SmolLM2's) or the mixed one (every spec_bench category "
                         "by turns; the Qwen2.5-Coder pair's)")
-    parser.add_argument("--heldout-fraction", type=float, default=None,
-                        help=f"held-out fraction of the corpus split (must match the pair's recipe; code prompts only; "
-                        f"default {HELDOUT_FRACTION})")
+    parser.add_argument("--recipe", default=None, metavar="FOLDER",
+                        help="code prompts held out from the pair this folder's recipe.json trained (`ddte train-pair`"
+                        "'s output; its corpus split); default: the shipped pair, models/")
 
 
 def run(args: argparse.Namespace) -> int:
-    from data_gen.corpus import HELDOUT_FRACTION, python_version
+    from data_gen.corpus import python_version
     from data_gen.prompts import DEFAULT_MAX_CHARS, build_prompts, write_jsonl
 
     if args.num_prompts < 1:
         raise UserError(f"--num-prompts must be at least 1, got {args.num_prompts}")
-    code_only = {"--split": args.split, "--max-chars": args.max_chars, "--heldout-fraction": args.heldout_fraction}
+    code_only = {"--split": args.split, "--max-chars": args.max_chars, "--recipe": args.recipe}
     given = [name for name, value in code_only.items() if value is not None]
     if args.chat is not None and given:
         raise UserError(f"{given[0]} applies to code prompts; a chat set names its own split (--chat train, heldout, "
                         "heldout-like or heldout-unlike)")
     args.split = args.split or "heldout"
     args.max_chars = DEFAULT_MAX_CHARS if args.max_chars is None else args.max_chars
-    args.heldout_fraction = HELDOUT_FRACTION if args.heldout_fraction is None else args.heldout_fraction
     if args.max_chars < 40:
         raise UserError(f"--max-chars must be at least 40, got {args.max_chars}")
-    if not 0.0 < args.heldout_fraction < 1.0:
-        raise UserError(f"--heldout-fraction must be in (0, 1), got {args.heldout_fraction}")
+    heldout_fraction = None if args.chat is not None else _recipe_heldout_fraction(args.recipe)
     if args.workload != "chat" and args.chat is None:
         raise UserError("--workload applies to chat prompt sets: give --chat SET as well")
     output = check_output_file(args.output)
     if args.chat is not None:
         return _write_chat(args, Path(output))
-    records = build_prompts(args.num_prompts, args.split, args.max_chars, args.heldout_fraction)
+    records = build_prompts(args.num_prompts, args.split, args.max_chars, heldout_fraction)
     if not records:
         raise UserError("no prompts could be built (no documented def/class fits --max-chars)")
     write_jsonl(records, Path(output))
@@ -86,6 +84,19 @@ def run(args: argparse.Namespace) -> int:
     if len(records) < args.num_prompts:
         print(f"note: only {len(records)} candidates exist, fewer than --num-prompts {args.num_prompts}")
     return 0
+
+
+def _recipe_heldout_fraction(folder: str | None) -> float:
+    """The corpus split of the pair whose recipe ``folder`` holds (the shipped pair's by default): held-out prompts
+    must come from modules that pair never trained on."""
+    from ddte.train_pair.config import read_recipe, recipe_heldout_fraction
+    from ddte_core.paths import INSTALL_ROOT
+
+    path = Path(folder) if folder is not None else INSTALL_ROOT / "models"
+    if not (path / "recipe.json").is_file():
+        raise UserError(f"--recipe: {str(path)!r} holds no recipe.json (a folder `ddte train-pair` wrote)")
+    with user_errors(prefix="--recipe: "):
+        return recipe_heldout_fraction(read_recipe(path))
 
 
 def _write_chat(args: argparse.Namespace, output: Path) -> int:

@@ -14,12 +14,13 @@ Its acceptance prompts are the held-out code prompts of the recipe's own split (
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ddte.train_pair.config import read_recipe, recipe_heldout_fraction
 
 
 def train_pair_folder(spec) -> Path | None:
@@ -33,21 +34,11 @@ def train_pair_folder(spec) -> Path | None:
     return folder if laid_out and (folder / "recipe.json").is_file() else None
 
 
-def read_recipe(folder: Path) -> dict[str, Any]:
-    """The folder's ``recipe.json`` (empty where it has none)."""
-    path = folder / "recipe.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def heldout_fraction(recipe: dict[str, Any]) -> float:
-    return recipe.get("config", {}).get("corpus", {}).get("heldout_fraction", 0.1)
-
-
 def prompt_groups(folder: Path, count: int) -> dict[str, list[str]]:
     """``{"heldout": texts}``: ``count`` held-out code prompts of the recipe's corpus split."""
     from data_gen.prompts import build_prompts
 
-    records = build_prompts(count, "heldout", heldout_fraction=heldout_fraction(read_recipe(folder)))
+    records = build_prompts(count, "heldout", heldout_fraction=recipe_heldout_fraction(read_recipe(folder)))
     return {"heldout": [record["prompt"] for record in records]}
 
 
@@ -108,7 +99,7 @@ def measure_folder(folder: Path, pair, settings) -> dict[str, Any]:
         out["training"][name] = {k: trained.get(k) for k in ("steps", "tokens", "wall_s", "tokens_per_s")}
     seq_len = config.get("target", {}).get("train", {}).get("seq_len", 256)
     max_blocks = settings.heldout_blocks or config.get("final_eval_blocks")  # default: the recipe's final evaluation
-    blocks = heldout_blocks(pair.tokenizer, heldout_fraction(recipe), seq_len, max_blocks)
+    blocks = heldout_blocks(pair.tokenizer, recipe_heldout_fraction(recipe), seq_len, max_blocks)
     out["heldout"] = {"seq_len": seq_len, "blocks": int(blocks.shape[0])}
     for name, lm in (("target", pair.target), ("draft", pair.draft)):
         loss = heldout_loss(lm.model, blocks)

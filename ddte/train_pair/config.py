@@ -105,3 +105,28 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 def config_to_dict(config: PairConfig) -> dict[str, Any]:
     """The resolved config as plain data (for recipe.json)."""
     return dataclasses.asdict(config)
+
+
+def read_recipe(folder: str | Path) -> dict[str, Any]:
+    """``folder/recipe.json`` as ``ddte train-pair`` wrote it (empty where the folder has none).
+
+    Raises:
+        ValueError: the file is not a JSON object.
+    """
+    import json
+
+    path = Path(folder) / "recipe.json"
+    if not path.is_file():
+        return {}
+    try:
+        recipe = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path} is not readable JSON ({err})") from err
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{path} is not a recipe (a JSON object)")
+    return recipe
+
+
+def recipe_heldout_fraction(recipe: dict[str, Any]) -> float:
+    """The corpus split a pair was trained on: its recipe's ``corpus.heldout_fraction`` (the default where absent)."""
+    return float(recipe.get("config", {}).get("corpus", {}).get("heldout_fraction", CorpusConfig.heldout_fraction))
