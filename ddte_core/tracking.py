@@ -149,13 +149,14 @@ def flatten_params(prefix: str, value: Any) -> dict[str, Any]:
 
 
 def environment() -> dict[str, str | int | None]:
-    """What ran the job: Python, the key libraries, the machine."""
-    import platform
+    """What ran the job: the machine's record (:func:`ddte_core.machine.environment`) and the key libraries' versions
+    (None where one is not installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    out: dict[str, str | int | None] = {"python": platform.python_version(), "machine": platform.machine(),
-                                        "processor": platform.processor() or None, "cpu_count": os.cpu_count()}
-    for name in ("ddte", "torch", "transformers", "lightning", "mlflow", "onnxruntime", "onnxruntime-gpu"):
+    from ddte_core.machine import environment as machine_environment
+
+    out: dict[str, str | int | None] = dict(machine_environment())
+    for name in ("ddte", "lightning", "mlflow", "onnxruntime", "onnxruntime-gpu"):
         try:
             out[name] = version(name)
         except PackageNotFoundError:
