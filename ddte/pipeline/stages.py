@@ -119,6 +119,7 @@ def _run_stages(plan: PipelinePlan, out: Path, tracking: _Tracking) -> PipelineR
     best_verifier = max(choices, key=lambda c: c.tokens_per_s or 0.0).verifier
     deployment = Deployment(choices, best_verifier, bench["pair_fingerprint"],
                             {"bench": "bench.json", "data": _beside(data_dir, out), "machine": bench["machine"]})
+    deployment.check()  # the readers' validator: nothing generate, bench or serve would refuse is written
     path = deployment.write(out / "policy.json")
     text = results_markdown(bench, trained, candidates, kept, choices, timings, data_dir, tracking.parent)
     (out / "results.md").write_text(text + "\n", encoding="utf-8")

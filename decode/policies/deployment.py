@@ -118,6 +118,12 @@ class Deployment:
                 policies[choice.temperature, choice.top_p] = StaticPolicy(Action.parse(choice.action))
         return DeployedPolicy(self, verifier, policies)
 
+    def check(self) -> None:
+        """ValueError where a choice holds what :func:`load_deployment` would refuse (a writer's check, before it
+        writes a file its readers could not load)."""
+        for i, choice in enumerate(self.choices, start=1):
+            check_choice(asdict(choice), f"choice {i}")
+
     def write(self, path: str | Path) -> Path:
         """Write whole or not at all (ddte_core.paths.staged_file)."""
         path = Path(path)

@@ -30,6 +30,13 @@ def test_the_figure_is_written(tmp_path):
     assert (tmp_path / "bench.png").stat().st_size > 1000 and not list(tmp_path.glob("*.tmp.png"))
 
 
+def test_the_figure_is_written_in_the_format_its_name_says(tmp_path):
+    """--plot takes .png, .svg and .pdf (ddte/commands/bench.py refuses other names): each in its own format."""
+    for name, head in (("b.png", b"\x89PNG"), ("b.svg", b"<?xml"), ("b.PDF", b"%PDF")):
+        plot(ROWS, tmp_path / name, "title")
+        assert (tmp_path / name).read_bytes().startswith(head), name
+
+
 def test_tpot_and_mean_acceptance_length_under_their_usual_names():
     header = format_table(ROWS).splitlines()[0]
     assert "| tokens/s | ± (prompts) | TPOT ms |" in header and "mean acceptance length" in header

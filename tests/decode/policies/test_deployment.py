@@ -165,3 +165,10 @@ def test_the_builder_checks_the_verifier_and_the_pair_before_building(deployment
     loaded = load_policy_spec(PolicySpec.static("1,2,0"), PAIR, "nss")
     with pytest.raises(ValueError, match="checked for verifier 'nss', not 'traversal'"):
         build_policy(loaded, PAIR, "traversal")
+
+
+def test_a_writer_checks_its_choices_with_the_readers_rules():
+    Deployment([Choice("traversal", 1.0, 1.0, "static", "1,2,0")], "traversal").check()
+    with pytest.raises(ValueError, match="choice 2: action .* beyond the action grid"):
+        Deployment([Choice("traversal", 1.0, 1.0, "static", "1,2,0"), Choice("traversal", 0.6, 1.0, "static",
+                                                                               "9,9,9")], "traversal").check()
