@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from decode.pair_spec import DTYPES, read_pair_config
+from decode.pair_spec import DTYPES, PairSpec, read_pair_config
 
 if TYPE_CHECKING:
     import torch
@@ -210,11 +210,28 @@ def attach_draft_steering(draft: CachedLM, target: CachedLM, draft_path: Path, t
     link_steering(draft, target, steering)
 
 
-def load_pair_config(path: str | Path, device: str = "cpu", dtype: str | None = None,
-                     fast_draft: bool = True) -> LoadedPair:
-    """:func:`load_pair` of the models a pair YAML names, each in its own dtype unless ``dtype`` overrides both."""
-    spec = read_pair_config(path)
-    return spec.load(device, dtype, fast_draft)
+def load_pair_spec(spec: PairSpec, device: str = "cpu", dtype: str | None = None, fast_draft: bool = True,
+                   tokenizer: str | Path | None = None) -> LoadedPair:
+    """:func:`load_pair` of the models a pair spec names, each in its own dtype unless ``dtype`` (not auto) overrides
+    both; ``tokenizer`` overrides the spec's.
+
+    Raises:
+        ValueError: a registry model not fetched yet, or what :func:`load_pair` raises.
+    """
+    spec.check_available()
+    override = dtype not in (None, "auto")
+    pair = load_pair(spec.target, spec.draft, tokenizer or spec.tokenizer, device,
+                     dtype if override else spec.target_dtype, fast_draft,
+                     draft_dtype=dtype if override else spec.draft_dtype)
+    pair.train_prompts, pair.heldout_prompts, pair.kernels = spec.train_prompts, spec.heldout_prompts, spec.kernels
+    pair.target_quant = spec.target_quant
+    return pair
+
+
+def load_pair_config(path: str | Path, device: str = "cpu", dtype: str | None = None, fast_draft: bool = True,
+                     tokenizer: str | Path | None = None) -> LoadedPair:
+    """:func:`load_pair_spec` of a pair YAML (a path, or a name under ``configs/pair/``)."""
+    return load_pair_spec(read_pair_config(path), device, dtype, fast_draft, tokenizer)
 
 
 def pair_fingerprint(target: str | Path, draft: str | Path, tokenizer: str | Path | None = None) -> str:

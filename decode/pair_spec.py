@@ -1,8 +1,7 @@
 """A pair YAML (``configs/pair/*.yaml``): its keys as a typed config (:class:`PairFile`, read through
 :mod:`ddte_core.yamlconfig`) and the pair it names, paths resolved (:class:`PairSpec`).
 
-Importing this module is cheap: reading a pair YAML loads no model (:meth:`PairSpec.load` does, through
-:func:`decode.pair.load_pair`).
+Importing this module is cheap: reading a pair YAML loads no model (:func:`decode.pair.load_pair_spec` does).
 """
 
 from __future__ import annotations
@@ -10,13 +9,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ddte_core.paths import INSTALL_ROOT, bundled
 from ddte_core.yamlconfig import build_dataclass, read_yaml_mapping
-
-if TYPE_CHECKING:
-    from decode.pair import LoadedPair
 
 CONFIGS_DIR = INSTALL_ROOT / "configs"
 DTYPES = ("auto", "float32", "bfloat16", "float16", "bfloat16-native")
@@ -80,20 +75,6 @@ class PairSpec:
                 require_fetched(name)
             except ValueError as err:
                 raise ValueError(f"pair {self.source.stem}: {err}") from err
-
-    def load(self, device: str = "cpu", dtype: str | None = None, fast_draft: bool = True,
-             tokenizer: str | Path | None = None) -> LoadedPair:
-        """Both models: ``dtype`` (not auto) overrides both models' dtypes."""
-        from decode.pair import load_pair
-
-        self.check_available()
-        override = dtype not in (None, "auto")
-        pair = load_pair(self.target, self.draft, tokenizer or self.tokenizer, device,
-                         dtype if override else self.target_dtype, fast_draft,
-                         draft_dtype=dtype if override else self.draft_dtype)
-        pair.train_prompts, pair.heldout_prompts, pair.kernels = self.train_prompts, self.heldout_prompts, self.kernels
-        pair.target_quant = self.target_quant
-        return pair
 
     def paths(self) -> dict[str, Path]:
         """``target``, ``draft`` and (when set) ``tokenizer``."""

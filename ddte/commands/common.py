@@ -140,14 +140,14 @@ def load_pair_from_args(args: argparse.Namespace):
     """The pair named by --pair, or by --target/--draft/--tokenizer, on the default kernels (a command moves it to
     this machine's with :func:`use_machine_kernels` once its own checks have passed); UserError when it cannot be
     loaded or --kernels does not parse."""
-    from decode.pair import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair, read_pair_config
+    from decode.pair import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair, load_pair_config
 
     check_pair_arguments(args)
     fast = getattr(args, "draft_forward", "fast") == "fast"
     check_kernels_argument(getattr(args, "kernels", None))
     with user_errors():
         if args.pair:
-            pair = read_pair_config(args.pair).load(args.device, args.dtype, fast, args.tokenizer)
+            pair = load_pair_config(args.pair, args.device, args.dtype, fast, args.tokenizer)
         else:
             pair = load_pair(args.target or str(DEFAULT_TARGET), args.draft or str(DEFAULT_DRAFT), args.tokenizer,
                              args.device, args.dtype, fast)

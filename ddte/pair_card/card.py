@@ -96,13 +96,14 @@ def measure(settings: CardSettings) -> dict[str, Any]:
     from ddte.pair_card import folder as folder_card
     from ddte_core.machine import environment
     from ddte_core.paths import latency_cache
+    from decode.pair import load_pair_spec
     from decode.pair_spec import read_pair_config
 
     torch.set_num_threads(settings.threads)
     spec = read_pair_config(settings.pair)
     folder = folder_card.train_pair_folder(spec)
     settings = with_defaults(settings, folder is not None)
-    pair = spec.load(dtype="float32" if folder is not None else None)
+    pair = load_pair_spec(spec, dtype="float32" if folder is not None else None)
     check_fits(settings, pair.context_limit)
     groups = folder_card.prompt_groups(folder, settings.num_prompts) if folder is not None else \
         prompt_groups(spec.heldout_prompts, settings.num_prompts, pair.tokenizer)

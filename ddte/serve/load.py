@@ -99,11 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     from ddte_core.machine import environment
     from decode.drafting.sampling import SamplingConfig
     from decode.engine import SpeculativeDecoder
-    from decode.pair import read_pair_config
+    from decode.pair import load_pair_config
     from decode.policies.deployment import build_policy
     from decode.verifiers import get_verifier
 
-    pair = read_pair_config(args.pair).load()
+    pair = load_pair_config(args.pair)
     method = Method.parse(args.method)
     policy = build_policy(method.policy, pair, method.verifier)
     decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(method.verifier), pair.eos_token_id)

@@ -27,9 +27,9 @@ def test_every_variant_makes_the_loops_law_and_its_own_signal(temperature):
 
 
 def test_the_timing_runs_each_variant_after_its_own_forward_and_refuses_greedy(tiny_pair):
-    from decode.pair import read_pair_config
+    from decode.pair import load_pair_config
 
-    draft = read_pair_config(tiny_pair / "pair.yaml").load().draft
+    draft = load_pair_config(tiny_pair / "pair.yaml").draft
     times, values = time_after_forward(draft, [5, 9, 11], SamplingConfig(temperature=0.7), rounds=30,
                                        variants=["law", "top", "entropy"])
     assert {name: len(ts) for name, ts in times.items()} == {"law": 30, "top": 30, "entropy": 30}
@@ -45,10 +45,10 @@ def test_the_timing_runs_each_variant_after_its_own_forward_and_refuses_greedy(t
 def test_laws_recomputed_from_stored_hidden_states_are_the_collectors(tiny_pair, tiny_collected):
     """Through the draft's head the stored final hidden states give back the stored entropy and top probability;
     a hidden state off by a scale (taken before the final norm, say) would not."""
-    from decode.pair import read_pair_config
+    from decode.pair import load_pair_config
     from selector.expansion import evaluate_expansion, load_episodes, signal_ratios
 
-    draft = read_pair_config(tiny_pair / "pair.yaml").load().draft
+    draft = load_pair_config(tiny_pair / "pair.yaml").draft
     head = draft.model.get_output_embeddings().weight
     metadata, episodes, _ = load_episodes(tiny_collected, "traversal")
     width = int(metadata["hidden_sizes"]["draft_hidden_root"])

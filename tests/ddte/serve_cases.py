@@ -53,11 +53,11 @@ def served(pair_yaml: Path, method: str = "traversal@1,3,0", max_queue: int = 64
     from bench.method import Method
     from ddte.serve.app import Served
     from decode.engine import SpeculativeDecoder
-    from decode.pair import read_pair_config
+    from decode.pair import load_pair_config
     from decode.policies.deployment import build_policy
     from decode.verifiers import get_verifier
 
-    pair = read_pair_config(pair_yaml).load()
+    pair = load_pair_config(pair_yaml)
     parsed = Method.parse(method)
     decoder = SpeculativeDecoder(pair.target, pair.draft, verifier or get_verifier(parsed.verifier),
                                  pair.eos_token_id if eos else None)
@@ -195,11 +195,11 @@ def case_same_as_generate(pairs: dict, folder: Path) -> None:
 def case_exact_law(pairs: dict, folder: Path) -> None:
     """The first two tokens of 800 seeded T = 1 requests against the target's exact law (χ², as the loop tests); a
     server whose verifier is shown the wrong q fails the same test."""
-    from decode.pair import read_pair_config
+    from decode.pair import load_pair_config
     from tests.decode.test_lossless import P_VALUE, SAMPLES, UniformDraftSpecInfer, chi2_p_value
     from tests.decode.test_lossless import PROMPT as IDS
 
-    pair = read_pair_config(pairs["toy"]).load()
+    pair = load_pair_config(pairs["toy"])
     with torch.inference_mode():
         first = torch.softmax(pair.target.model(torch.tensor([IDS])).logits[0, -1].double(), -1)
         second = torch.softmax(pair.target.model(torch.tensor([IDS + [a] for a in range(8)])).logits[:, -1].double(),

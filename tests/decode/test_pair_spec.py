@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from decode.models.registry import fetched_model_dir
-from decode.pair import render_chat
+from decode.pair import load_pair_config, load_pair_spec, render_chat
 from decode.pair_spec import read_pair_config, resolve_pair_path
 from tests.factories import REPO, SHIPPED_TOKENIZER, chat_tokenizer, save_tiny_pair
 
@@ -28,7 +28,7 @@ def test_the_smollm2_pair_names_a_fetched_bf16_target_and_chat_prompts(tmp_path,
     assert spec.target_dtype == spec.draft_dtype == "bfloat16"
     assert spec.train_prompts == "chat:train" and spec.heldout_prompts == "chat:heldout"
     with pytest.raises(ValueError, match="ddte fetch smollm2"):
-        spec.load()
+        load_pair_spec(spec)
 
 
 @pytest.mark.parametrize(("extra", "message"), [({"colour": "red"}, "unknown: colour"),
@@ -74,7 +74,7 @@ def _tiny_pair_yaml(tmp_path, **keys):
 
 
 def test_a_pairs_kernel_request_is_what_use_kernels_takes(tmp_path):
-    pair = read_pair_config(_tiny_pair_yaml(tmp_path, kernels="target=onednn,draft=int8-weight")).load()
+    pair = load_pair_config(_tiny_pair_yaml(tmp_path, kernels="target=onednn,draft=int8-weight"))
     assert (pair.target.kernel, pair.draft.kernel) == ("default", "default")  # loading measures nothing
     choice = pair.use_kernels()
     assert (choice.target, choice.draft) == (pair.target.kernel, pair.draft.kernel) == ("onednn", "int8-weight")
@@ -82,7 +82,7 @@ def test_a_pairs_kernel_request_is_what_use_kernels_takes(tmp_path):
 
 
 def test_a_quantized_target_is_an_opt_in_that_says_so(tmp_path):
-    pair = read_pair_config(_tiny_pair_yaml(tmp_path, kernels="default", target_quant="int8-weight")).load()
+    pair = load_pair_config(_tiny_pair_yaml(tmp_path, kernels="default", target_quant="int8-weight"))
     choice = pair.use_kernels()
     assert (pair.target.kernel, pair.draft.kernel) == ("int8-weight", "default")
     assert "a quantized target: another model" in choice.line()
@@ -93,9 +93,9 @@ def test_each_model_loads_in_its_own_dtype_unless_dtype_overrides_both(tmp_path)
     path = root / "pair.yaml"
     path.write_text(json.dumps({"target": str(root / "target"), "draft": str(root / "draft"),
                                 "target_dtype": "bfloat16", "draft_dtype": "float32"}))
-    pair = read_pair_config(path).load()
+    pair = load_pair_config(path)
     assert pair.target.dtype == torch.bfloat16 and pair.draft.dtype == torch.float32
-    both = read_pair_config(path).load(dtype="float32")
+    both = load_pair_config(path, dtype="float32")
     assert both.target.dtype == torch.float32 and both.draft.dtype == torch.float32
 
 

@@ -109,9 +109,9 @@ def test_the_loop_runs_the_extra_pass_the_offline_charge_counts(tiny_pair):
     from decode.drafting.delayed import draft_delayed_tree
     from decode.drafting.rng import TorchRandom
     from decode.drafting.sampling import SamplingConfig, distributions
-    from decode.pair import read_pair_config
+    from decode.pair import load_pair_config
 
-    draft = read_pair_config(tiny_pair / "pair.yaml").load().draft
+    draft = load_pair_config(tiny_pair / "pair.yaml").draft
     sampling = SamplingConfig(temperature=1.0)
 
     def calls(rule: Rule | None, action, halt_at: int) -> int:

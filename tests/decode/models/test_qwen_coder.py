@@ -14,7 +14,7 @@ import torch
 
 from ddte.cli import main
 from decode.models.registry import KNOWN_PAIRS, is_fetched
-from decode.pair import read_pair_config
+from decode.pair import load_pair_config
 from tests.decode.models.test_smollm2 import BF16_TOL, _recompute, _relative_gap
 
 pytestmark = pytest.mark.skipif(not all(is_fetched(name) for name in KNOWN_PAIRS["qwen-coder"]),
@@ -27,7 +27,7 @@ PROMPT_TEXT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\
 
 @pytest.fixture(scope="module")
 def pair():
-    return read_pair_config("qwen-coder").load()
+    return load_pair_config("qwen-coder")
 
 
 @pytest.fixture(scope="module")

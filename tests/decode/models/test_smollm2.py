@@ -14,7 +14,7 @@ import torch
 from ddte.cli import main
 from decode.models.cached_lm import CachedLM
 from decode.models.registry import is_fetched
-from decode.pair import read_pair_config
+from decode.pair import load_pair_config
 
 pytestmark = pytest.mark.skipif(not is_fetched("smollm2"), reason="run `ddte fetch smollm2` first (CI does)")
 
@@ -27,7 +27,7 @@ PROMPT_TEXT = "Write a Python function that checks whether a number is prime."
 
 @pytest.fixture(scope="module")
 def pair():
-    return read_pair_config("smollm2").load()
+    return load_pair_config("smollm2")
 
 
 @pytest.fixture(scope="module")
