@@ -364,9 +364,9 @@ def test_pair_card_refuses_a_cache_longer_than_the_context(capsys):
 
 def test_pair_card_refuses_more_threads_than_cores_before_loading(tmp_path, capsys, monkeypatch):
     """#54: --threads beyond the machine's cores is one line, before the pair loads."""
-    from decode.pair_spec import PairSpec
+    import decode.pair
 
-    monkeypatch.setattr(PairSpec, "load", lambda *a, **k: pytest.fail("the pair was loaded"))
+    monkeypatch.setattr(decode.pair, "load_pair_spec", lambda *a, **k: pytest.fail("the pair was loaded"))
     out = tmp_path / "card.json"
     threads = (os.cpu_count() or 1) + 1
     assert main(["pair-card", "--threads", str(threads), "--output", str(out)]) == 2
