@@ -224,7 +224,7 @@ def check_choice(entry: object, where: str) -> Choice:
         check_in_grid(action)
         check_action(get_verifier(choice.verifier), action)
     except ValueError as err:
-        raise ValueError(f"{where}: action {err}") from err
+        raise ValueError(f"{where}: action: {err}") from err
     for name in ("selector", "expander"):
         value = getattr(choice, name)
         if choice.policy == name and (not isinstance(value, str) or not value):
