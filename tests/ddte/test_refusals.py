@@ -643,8 +643,8 @@ BAD_POLICY_CHOICE = {"verifier": "traversal", "temperature": 1.0, "top_p": 1.0, 
     ("generate", ["--policy-file", "{policy}", "temperature=\"0.6\""], "temperature must be a finite number"),
     ("generate", ["--policy-file", "{policy}", "temperature=null"], "temperature must be a finite number"),
     ("bench", ["--policy-file", "{policy}", "temperature=[1]"], "temperature must be a finite number >= 0"),
-    ("bench", ["--methods", "traversal@policy={policy}", "action=\"9,9,9\""], "action (9,9,9) is beyond the"),
-    ("serve", ["--policy-file", "{policy}", "action=\"9,9,9\""], "action (9,9,9) is beyond the action grid"),
+    ("bench", ["--methods", "traversal@policy={policy}", "action=\"9,9,9\""], "action: (9,9,9) is beyond the"),
+    ("serve", ["--policy-file", "{policy}", "action=\"9,9,9\""], "action: (9,9,9) is beyond the action grid"),
 ])
 def test_flags_and_policy_files_that_would_be_dropped_or_fail_late_are_one_line(tiny, tmp_path, capsys, command,
                                                                                 argv, message):

@@ -88,9 +88,9 @@ GOOD_CHOICE = {"verifier": "traversal", "temperature": 1.0, "top_p": 1.0, "polic
     ({"top_p": "1"}, "top_p must be a number in (0, 1]"),
     ({"verifier": "bogus"}, "verifier must be one of"),
     ({"verifier": 3}, "verifier must be one of"),
-    ({"action": "9,9,9"}, "action (9,9,9) is beyond the action grid"),
+    ({"action": "9,9,9"}, "action: (9,9,9) is beyond the action grid"),
     ({"action": [1, 1, 0]}, "action must be a 'K,L1,L2' string"),
-    ({"action": "1,x,0"}, "action an action is 'K,L1,L2'"),
+    ({"action": "1,x,0"}, "action: an action is 'K,L1,L2'"),
     ({"verifier": "block", "action": "2,0,2"}, "verifier 'block' is not lossless"),
     ({"policy": "selector"}, "a selector choice without its file ('selector':"),
     ({"selector": "s.onnx"}, "a static choice names a selector file, which only a selector choice reads"),
@@ -169,6 +169,6 @@ def test_the_builder_checks_the_verifier_and_the_pair_before_building(deployment
 
 def test_a_writer_checks_its_choices_with_the_readers_rules():
     Deployment([Choice("traversal", 1.0, 1.0, "static", "1,2,0")], "traversal").check()
-    with pytest.raises(ValueError, match="choice 2: action .* beyond the action grid"):
+    with pytest.raises(ValueError, match="choice 2: action: .* beyond the action grid"):
         Deployment([Choice("traversal", 1.0, 1.0, "static", "1,2,0"), Choice("traversal", 0.6, 1.0, "static",
                                                                                "9,9,9")], "traversal").check()
