@@ -28,6 +28,7 @@ from decode.drafting.actions import Action
 from decode.drafting.delayed import expand_nodes
 from decode.drafting.sampling import SamplingConfig, distributions, entropy
 from decode.drafting.tree import ROOT
+from decode.engine import prefill_to_root
 from decode.models.cached_lm import CachedLM, run_nodes
 from decode.pair import LoadedPair, load_pair_config
 from decode.policies.features import HIDDEN_NAMES, root_features
@@ -100,9 +101,8 @@ class Collector:
         )
         t_logits, t_hidden = self.target.prefill(ids, output_hidden=True)
         target_at = [_Position(t_logits[i], t_hidden[i]) for i in (-2, -1)]
-        head_logits, head_hidden = self.draft.prefill(ids[:-1], output_hidden=True)  # then the root, as the loop does
-        d_logits, d_hidden = self.draft.extend(ids[-1:], commit=True, output_hidden=True)
-        draft_at = [_Position(head_logits[-1], head_hidden[-1]), _Position(d_logits[-1], d_hidden[-1])]
+        d_logits, d_hidden = prefill_to_root(self.draft, ids, output_hidden=True)  # as the loop runs its draft
+        draft_at = [_Position(d_logits[0], d_hidden[0]), _Position(d_logits[1], d_hidden[1])]
         rows = []
         roots = self.root_positions(len(ids))
         for number, position in enumerate(roots):

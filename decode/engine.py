@@ -3,8 +3,9 @@
 Cache discipline. Each model's cache holds a committed prefix of the output. Tokens that are committed but
 not yet run are *pending*. The target always has exactly one pending token, the root: the correction or
 bonus token of the previous step (the last prompt token at first). Its logits come out of the same tree
-pass that verifies the new tree. The draft's pending tokens are the root plus any accepted leaf (leaves are
-never run by the draft). After verification both caches keep the accepted path and drop the rest.
+pass that verifies the new tree. The draft runs the prompt up to the first root at prefill (:func:`prefill_to_root`,
+which the collector shares); after a step its pending tokens are the root plus any accepted leaf (leaves are never
+run by the draft). After verification both caches keep the accepted path and drop the rest.
 
 The decoder holds the models and the verifier; everything that belongs to one generation (its sampling settings, the
 policy serving it, pending tokens, the previous token's states for root features, statistics) lives in a
@@ -64,7 +65,8 @@ class Request:
         draft_hidden: whether the draft's hidden states are kept (root features, or a policy that reads the draft's
             state at each trunk node: ``needs_draft_hidden``); nothing else is computed for a policy that reads less.
         target_pending, draft_pending: committed tokens each model has not run yet (see the module docstring).
-        target_root_logits, draft_root_logits: ``(V,)`` after a one-token prompt, whose root ran at prefill.
+        target_root_logits: ``(V,)`` after a one-token prompt, whose root the target ran at prefill.
+        draft_root_logits: ``(V,)`` the draft's logits at the first root (run at prefill).
         target_prev, draft_prev: each model's state at the token before the root (root features only).
         target_root_hidden, draft_root_hidden: ``(H,)`` states at the root (root features only).
     """
@@ -150,26 +152,26 @@ class SpeculativeDecoder:
         return Generation(out, request.stats, stopped_by)
 
     def _prefill(self, request: Request, prompt_ids: Sequence[int]) -> None:
-        """Run the prompt but its last token, which becomes the first root (pending in both models).
+        """Run the prompt: the target all but its last token, which becomes the first root (pending); the draft up to
+        and including the root (:func:`prefill_to_root`).
 
-        A one-token prompt has nothing to run before the root, so the root is run here instead and its logits kept.
-        With root features on, the last prefix token's states become the "previous token" of the first root.
+        A one-token prompt has nothing to run before the root, so the target runs the root here and its logits are
+        kept. With root features on, the last prefix token's states become the "previous token" of the first root.
         """
         prefix, root = list(prompt_ids[:-1]), int(prompt_ids[-1])
         hidden, draft_hidden = request.features, request.draft_hidden
-        if prefix:
-            t_logits, t_hidden = _split(self.target.prefill(prefix, output_hidden=hidden), hidden)
-            d_logits, d_hidden = _split(self.draft.prefill(prefix, output_hidden=hidden), hidden)
-            request.target_pending, request.draft_pending = [root], [root]
-            if hidden:
-                request.target_prev = (t_hidden[-1], distributions(t_logits[-1], request.sampling))
-                request.draft_prev = (d_hidden[-1], distributions(d_logits[-1], request.sampling))
-            return
-        t_logits, t_hidden = _split(self.target.prefill([root], output_hidden=hidden), hidden)
-        d_logits, d_hidden = _split(self.draft.prefill([root], output_hidden=draft_hidden), draft_hidden)
-        request.target_root_logits, request.draft_root_logits = t_logits[-1], d_logits[-1]
+        t_logits, t_hidden = _split(self.target.prefill(prefix or [root], output_hidden=hidden), hidden)
+        d_logits, d_hidden = _split(prefill_to_root(self.draft, prompt_ids, output_hidden=draft_hidden), draft_hidden)
+        request.draft_root_logits = d_logits[-1]
         if draft_hidden:
             request.draft_root_hidden = d_hidden[-1]
+        if prefix:
+            request.target_pending = [root]
+            if hidden:
+                request.target_prev = (t_hidden[-1], distributions(t_logits[-1], request.sampling))
+                request.draft_prev = (d_hidden[-2], distributions(d_logits[-2], request.sampling))
+            return
+        request.target_root_logits = t_logits[-1]
         if hidden:  # no previous token: zero states and a uniform law
             request.target_root_hidden = t_hidden[-1]
             uniform = torch.full_like(t_logits[-1], 1.0 / t_logits.shape[-1])
@@ -307,6 +309,26 @@ class SpeculativeDecoder:
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the models' "
                 f"context window ({self.context_limit} positions)"
             )
+
+
+def prefill_to_root(draft: CachedLM, prompt_ids: Sequence[int], output_hidden: bool = False):
+    """Run a prompt through the draft as the decoding loop does: all but its last token as one prefill, then the last
+    token (the first root) as its own committed run. The collector runs its draft the same way, so its states equal
+    the loop's to the bit (a block's floats depend on its shape).
+
+    Returns:
+        logits ``(m, V)`` float32 of the token before the root (where the prompt has one) and of the root, ``m`` =
+        ``min(2, len(prompt_ids))``; ``(logits, hidden (m, H))`` when ``output_hidden``.
+    """
+    prefix, root = list(prompt_ids[:-1]), [int(prompt_ids[-1])]
+    if not prefix:
+        return draft.prefill(root, output_hidden=output_hidden)
+    before = _split(draft.prefill(prefix, output_hidden=output_hidden), output_hidden)
+    at_root = _split(draft.extend(root, commit=True, output_hidden=output_hidden), output_hidden)
+    logits = torch.cat([before[0][-1:], at_root[0]])
+    if not output_hidden:
+        return logits
+    return logits, torch.cat([before[1][-1:], at_root[1]])
 
 
 def _drafted_action(widest: Action, drafted: DraftedTree) -> Action:
