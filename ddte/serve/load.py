@@ -94,20 +94,21 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from bench.method import Method
     from ddte.serve.app import Served, create_app
     from ddte_core.machine import environment
     from decode.drafting.sampling import SamplingConfig
     from decode.engine import SpeculativeDecoder
     from decode.pair import load_pair_config
     from decode.policies.deployment import build_policy
+    from decode.policies.spec import parse_verifier_spec
     from decode.verifiers import get_verifier
 
     pair = load_pair_config(args.pair)
-    method = Method.parse(args.method)
-    policy = build_policy(method.policy, pair, method.verifier)
-    decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(method.verifier), pair.eos_token_id)
-    served = Served("ddte", pair, decoder, policy, method.key, max_queue=max(args.clients) * args.requests_per_client)
+    verifier, spec = parse_verifier_spec(args.method)
+    key = f"{verifier}@{spec.text}"
+    policy = build_policy(spec, pair, verifier)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(verifier), pair.eos_token_id)
+    served = Served("ddte", pair, decoder, policy, key, max_queue=max(args.clients) * args.requests_per_client)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(served), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -118,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     ids = list(pair.tokenizer(args.prompt)["input_ids"])
     body = {"model": "ddte", "prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": args.temperature}
     sampling = SamplingConfig(args.temperature)
-    out: dict = environment() | {"pair": args.pair, "method": method.key, "max_tokens": args.max_tokens,
+    out: dict = environment() | {"pair": args.pair, "method": key, "max_tokens": args.max_tokens,
                  "temperature": args.temperature}
 
     out["server_vs_generate"] = _one_at_a_time(args, decoder, policy, ids, sampling, base, body, out["cpu"],
-                                               method.key)
+                                               key)
     rss_start = _rss_mb()
     levels = _levels(args, base, body)
     out["levels"], out["rss_mb_at_start"] = levels, rss_start
