@@ -1,7 +1,7 @@
 """Train a selector on a collected data set (Lightning), tracked in MLflow.
 
-The config (:class:`~selector.train_config.TrainConfig`, its sections and checks) lives in selector/train_config.py;
-its names are importable from here too. :func:`train` takes a :class:`TrainConfig` and returns a
+The config (:class:`~selector.train_config.TrainConfig`, its sections and checks) lives in selector/train_config.py.
+:func:`train` takes a :class:`TrainConfig` and returns a
 :class:`TrainResult`; :func:`train_selector` reads the YAML first.
 
 Several devices or nodes (``trainer.devices=2 trainer.strategy=ddp``, ``trainer.num_nodes``) give one job: rank 0
@@ -31,21 +31,8 @@ from ddte_core.distributed import is_rank_zero
 from ddte_core.tracking import flatten_params, git_commit, lightning_logger, quiet_lightning, resolve_tracking_uri
 from selector.evaluation import fit_guard, log_head_room, log_plots
 from selector.info import DataFacts, SelectorInfo
-from selector.train_config import (  # the config's names, importable from the job as well
-    DEFAULT_CONFIG,
-    DataOptions,
-    ModelOptions,
-    RunOptions,
-    TrainConfig,
-    TrainerOptions,
-    check_train_config,
-    config_yaml,
-    load_train_config,
-)
+from selector.train_config import DEFAULT_CONFIG, TrainConfig, check_train_config, config_yaml, load_train_config
 
-__all__ = ["DEFAULT_CONFIG", "DataOptions", "ModelOptions", "RunOptions", "TrainConfig", "TrainResult",
-           "TrainerOptions", "check_train_config", "config_yaml", "format_summary", "load_train_config", "train",
-           "train_selector"]
 
 @dataclass
 class TrainResult:
@@ -218,7 +205,7 @@ def train(config: TrainConfig, verbose: bool = True) -> TrainResult | None:
     processes (``trainer.strategy``) it returns None on every rank but 0, which writes and returns the result.
 
     Args:
-        config: the run (:func:`load_train_config` reads one from YAML).
+        config: the run (:func:`selector.train_config.load_train_config` reads one from YAML).
         verbose: let Lightning print its progress (model summary, epochs); False for quiet library use.
 
     Raises:

@@ -11,7 +11,7 @@ from pathlib import Path
 from data_gen.config import CollectConfig, load_collect_config
 from ddte_core.paths import refuse_file_in_the_way
 from ddte_core.yamlconfig import load_yaml_config
-from selector.train import TrainConfig, load_train_config
+from selector.train_config import TrainConfig, load_train_config
 
 
 @dataclass

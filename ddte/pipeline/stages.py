@@ -17,7 +17,8 @@ from ddte.pipeline.config import BenchStage, ExpanderStage, PipelineConfig, Pipe
 from ddte.pipeline.decide import decide, keep_statics, static_candidates
 from ddte.pipeline.results import results_markdown
 from decode.policies.selector_file import read_selector_metadata
-from selector.train import TrainConfig, TrainResult, train
+from selector.train import TrainResult, train
+from selector.train_config import TrainConfig
 
 
 def _stage(number: int, title: str) -> float:

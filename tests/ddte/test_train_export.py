@@ -56,7 +56,7 @@ def test_train_too_few_prompts_fails_the_run(capsys, tmp_path):
 
 def test_override_forms():
     """The one override syntax of every command: dotted KEY=VALUE, the value as YAML, later ones win."""
-    from selector.train import load_train_config
+    from selector.train_config import load_train_config
 
     config = load_train_config(TINY_CONFIG, ["model.lr=0.1", "model.mlp_hidden=[8, 4]", "run.tracking_uri=null",
                                              "trainer.max_epochs=3", "trainer.max_epochs=5"])

@@ -113,7 +113,7 @@ def test_the_config_is_typed_and_its_yaml_reads_back(tmp_path):
 
     import yaml
 
-    from selector.train import TrainConfig, config_yaml, load_train_config
+    from selector.train_config import TrainConfig, config_yaml, load_train_config
 
     for path in (TINY_CONFIG, TINY_CONFIG.parent / "default.yaml"):
         written = yaml.safe_load(path.read_text())
@@ -157,7 +157,7 @@ def test_schema_2_training_logs_the_cross_fitted_head_room(trained):
                                                  ("trainer.accelerator=gpu", "no CUDA device")])
 def test_a_bad_setting_is_refused_before_any_mlflow_run(tmp_path, override, words):
     """Refused while the config is read: no MLflow database, experiment or FAILED run is left behind."""
-    from selector.train import load_train_config
+    from selector.train_config import load_train_config
 
     if "gpu" in override and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
