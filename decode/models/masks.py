@@ -111,7 +111,7 @@ def additive_mask(pattern: np.ndarray, dtype: torch.dtype, device: torch.device)
     return torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, torch.finfo(dtype).min)
 
 
-def window_of(windows: list[int | None], layer: int, masks: dict) -> object:
+def window_of(windows: list[int | None], layer: int, masks: dict[int | None, torch.Tensor]) -> torch.Tensor:
     """Layer ``layer``'s entry of a dict keyed like :func:`block_patterns`' (its window, else None)."""
     window = windows[layer]
     return masks[window if window in masks else None]
