@@ -64,20 +64,28 @@ class LoadedPair:
         """:func:`pair_fingerprint` of the directories this pair came from."""
         return pair_fingerprint(self.paths["target"], self.paths["draft"], self.paths.get("tokenizer"))
 
-    def use_kernels(self, request: str | None = None, cache: Path | None = None, announce=None):
+    def use_kernels(self, request: str | None = None, cache: Path | None = None, announce=None,
+                    progress: bool = False):
         """Move both models to the kernel paths ``request`` names (None: the pair's own, usually ``auto``: this
-        machine's fastest, measured once and cached in ``cache``); the
+        machine's fastest, measured once and cached in ``cache``, with a bar on stderr given ``progress``); the
         :class:`~decode.models.kernel_choice.KernelChoice`.
 
         Raises:
-            ValueError: a request that does not parse, or a path a model cannot run here.
+            ValueError: a request that does not parse, a path a model cannot run here, or a target path beside the
+                pair's ``target_quant`` (the opt-in names the target's path; another one would be silently dropped).
         """
-        from decode.models.kernel_choice import KernelRequest, choose_kernels
+        from decode.models.kernel_choice import AUTO, KernelRequest, choose_kernels
 
         parsed = KernelRequest.parse(self.kernels if request is None else request)
         if self.target_quant is not None:  # the user's opt-in to another target model (PairSpec.target_quant)
+            if parsed.target not in (AUTO, self.target_quant):
+                source = "--kernels" if request is not None else "the pair's kernels:"
+                raise ValueError(f"{source} asks the target for {parsed.target}, but this pair's target_quant runs "
+                                 f"its target on {self.target_quant}: leave the target out of it "
+                                 f"(draft={parsed.draft}) or use the pair without target_quant")
             parsed = KernelRequest(self.target_quant, parsed.draft)
-        self.kernel_choice = choose_kernels(self.target, self.draft, parsed, self.fingerprint(), cache, announce)
+        self.kernel_choice = choose_kernels(self.target, self.draft, parsed, self.fingerprint(), cache, announce,
+                                            progress)
         return self.kernel_choice
 
 

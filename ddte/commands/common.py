@@ -161,7 +161,7 @@ def use_machine_kernels(pair, args: argparse.Namespace) -> str:
 
     with user_errors(OSError, ValueError):
         choice = pair.use_kernels(getattr(args, "kernels", None), latency_cache(),
-                                  announce=lambda line: print(line, file=sys.stderr))
+                                  announce=lambda line: print(line, file=sys.stderr), progress=True)
     return choice.line()
 
 
@@ -228,7 +228,8 @@ def policy_latency(value: str, pair, announce=None):
         return None, "step times: each policy file's fallback as fitted (--latency fitted)"
     if value == "machine":
         with user_errors(OSError, ValueError, prefix="--latency machine: "):
-            table, path = machine_table(pair.target, pair.draft, pair.fingerprint(), latency_cache(), announce)
+            table, path = machine_table(pair.target, pair.draft, pair.fingerprint(), latency_cache(), announce,
+                                        progress=True)
         return table, f"step times: this machine's latency table ({table.machine}), {path}"
     with user_errors(OSError, ValueError, prefix=f"--latency {value}: "):
         table = LatencyTable.from_json(Path(value).read_text(encoding="utf-8"))

@@ -112,7 +112,7 @@ def measure(settings: CardSettings) -> dict[str, Any]:
         raise ValueError(f"--groups: no prompt group {unknown[0]!r} (this pair's: {', '.join(sorted(groups))})")
     groups = {name: texts for name, texts in groups.items() if not settings.groups or name in settings.groups}
     choice = pair.use_kernels("default") if folder is not None else \
-        pair.use_kernels(None, latency_cache(), announce=_to_stderr)
+        pair.use_kernels(None, latency_cache(), announce=_to_stderr, progress=True)
     result: dict[str, Any] = {"pair": str(spec.source), **environment(), "load_average_at_start": os.getloadavg()[0],
                               "architecture": {role: describe(lm.model) | {"dtype": str(lm.dtype)}
                                                for role, lm in (("target", pair.target), ("draft", pair.draft))},

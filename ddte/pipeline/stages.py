@@ -229,7 +229,8 @@ def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates
     pair = load_pair_config(collect.pair)
     from ddte_core.paths import latency_cache
 
-    print(pair.use_kernels(None, latency_cache()).line())  # the kernels the collection ran on, as the loop does
+    # the kernels the collection ran on, as the loop does
+    print(pair.use_kernels(None, latency_cache(), progress=True).line())
     prompts = encode_prompts(pair, bench_prompts(None, "prompt", stage.num_prompts, tokenizer=pair.tokenizer,
                                                  default=pair.heldout_prompts), stage.max_new_tokens)
     settings = BenchSettings(stage.max_new_tokens, stage.repeats, stage.seed)

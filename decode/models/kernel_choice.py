@@ -16,10 +16,10 @@ pair's fingerprint and the machine (processor and its flags, torch threads, both
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -27,15 +27,19 @@ from pathlib import Path
 
 import torch
 
-from ddte_core.paths import staged_file
 from decode.models.cached_lm import CachedLM
 from decode.models.kernels import DEFAULT, KERNEL_PATHS, kernel_path
+from decode.models.machine_cache import cache_file, read_or_measure
 
 ROLES = ("target", "draft")
 AUTO = "auto"
 PREFILL_TOKENS = 64
 # block sizes timed over the prefilled cache, and each one's weight in the score (the prefill weighs 1)
 ROLE_SHAPES = {"target": {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}, "draft": {1: 4.0, 2: 1.0, 4: 1.0, 8: 1.0}}
+# how much faster (weighted geometric mean) another path must be to displace the default: timing noise under load
+# reaches a few percent, and the default is F.linear, the model as its authors run it
+DEFAULT_MARGIN = 0.05
+PROGRESS_DELAY_S = 3.0  # a measurement shorter than this shows no bar (the shipped pair's takes about a second)
 
 
 @dataclass(frozen=True)
@@ -92,13 +96,15 @@ class PathTimes:
 
 @dataclass
 class KernelChoice:
-    """The path each role runs, and what was measured to choose it (a role given a fixed path has no times)."""
+    """The path each role runs, and what was measured to choose it (a role given a fixed path has no times), with
+    the paths a measured role could not run on this machine and why (``skipped[role][path]``)."""
 
     target: str
     draft: str
     times: dict[str, PathTimes] = field(default_factory=dict)
     machine: str = ""
     pair: str = ""
+    skipped: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -133,18 +139,29 @@ class KernelChoice:
             ms, base = times.block_ms[name], times.block_ms[DEFAULT]
             parts.append(f"{role} {name} (1 token {ms[i]:.1f} ms, {times.shapes[j]} tokens {ms[j]:.1f} ms; "
                          f"default {base[i]:.1f} / {base[j]:.1f})")
-        return "kernels: " + ", ".join(parts)
+        skipped = sorted({f"{name}: {reason}" for role in ROLES for name, reason in self.skipped.get(role, {}).items()})
+        return "kernels: " + ", ".join(parts) + "".join(f"; skipped {text}" for text in skipped)
 
 
-def eligible_paths(model: CachedLM, role: str) -> list[str]:
-    """The paths ``model`` can run here, in :data:`KERNEL_PATHS` order: exact ones only for the target."""
-    return [name for name, path in KERNEL_PATHS.items()
-            if (path.exact or role == "draft") and path.unavailable(model.dtype, model.device) is None]
+def eligible_paths(model: CachedLM, role: str) -> tuple[list[str], dict[str, str]]:
+    """The paths ``model`` can run here, in :data:`KERNEL_PATHS` order (exact ones only for the target), and why each
+    other path the role could take cannot run on this machine (``{path: reason}``)."""
+    eligible, skipped = [], {}
+    for name, path in KERNEL_PATHS.items():
+        if not (path.exact or role == "draft"):
+            continue
+        reason = path.unavailable(model.dtype, model.device)
+        if reason is None:
+            eligible.append(name)
+        else:
+            skipped[name] = reason
+    return eligible, skipped
 
 
 def measure_paths(model: CachedLM, role: str, paths: list[str], repeats: int = 2,
-                  prefill_tokens: int = PREFILL_TOKENS) -> PathTimes:
-    """Time each path's passes on ``model`` (see the module docstring); leaves ``model`` on the last path and empty."""
+                  prefill_tokens: int = PREFILL_TOKENS, tick: Callable[[], None] | None = None) -> PathTimes:
+    """Time each path's passes on ``model`` (see the module docstring); leaves ``model`` on the last path and empty.
+    ``tick`` is called after each round of passes (``(repeats + 1) · len(paths)`` in all: a progress bar's)."""
     shapes = list(ROLE_SHAPES[role])
     prefill_tokens = max(1, min(prefill_tokens, model.context_limit - max(shapes) - 1))
     g = torch.Generator().manual_seed(0)
@@ -168,6 +185,8 @@ def measure_paths(model: CachedLM, role: str, paths: list[str], repeats: int = 2
                 model.commit([])
                 if r:
                     block[i].append(elapsed)
+            if tick is not None:
+                tick()
         times.block_ms[name] = [1e3 * statistics.median(t) for t in block]
         times.prefill_ms[name] = 1e3 * statistics.median(prefill)
     model.reset()
@@ -176,7 +195,9 @@ def measure_paths(model: CachedLM, role: str, paths: list[str], repeats: int = 2
 
 def choose_path(times: PathTimes, role: str) -> str:
     """The measured path with the lowest score: the weighted geometric mean over the prefill and every block size of
-    its time over the first measured path's (the default). Deterministic: ties go to the earlier path."""
+    its time over the first measured path's (the default). Another path must beat the default by
+    :data:`DEFAULT_MARGIN`: a choice within timing noise keeps the default, so a command's output never rests on a
+    near-tie of two timings. Deterministic: ties go to the earlier path."""
     weights = ROLE_SHAPES[role]
     base_name = next(iter(times.block_ms))
     base, base_prefill = times.block_ms[base_name], times.prefill_ms[base_name]
@@ -186,7 +207,8 @@ def choose_path(times: PathTimes, role: str) -> str:
         logs.append(math.log(times.prefill_ms[name] / base_prefill))
         return sum(logs) / (sum(weights[m] for m in times.shapes) + 1.0)
 
-    return min(times.block_ms, key=lambda name: (round(score(name), 9), list(times.block_ms).index(name)))
+    best = min(times.block_ms, key=lambda name: (round(score(name), 9), list(times.block_ms).index(name)))
+    return best if score(best) < math.log(1.0 - DEFAULT_MARGIN) else base_name
 
 
 def machine_identity(target: CachedLM, draft: CachedLM, kernels: bool = True) -> str:
@@ -209,12 +231,15 @@ def machine_identity(target: CachedLM, draft: CachedLM, kernels: bool = True) ->
 
 
 def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fingerprint: str,
-                   cache: Path | None, announce: Callable[[str], None] | None = None) -> KernelChoice:
-    """Each role's path under ``request``, measured here where it says ``auto`` (read from ``cache`` when this pair
-    and machine were measured before; written there whole otherwise), then applied to both models.
+                   cache: Path | None, announce: Callable[[str], None] | None = None,
+                   progress: bool = False) -> KernelChoice:
+    """Each role's path under ``request``, measured here for the roles it says ``auto`` (read from ``cache`` when this
+    pair and machine were measured before; else measured under the cache's lock and written there whole), then
+    applied to both models. A role given a fixed path is not measured. ``progress`` shows a bar on stderr for a
+    measurement that lasts more than a few seconds.
 
     Raises:
-        ValueError: a fixed path one of the models cannot run here.
+        ValueError: a fixed path one of the models cannot run here (one line naming why).
     """
     identity = machine_identity(target, draft, kernels=False)
     models = {"target": target, "draft": draft}
@@ -224,46 +249,65 @@ def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fi
             reason = kernel_path(name).unavailable(models[role].dtype, models[role].device)
             if reason is not None:
                 raise ValueError(f"--kernels: the {role} cannot take {name}: {reason}")
-    measured = _cached_choice(cache, fingerprint, identity) if request.measures else None
-    if request.measures and measured is None:
-        if announce is not None:
-            announce(f"measuring this machine's kernels once ({identity})" + (f"; cached in {cache}" if cache else ""))
-        measured = KernelChoice(DEFAULT, DEFAULT, machine=identity, pair=fingerprint)
-        for role in ROLES:
-            model = models[role]
-            times = measure_paths(model, role, eligible_paths(model, role))
-            measured.times[role] = times
-            setattr(measured, role, choose_path(times, role))
-        if cache is not None:
-            _write_choice(cache, measured)
-    choice = KernelChoice(*(getattr(measured, role) if getattr(request, role) == AUTO else getattr(request, role)
-                            for role in ROLES), times=measured.times if measured else {}, machine=identity,
-                          pair=fingerprint)
+    wanted = tuple(role for role in ROLES if getattr(request, role) == AUTO)
+    measured = KernelChoice(DEFAULT, DEFAULT, machine=identity, pair=fingerprint)
+    if wanted:
+        path = None if cache is None else choice_path(cache, fingerprint, identity)
+
+        def read(text: str) -> KernelChoice | None:
+            choice = KernelChoice.from_json(text)
+            covers = (choice.pair, choice.machine) == (fingerprint, identity) and set(wanted) <= set(choice.times)
+            return choice if covers else None
+
+        def measure() -> KernelChoice:
+            return _measure_roles(models, wanted, _earlier_choice(path, fingerprint, identity), progress)
+
+        def say() -> None:
+            if announce is not None:
+                announce(f"measuring this machine's kernels once ({identity})" + (f"; cached in {cache}" if cache
+                                                                                  else ""))
+
+        measured = read_or_measure(path, read, measure, KernelChoice.to_json, say)
+    choice = KernelChoice(*(getattr(measured, role) if role in wanted else getattr(request, role) for role in ROLES),
+                          times={r: t for r, t in measured.times.items() if r in wanted}, machine=identity,
+                          pair=fingerprint, skipped={r: s for r, s in measured.skipped.items() if r in wanted})
     for role in ROLES:
         if models[role].kernel != getattr(choice, role):  # a measurement leaves a model on its last path
             models[role].use_kernel(getattr(choice, role))
     return choice
 
 
+def _measure_roles(models: dict[str, CachedLM], wanted: tuple[str, ...], earlier: KernelChoice,
+                   progress: bool) -> KernelChoice:
+    """``earlier`` (a cached choice of this pair and machine, or an empty one) with each role of ``wanted`` it lacks
+    measured now and chosen."""
+    from tqdm import tqdm
+
+    todo = [role for role in wanted if role not in earlier.times]
+    paths = {role: eligible_paths(models[role], role) for role in todo}
+    rounds = sum(3 * len(paths[role][0]) for role in todo)
+    with tqdm(total=rounds, desc="kernels", unit="round", disable=not progress, delay=PROGRESS_DELAY_S,
+              file=sys.stderr, leave=False) as bar:
+        for role in todo:
+            eligible, skipped = paths[role]
+            times = measure_paths(models[role], role, eligible, tick=bar.update)
+            earlier.times[role] = times
+            earlier.skipped[role] = skipped
+            setattr(earlier, role, choose_path(times, role))
+    return earlier
+
+
+def _earlier_choice(path: Path | None, fingerprint: str, identity: str) -> KernelChoice:
+    """The cached choice of this pair and machine at ``path`` (some roles measured), else an empty one."""
+    try:
+        choice = KernelChoice.from_json(path.read_text(encoding="utf-8")) if path is not None else None
+    except (OSError, ValueError):
+        choice = None
+    if choice is None or (choice.pair, choice.machine) != (fingerprint, identity):
+        return KernelChoice(DEFAULT, DEFAULT, machine=identity, pair=fingerprint)
+    return choice
+
+
 def choice_path(cache: Path, fingerprint: str, identity: str) -> Path:
     """Where the kernel choice of this pair on this machine is cached: ``<cache>/kernels-<digest>.json``."""
-    digest = hashlib.sha256(f"{fingerprint}\n{identity}".encode()).hexdigest()[:20]
-    return cache / f"kernels-{digest}.json"
-
-
-def _cached_choice(cache: Path | None, fingerprint: str, identity: str) -> KernelChoice | None:
-    if cache is None:
-        return None
-    path = choice_path(cache, fingerprint, identity)
-    try:
-        choice = KernelChoice.from_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # none yet, unreadable, or from an older ddte: measure again
-    return choice if (choice.pair, choice.machine) == (fingerprint, identity) else None
-
-
-def _write_choice(cache: Path, choice: KernelChoice) -> None:
-    path = choice_path(cache, choice.pair, choice.machine)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with staged_file(path) as tmp:
-        tmp.write_text(choice.to_json(), encoding="utf-8")
+    return cache_file(cache, fingerprint, identity, prefix="kernels-")

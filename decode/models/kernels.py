@@ -1,10 +1,14 @@
 """Linear-layer kernels: the one owner of how a model's matrices are multiplied on this machine.
 
 A decoder pass is its linear layers. On a CPU the kernel behind them decides whether a pass over a tree of 8 tokens
-costs 1.2× or 3× a one-token pass (``stack-notes.md`` §10): MKL's sgemm behind ``F.linear`` has a slow band at
-M = 4–8 rows; the same weights prepacked once for oneDNN are nearly flat; a dynamically quantized int8 product reads
-a quarter of fp32's bytes. Which pays is the machine's business, so :mod:`decode.models.kernel_choice` measures the
-paths offered here on the passes the loop runs and picks one per model role.
+costs 1.2× or 3× a one-token pass (docs/pairs.md has the figures per CPU): MKL's sgemm behind ``F.linear`` has a slow
+band at M = 4–8 rows; the same weights prepacked once for oneDNN are nearly flat; a dynamically quantized int8 product
+reads a quarter of fp32's bytes. Which pays is the machine's business, so :mod:`decode.models.kernel_choice` measures
+the paths offered here on the passes the loop runs and picks one per model role.
+
+Whether a path runs at all is the machine's business too: oneDNN prepacks bf16 only where the CPU has AVX-512 (BW,
+VL, DQ) or AVX-NE-CONVERT, and says so by raising. :meth:`KernelPath.unavailable` therefore tries each path once per
+process on a tiny matrix of the dtype asked (:func:`trial_failure`), never trusting the dtype alone.
 
 A :class:`KernelPath` turns one ``(weight (N, K), bias (N,) | None)`` into a :class:`PreparedLinear`, a callable
 ``x (M, K) -> (M, N)`` in the weight's dtype. Both forwards take them: HF's through :func:`use_kernel` (each
@@ -19,6 +23,7 @@ q to the verifier, so decoding stays exactly lossless (``tests/decode/exact/test
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,11 +45,13 @@ class PreparedLinear:
         path: the :class:`KernelPath`'s name.
         nbytes: bytes of the copies this path made (0 where it reads the weight as it is).
         out_features: N.
+        reads_weight: whether ``run`` also reads the stock weight (then it may not be released).
     """
 
     def __init__(self, path: str, run: Callable[[torch.Tensor], torch.Tensor], out_features: int,
-                 nbytes: int = 0) -> None:
+                 nbytes: int = 0, reads_weight: bool = False) -> None:
         self.path, self._run, self.out_features, self.nbytes = path, run, out_features, nbytes
+        self.reads_weight = reads_weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._run(x)
@@ -61,6 +68,7 @@ class KernelPath:
         dtypes: the weight dtypes it runs (others are refused by :meth:`unavailable`).
         prepare_fn: ``(weight, bias) -> (run, nbytes)``.
         probe: what must exist in this torch build (None: always there).
+        reads_weight: ``run`` reads the stock weight besides its own copy.
     """
 
     name: str
@@ -69,22 +77,45 @@ class KernelPath:
     dtypes: tuple[torch.dtype, ...]
     prepare_fn: Callable[[torch.Tensor, torch.Tensor | None], tuple[Callable, int]]
     probe: Callable[[], bool] | None = None
+    reads_weight: bool = False
 
     def unavailable(self, dtype: torch.dtype, device: torch.device) -> str | None:
-        """Why this path cannot run weights of ``dtype`` on ``device`` (None when it can)."""
+        """Why this path cannot run weights of ``dtype`` on ``device`` (None when it can): the dtypes it takes, the
+        torch build, then one trial on this machine (:func:`trial_failure`, once per process)."""
         if self.name != DEFAULT and device.type != "cpu":
             return f"{self.name} is a CPU kernel"
         if dtype not in self.dtypes:
             return f"{self.name} runs {', '.join(str(d).removeprefix('torch.') for d in self.dtypes)} weights"
         if self.probe is not None and not self.probe():
             return f"this torch build has no {self.name} kernel"
-        return None
+        if self.name == DEFAULT:
+            return None
+        failure = trial_failure(self, dtype)
+        return None if failure is None else f"{self.name} cannot run {str(dtype).removeprefix('torch.')} on this " \
+            f"CPU ({failure})"
 
     def prepare(self, weight: torch.Tensor, bias: torch.Tensor | None) -> PreparedLinear:
         """``weight (N, K)`` and ``bias (N,)`` (or None) ready for this path. The caller checks :meth:`unavailable`."""
         with torch.no_grad():
             run, nbytes = self.prepare_fn(weight.detach(), None if bias is None else bias.detach())
-        return PreparedLinear(self.name, run, weight.shape[0], nbytes)
+        return PreparedLinear(self.name, run, weight.shape[0], nbytes, self.reads_weight)
+
+
+@functools.cache
+def trial_failure(path: KernelPath, dtype: torch.dtype) -> str | None:
+    """Why ``path`` failed one tiny product of ``dtype`` on this CPU (its first line), None when the product ran and
+    came out the right shape and finite. Cached per process: the answer is the machine's and the torch build's."""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(16, 32, generator=g).to(dtype)
+    x = torch.randn(3, 32, generator=g).to(dtype)
+    try:
+        out = path.prepare(weight, torch.zeros(16, dtype=dtype))(x)
+    except (RuntimeError, NotImplementedError, ValueError, TypeError) as err:
+        lines = str(err).strip().splitlines()
+        return lines[0][:200] if lines else type(err).__name__
+    if out.shape != (3, 16) or not bool(torch.isfinite(out).all()):
+        return "its trial product came out wrong"
+    return None
 
 
 def _flat(run: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -111,6 +142,19 @@ def _prepare_onednn(weight, bias):
         return pointwise(x.contiguous(), packed, bias, "none", [], "")
 
     return _flat(run), packed.numel() * packed.element_size()
+
+
+def _prepare_onednn_wide(weight, bias):
+    # one-token passes on F.linear, wider ones on the oneDNN copy: both exact, and on some CPUs (an AMD EPYC without
+    # AVX-512: fp32, 415 against 531 ms a one-token target pass, 794 against ~1,300 for 8 tokens) each wins its own
+    packed, nbytes = _prepare_onednn(weight, bias)
+
+    def run(x):
+        if x.numel() == x.shape[-1]:
+            return F.linear(x, weight, bias)
+        return packed(x)
+
+    return run, nbytes
 
 
 def _int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,6 +211,9 @@ KERNEL_PATHS: dict[str, KernelPath] = {
                    _prepare_default),
         KernelPath("onednn", True, "the same weights prepacked once for oneDNN (fp32, or bf16 where the CPU has it)",
                    (torch.float32, torch.bfloat16), _prepare_onednn, lambda: torch.backends.mkldnn.is_available()),
+        KernelPath("onednn-wide", True, "F.linear for one-token passes, the oneDNN copy for wider ones (keeps "
+                   "both)", (torch.float32, torch.bfloat16), _prepare_onednn_wide,
+                   lambda: torch.backends.mkldnn.is_available(), reads_weight=True),
         KernelPath("int8-dynamic", False, "dynamic int8 (weights per channel, activations per call; fbgemm)",
                    (torch.float32, torch.bfloat16), _prepare_int8_dynamic, _has_dynamic_int8),
         KernelPath("int8-weight", False, "int8 weights, float activations (torch._weight_int8pack_mm)",
@@ -261,7 +308,7 @@ def release_stock_weights(model: nn.Module) -> int:
     freed = 0
     for module in modules:
         weight = module.weight
-        if module.prepared.nbytes == 0 or id(weight) in kept or weight.numel() == 0:
+        if module.prepared.nbytes == 0 or module.prepared.reads_weight or id(weight) in kept or weight.numel() == 0:
             continue
         if sum(other.weight is weight for other in modules) > 1:
             continue

@@ -22,9 +22,9 @@ sampling work ~0.07 ms of each draft pass; both made the model favour other tree
 
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
+import sys
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
@@ -34,12 +34,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ddte_core.paths import staged_file
 from decode.drafting.actions import Action
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig, distributions
 from decode.models.cached_lm import CachedLM
 from decode.models.kernel_choice import machine_identity
+from decode.models.machine_cache import cache_file, read_or_measure
 
 
 @dataclass
@@ -236,8 +236,10 @@ def measure_latency(
     warmup: int = 1,
     max_size: int = 41,
     pair: str = "",
+    tick: Callable[[], None] | None = None,
 ) -> LatencyTable:
-    """Time the passes of both models per (context length, block size), as the decoding loop runs them.
+    """Time the passes of both models per (context length, block size), as the decoding loop runs them. ``tick`` is
+    called after each sweep of the sizes at one length (``(warmup + repeats) · len(lengths)`` in all).
 
     ``sizes`` defaults to :func:`every_size` of ``max_size`` (1 + 8 + 4·8 = 41 tokens: the largest default tree).
     At each length both caches hold ``length`` committed random tokens, and every repeat sweeps the sizes with one
@@ -277,6 +279,8 @@ def measure_latency(
                     times["target"][li][j].append(target_ms)
                     times["draft"][li][j].append(draft_ms)
                     cold_minus_warm[li].append(cold_ms - warm_ms)
+            if tick is not None:
+                tick()
     target.reset()
     draft.reset()
     grids = {name: [[statistics.median(t) for t in row] for row in times[name]] for name in times}
@@ -293,32 +297,36 @@ MACHINE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 25, 32, 41)
 
 def machine_table_path(fingerprint: str, identity: str, cache: Path) -> Path:
     """Where the table of this pair on this machine is cached: ``<cache>/<digest>.json``."""
-    digest = hashlib.sha256(f"{fingerprint}\n{identity}".encode()).hexdigest()[:20]
-    return cache / f"{digest}.json"
+    return cache_file(cache, fingerprint, identity)
 
 
 def machine_table(target: CachedLM, draft: CachedLM, fingerprint: str, cache: Path,
-                  announce: Callable[[str], None] | None = None) -> tuple[LatencyTable, Path]:
-    """The latency table of this pair on the running machine: read from ``cache`` or measured once and cached there
-    (written whole, decode/policies/guard.py). ``announce`` hears one line before a measurement (it takes minutes for a
-    1.5B target on a CPU). A cached file that does not read as a table of this pair and machine is measured again."""
+                  announce: Callable[[str], None] | None = None, progress: bool = False) -> tuple[LatencyTable, Path]:
+    """The latency table of this pair on the running machine: read from ``cache`` or measured once, under the cache's
+    lock, and written there whole (:mod:`decode.models.machine_cache`). ``announce`` hears one line before a
+    measurement (it takes minutes for a 1.5B target on a CPU), during which ``progress`` shows a bar on stderr. A
+    cached file that does not read as a table of this pair and machine is measured again."""
     identity = machine_identity(target, draft)
     path = machine_table_path(fingerprint, identity, cache)
-    if path.is_file():
-        try:
-            table = LatencyTable.from_json(path.read_text(encoding="utf-8"))
-            if table.pair == fingerprint and table.machine == identity:
-                return table, path
-        except (OSError, ValueError):
-            pass  # unreadable or another table: measure again below
-    if announce is not None:
-        announce(f"measuring this machine's latency table once ({identity}); cached at {path}")
-    table = measure_latency(target, draft, lengths=list(MACHINE_LENGTHS), sizes=list(MACHINE_SIZES), repeats=3,
-                            pair=fingerprint)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with staged_file(path) as tmp:
-        tmp.write_text(table.to_json(), encoding="utf-8")
-    return table, path
+
+    def read(text: str) -> LatencyTable | None:
+        table = LatencyTable.from_json(text)
+        return table if (table.pair, table.machine) == (fingerprint, identity) else None
+
+    def measure() -> LatencyTable:
+        from tqdm import tqdm
+
+        repeats, warmup = 3, 1
+        with tqdm(total=(repeats + warmup) * len(MACHINE_LENGTHS), desc="latency table", unit="sweep",
+                  disable=not progress, delay=3.0, file=sys.stderr, leave=False) as bar:
+            return measure_latency(target, draft, lengths=list(MACHINE_LENGTHS), sizes=list(MACHINE_SIZES),
+                                   repeats=repeats, warmup=warmup, pair=fingerprint, tick=bar.update)
+
+    def say() -> None:
+        if announce is not None:
+            announce(f"measuring this machine's latency table once ({identity}); cached at {path}")
+
+    return read_or_measure(path, read, measure, LatencyTable.to_json, say), path
 
 
 _TIMING_LAW = SamplingConfig(temperature=1.0)  # the temperature only rescales logits: the cost is the same at any T

@@ -82,10 +82,18 @@ def test_a_pairs_kernel_request_is_what_use_kernels_takes(tmp_path):
 
 
 def test_a_quantized_target_is_an_opt_in_that_says_so(tmp_path):
-    pair = load_pair_config(_tiny_pair_yaml(tmp_path, kernels="default", target_quant="int8-weight"))
+    pair = load_pair_config(_tiny_pair_yaml(tmp_path, kernels="draft=default", target_quant="int8-weight"))
     choice = pair.use_kernels()
     assert (pair.target.kernel, pair.draft.kernel) == ("int8-weight", "default")
     assert "a quantized target: another model" in choice.line()
+
+
+@pytest.mark.parametrize("own, flag", [("default", None), ("auto", "default"), ("auto", "target=onednn")])
+def test_target_quant_never_silently_overrides_a_target_path(tmp_path, own, flag):
+    pair = load_pair_config(_tiny_pair_yaml(tmp_path, kernels=own, target_quant="int8-weight"))
+    with pytest.raises(ValueError, match="target_quant runs its target on int8-weight"):
+        pair.use_kernels(flag)
+    assert pair.target.kernel == "default"  # refused before anything moved
 
 
 def test_each_model_loads_in_its_own_dtype_unless_dtype_overrides_both(tmp_path):
