@@ -2,10 +2,11 @@
 one typed :class:`CompletionRequest` before anything is queued.
 
 Every refusal is a :class:`RequestError` naming the field and what is allowed; the app answers it as an OpenAI error
-object with status 400. A field OpenAI's API does not know is refused, as OpenAI refuses it. OpenAI's fields that do
-not change the answer (``user``, ``metadata``, ...) are accepted and ignored; those that would change the law being
-sampled (penalties, logit bias, several choices, log-probabilities) are refused unless neutral: ddte reproduces the
-target's distribution at the given temperature and top-p, and refuses what it would not honour.
+object with status 400. A field given as JSON ``null`` is read as absent, every field alike (one filter, first of
+all, in :func:`parse_request`). A field OpenAI's API does not know is refused, as OpenAI refuses it. OpenAI's fields
+that do not change the answer (``user``, ``metadata``, ...) are accepted and ignored; those that would change the law
+being sampled (penalties, logit bias, several choices, log-probabilities) are refused unless neutral: ddte reproduces
+the target's distribution at the given temperature and top-p, and refuses what it would not honour.
 """
 
 from __future__ import annotations
@@ -142,10 +143,10 @@ def parse_request(body, chat: bool, model: str, tokenizer, context_limit: int, v
     """
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
+    body = {name: value for name, value in body.items() if value is not None}  # null means absent, as in OpenAI's
     unknown = sorted(set(body) - FIELDS[chat])
     if unknown:
         raise RequestError(f"unknown field {unknown[0]!r} for {'chat ' if chat else ''}completions", unknown[0])
-    body = {name: value for name, value in body.items() if value is not None}  # null means absent, as in OpenAI's
     if not isinstance(body.get("model"), str):
         raise RequestError("model is required: a string (GET /v1/models lists the one served)", "model")
     if body["model"] != model:

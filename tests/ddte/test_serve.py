@@ -53,3 +53,28 @@ def test_a_body_limit_under_one_kib_is_one_line_at_parse_time(capsys):
         main(["serve", "--max-body-kib", "0"])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and "--max-body-kib" in err, err
+
+
+class _Tokenizer:
+    """Enough of a tokenizer for parse_request: one id per character, a chat template that joins the contents."""
+
+    chat_template = "{{ messages }}"
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [ord(c) % 50 for c in text]}
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **_):
+        return "".join(m["content"] for m in messages)
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_null_reads_as_absent_for_every_field(chat):
+    """Every field OpenAI's two endpoints know, given as null, is read as absent: no "unknown field" for a field the
+    other endpoint owns (max_completion_tokens on /v1/completions), no type error for an optional one."""
+    from ddte.serve.requests import FIELDS, parse_request
+
+    base = {"model": "m", **({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})}
+    nulls = {name: None for name in FIELDS[True] | FIELDS[False] if name not in base}
+    plain = parse_request(base, chat, "m", _Tokenizer(), 64, 50, 8)
+    assert parse_request({**base, **nulls}, chat, "m", _Tokenizer(), 64, 50, 8) == plain
+    assert plain.max_tokens == 8 and not plain.stream and plain.seed is None
