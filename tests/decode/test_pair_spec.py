@@ -25,7 +25,7 @@ def test_the_smollm2_pair_names_a_fetched_bf16_target_and_chat_prompts(tmp_path,
     monkeypatch.setenv("DDTE_CACHE", str(tmp_path))
     spec = read_pair_config("smollm2")
     assert spec.fetch == ("smollm2",) and spec.target == fetched_model_dir("smollm2")
-    assert spec.target_dtype == spec.draft_dtype == "bfloat16"
+    assert spec.target_dtype == spec.draft_dtype == "bfloat16-native"
     assert spec.train_prompts == "chat:train" and spec.heldout_prompts == "chat:heldout"
     with pytest.raises(ValueError, match="ddte fetch smollm2"):
         load_pair_spec(spec)

@@ -185,3 +185,25 @@ def test_the_lock_excludes_a_second_holder(tmp_path) -> None:
         thread.join()
     assert order[0].endswith("in") and order[1] == order[0].replace("in", "out")
 
+
+
+@pytest.mark.parametrize("kernels_flag, exit_code", [("onednn", 2), ("target=onednn,draft=default", 2), ("auto", 0)])
+def test_generate_on_a_cpu_without_bf16_onednn(tmp_path, monkeypatch, capsys, kernels_flag, exit_code) -> None:
+    """A bf16 pair on a CPU whose oneDNN cannot prepack bf16: a fixed request is one line and exit 2, auto runs and
+    prints a kernel line naming what it skipped."""
+    from ddte.cli import main
+    from tests.factories import save_tiny_pair
+
+    _oneDNN_without_bf16(monkeypatch)
+    monkeypatch.setenv("DDTE_LATENCY_CACHE", str(tmp_path / "cache"))
+    pair = save_tiny_pair(tmp_path / "pair", vocab=64)
+    capsys.readouterr()  # the saving's progress lines
+    argv = ["generate", "--prompt-ids", "5,9", "--target", str(pair / "target"), "--draft", str(pair / "draft"),
+            "--dtype", "bfloat16", "--verifier", "specinfer", "--action", "1,2,0", "--max-new-tokens", "3",
+            "--kernels", kernels_flag]
+    assert main(argv) == exit_code
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.strip()]
+    if exit_code:
+        assert len(err) == 1 and "cannot take onednn: onednn cannot run bfloat16 on this CPU" in err[0], err
+    else:
+        assert any(line.startswith("kernels: ") and "skipped onednn" in line for line in err), err
