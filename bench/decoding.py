@@ -1,6 +1,6 @@
 """Decoding methods side by side on the same prompts: the engine of `ddte bench` and of the pipeline's bench stage.
 
-Each method is a :class:`bench.method.Method` (``ar``, ``hf-assisted`` or ``VERIFIER@SPEC``, parsed once; static
+Each method is a :class:`bench.method.Method` (``ar``, ``hf-assisted``, ... or ``VERIFIER@SPEC``, parsed once; static
 shapes that draft the same tree are one method, under their canonical shape). Each method first runs
 one warm-up prompt; then the methods run interleaved, prompt by prompt in a rotating order, so the CPU's drift
 over minutes reaches all of them alike. Every prompt runs ``repeats`` times with fixed seeds
@@ -13,13 +13,16 @@ from __future__ import annotations
 import contextlib
 import itertools
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from bench.method import AR, Method
+from bench.stock_draft import BaselineDraft, dtype_name, fastest_stock_draft, model_dtype
 from ddte_core.machine import environment as machine_environment
 from ddte_core.quiet import quiet_transformers
 from decode.drafting.rng import TorchRandom
@@ -57,6 +60,7 @@ class MethodResult:
     temperature: float = 1.0
     selector_call_us: float | None = None
     per_prompt: list[dict] = field(default_factory=list)
+    notes: dict = field(default_factory=dict)  # what the row says of how it ran (an assisted row: its draft's dtype)
 
     def row(self, ar_tps: float | None) -> dict:
         s = self.stats
@@ -83,6 +87,7 @@ class MethodResult:
             "action_histogram": {str(k): v for k, v in s.action_counts.items()},
             "selector_call_us_median": self.selector_call_us,
             "policy_share": s.seconds["policy"] / s.wall_seconds if s.steps and s.wall_seconds else None,
+            **self.notes,
             "per_prompt": self.per_prompt,
         }
 
@@ -103,19 +108,20 @@ class FirstTokenClock:
 
 
 def run_hf(pair: LoadedPair, ids: list[int], max_new: int, sampling: SamplingConfig, seed: int,
-           assisted: bool, stock: bool = True) -> tuple[int, float, float]:
-    """One HF `generate` call (target alone, or assisted by the draft), on the stock models (``stock``: every linear
-    layer on ``F.linear``) or on the kernel paths the pair runs; returns (new tokens, seconds, seconds to the first
-    new token)."""
+           assistant: nn.Module | None, stock: bool = True) -> tuple[int, float, float]:
+    """One HF `generate` call (target alone, or assisted by ``assistant``, a draft module), on the stock models
+    (``stock``: every linear layer on ``F.linear``) or on the kernel paths the pair runs; returns (new tokens,
+    seconds, seconds to the first new token)."""
     torch.manual_seed(seed)
     clock = FirstTokenClock()
     kwargs = {"max_new_tokens": max_new, "do_sample": not sampling.greedy, "pad_token_id": pair.eos_token_id,
               "streamer": clock}
     if not sampling.greedy:
         kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=None)
-    if assisted:
-        kwargs["assistant_model"] = pair.draft.model
-    kernels = (stock_kernels(pair.target.model), stock_kernels(pair.draft.model)) if stock else ()
+    if assistant is not None:
+        kwargs["assistant_model"] = assistant
+    models = (pair.target.model,) if assistant is None else (pair.target.model, assistant)
+    kernels = tuple(stock_kernels(model) for model in models) if stock else ()
     start = time.perf_counter()
     with contextlib.ExitStack() as stack, torch.inference_mode(), quiet_transformers(bars=True):
         for context in kernels:  # HF assisted generation warns about its own call: quiet
@@ -134,12 +140,13 @@ class _Runner:
     pair: LoadedPair
     decoder: SpeculativeDecoder | None = None
     policy: Policy | None = None
+    assistant: nn.Module | None = None  # an HF assisted method's draft module
+    notes: dict = field(default_factory=dict)  # what its rows say of how it ran
 
     def one(self, ids: list[int], seed: int, sampling: SamplingConfig, max_new: int) -> GenerationStats:
         """Generate once after ``ids``; the statistics."""
         if self.decoder is None:
-            assisted = self.method.kind.startswith("hf-assisted")
-            new, seconds, first = run_hf(self.pair, ids, max_new, sampling, seed, assisted,
+            new, seconds, first = run_hf(self.pair, ids, max_new, sampling, seed, self.assistant,
                                          self.method.on_stock_kernels)
             stats = GenerationStats(new_tokens=new, wall_seconds=seconds)
             stats.seconds["prefill"] += first  # the prompt's pass and the first token: what TPOT leaves out
@@ -159,11 +166,10 @@ def make_runners(methods: list[Method], pair: LoadedPair, policies: dict[Method,
     decoders: dict[tuple[str, str | None], SpeculativeDecoder] = {}
     drafts = {None: pair.draft}  # by folder: a method's own draft (+draft=), loaded once
     runners = []
+    baseline = _baseline_draft(methods, pair)
     for method in methods:
         if method.is_hf:
-            if method.kind == "hf-assisted-kernels" and pair.draft.forward_name == "fast":
-                use_kernel(pair.draft.model, pair.draft.kernel)  # HF's forward of the draft, on the fast one's path
-            runners.append(_Runner(method, pair))
+            runners.append(_hf_runner(method, pair, baseline))
             continue
         if method.draft not in drafts:
             drafts[method.draft] = load_other_draft(pair, method.draft)
@@ -174,6 +180,29 @@ def make_runners(methods: list[Method], pair: LoadedPair, policies: dict[Method,
         policy = policies.get(method) or build_policy(method.policy, pair, method.verifier, machine)
         runners.append(_Runner(method, pair, decoders[key], policy))
     return runners
+
+
+def _baseline_draft(methods: list[Method], pair: LoadedPair) -> BaselineDraft | None:
+    """The draft ``hf-assisted`` runs (bench/stock_draft.py), chosen once and announced on stderr; None without that
+    method."""
+    if not any(method.hf == "hf-assisted" for method in methods):
+        return None
+    baseline = fastest_stock_draft(pair.draft.model, pair.draft.device)
+    print(baseline.line(), file=sys.stderr)
+    return baseline
+
+
+def _hf_runner(method: Method, pair: LoadedPair, baseline: BaselineDraft | None) -> _Runner:
+    """An HF method's runner: ``ar`` and ``ar-kernels`` the target alone; ``hf-assisted`` with ``baseline``'s draft;
+    ``hf-assisted-own`` and ``hf-assisted-kernels`` with the pair's own draft module (stock, or on its kernel path)."""
+    if method.kind == "hf-assisted":
+        return _Runner(method, pair, assistant=baseline.model, notes=baseline.record())
+    if not method.kind.startswith("hf-assisted"):
+        return _Runner(method, pair)
+    if method.kind == "hf-assisted-kernels" and pair.draft.forward_name == "fast":
+        use_kernel(pair.draft.model, pair.draft.kernel)  # HF's forward of the draft, on the fast one's path
+    draft = pair.draft.model
+    return _Runner(method, pair, assistant=draft, notes={"draft_dtype": dtype_name(model_dtype(draft))})
 
 
 def decode_time(method: Method, stats: GenerationStats) -> dict[str, float]:
@@ -194,7 +223,8 @@ def bench_methods(runners: list[_Runner], prompts, settings: BenchSettings, samp
     order of the methods rotates from one prompt to the next so no method always runs right after the same one.
     A first round runs the first prompt as a warm-up (first-call costs, the latency table), not counted.
     """
-    results = [MethodResult(runner.method, GenerationStats(), sampling.temperature) for runner in runners]
+    results = [MethodResult(runner.method, GenerationStats(), sampling.temperature, notes=runner.notes)
+               for runner in runners]
     pairs = list(zip(runners, results, strict=True))
     timed = enumerate(itertools.product(range(len(prompts)), range(settings.repeats)))  # prompt, then repeat
     rounds = [(0, 0, 0, False)] + [(i, r, n % len(pairs), True) for n, (i, r) in timed]  # warm-up, then timed

@@ -1,13 +1,14 @@
 """The method contract: what one bench row runs, parsed once from its text form, with one canonical spelling.
 
 A method is ``ar`` (the target alone, HF ``generate``), ``hf-assisted`` (HF assisted generation with the same
-draft), both on the stock models (every linear layer on ``F.linear``: what users have), ``ar-kernels`` and
-``hf-assisted-kernels`` (the same two on the kernel paths the pair runs here, decode/models/kernels.py: ddte's own AR
-on the target's kernels, and HF assisted with the same q as ddte's draft), or ``VERIFIER@SPEC``, a ddte decoder
-with a policy: SPEC is a policy spec, parsed and spelled by its one owner, decode/policies/spec.py (a static shape
-``K,L1,L2``, ``adaptive``, ``entropy``, ``selector=FILE``, ``policy=FILE`` or ``expander=FILE``, with options for the
-named policies). What only the bench has stays here: the HF kinds and ``+draft=FOLDER``. Static shapes that draft the
-same tree are one method: :meth:`Method.parse` keeps the canonical shape
+draft, in the dtype that runs it fastest stock here: bench/stock_draft.py), ``hf-assisted-own`` (the same with the
+draft as the pair loads it), all on the stock models (every linear layer on ``F.linear``: what users have),
+``ar-kernels`` and ``hf-assisted-kernels`` (AR and HF assisted on the kernel paths the pair runs here,
+decode/models/kernels.py: ddte's own AR on the target's kernels, and HF assisted with the same q as ddte's draft), or
+``VERIFIER@SPEC``, a ddte decoder with a policy: SPEC is a policy spec, parsed and spelled by its one owner,
+decode/policies/spec.py (a static shape ``K,L1,L2``, ``adaptive``, ``entropy``, ``selector=FILE``, ``policy=FILE``
+or ``expander=FILE``, with options for the named policies). What only the bench has stays here: the HF kinds and
+``+draft=FOLDER``. Static shapes that draft the same tree are one method: :meth:`Method.parse` keeps the canonical shape
 (:meth:`decode.drafting.actions.Action.canonical`), so ``specinfer@1,0,2`` and ``specinfer@2,2,0`` are both
 ``specinfer@1,2,0``. A ddte method may name another draft for the same target, ``+draft=FOLDER``
 (``traversal@2,0,1+draft=runs/distill/steered``): two drafts (a steered one and its parent, say) then compare inside
@@ -25,7 +26,8 @@ from pathlib import Path
 from decode.drafting.actions import Action
 from decode.policies.spec import PolicySpec, parse_verifier_spec
 
-HF_KINDS = ("ar", "hf-assisted", "ar-kernels", "hf-assisted-kernels")
+STOCK_KINDS = ("ar", "hf-assisted", "hf-assisted-own")  # HF rows on the stock models
+HF_KINDS = (*STOCK_KINDS, "ar-kernels", "hf-assisted-kernels")
 DRAFT_SUFFIX = "+draft="  # a ddte method run with another draft folder
 
 
@@ -106,13 +108,14 @@ class Method:
 
     @property
     def is_hf(self) -> bool:
-        """HF ``generate`` runs it (``ar``, ``hf-assisted``): no ddte decoder, no policy."""
+        """HF ``generate`` runs it (``ar``, ``hf-assisted``, ...): no ddte decoder, no policy."""
         return self.policy is None
 
     @property
     def on_stock_kernels(self) -> bool:
-        """An HF row on the stock models (``ar``, ``hf-assisted``), not on the pair's kernel paths."""
-        return self.hf in HF_KINDS[:2]
+        """An HF row on the stock models (``ar``, ``hf-assisted``, ``hf-assisted-own``), not on the pair's kernel
+        paths."""
+        return self.hf in STOCK_KINDS
 
     @property
     def is_static(self) -> bool:

@@ -2,7 +2,12 @@
 
 Methods:
   ar                      the target alone, HF transformers `generate` (the baseline of every speedup)
-  hf-assisted             HF assisted generation with the same pair and sampling (`assistant_model`)
+  hf-assisted             HF assisted generation with the same pair and sampling (`assistant_model`), the draft in
+                          the dtype it runs fastest in stock here: its own, or float32 where that is over 5 % faster
+                          (a CPU without native bf16), timed once per bench; the rows' draft_dtype says which
+  hf-assisted-own         the same with the draft in the dtype the pair loads it in
+  ar-kernels              ar on the kernel paths the pair runs here (--kernels) instead of the stock models
+  hf-assisted-kernels     hf-assisted-own on those kernel paths (the same q as ddte's draft)
   VERIFIER@K,L1,L2        ddte with a static delayed tree, e.g. traversal@2,2,4
   VERIFIER@adaptive       ddte with HF's +2/-1 draft-length schedule on a single path (adaptive:max-draft=N: up to
                           N tokens, default 8)
@@ -228,6 +233,7 @@ def _report(args: argparse.Namespace, pair, rows: list[dict], count: int, catego
     from bench.compare import format_comparisons, policy_comparisons
     from bench.decoding import category_rows
     from bench.display import format_category_table, format_table
+    from bench.stock_draft import draft_dtypes_note
 
     temps = ", ".join(f"{t:g}" for t in args.temperature)
     skipped = f" (after the first {args.skip_prompts})" if args.skip_prompts else ""
@@ -236,7 +242,9 @@ def _report(args: argparse.Namespace, pair, rows: list[dict], count: int, catego
     title = (f"{count} {which}{skipped} × {args.repeats} repeat(s), {args.max_new_tokens} new tokens, "
              f"T = {temps}, top-p {args.top_p:g}")
     print(title)
-    print(f"{pair.kernel_choice.line()}; ar and hf-assisted run the stock models (F.linear)")
+    drafts = draft_dtypes_note(rows)
+    print(f"{pair.kernel_choice.line()}; ar, hf-assisted and hf-assisted-own run the stock models (F.linear)"
+          + (f"; {drafts}" if drafts else ""))
     print(format_table(rows))
     by_category = category_rows(rows, categories) if categories and len(set(categories)) > 1 else []
     if by_category:

@@ -80,7 +80,7 @@ def test_methods_run_interleaved_in_a_rotating_order():
 
     class FakeRunner:
         def __init__(self, name):
-            self.name, self.method = name, Method.static(verifier[name], "1,2,0")
+            self.name, self.method, self.notes = name, Method.static(verifier[name], "1,2,0"), {}
 
         def one(self, ids, seed, sampling, max_new):
             calls.append((self.name, ids[0], seed, sampling.temperature, max_new))
