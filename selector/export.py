@@ -17,12 +17,12 @@ import io
 import logging
 import os
 import sys
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddte_core.paths import staged_file
 from decode.policies.selector_file import INPUT_NAMES, OUTPUT_NAME, SelectorMetadata
 
 TOLERANCE = 1e-5
@@ -166,17 +166,6 @@ def check_parity(net, path: Path, inputs: dict[str, Any]) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
 
 
-def writable_tmp(output: Path) -> Path:
-    """A fresh temporary file beside ``output`` (same file system, so the final rename is atomic)."""
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
-    except OSError as err:
-        raise ValueError(f"cannot write '{output}': {err.strerror or err}") from err
-    os.close(fd)
-    return Path(tmp)
-
-
 def log_to_mlflow(path: Path, tracking_uri: str, run_id: str, max_abs_diff: float, inputs: dict[str, Any],
                   outputs: Any, registered_name: str | None = None) -> str:
     """Log the ONNX file as an MLflow model (``selector``) under the training run, and register it as a new version
@@ -240,7 +229,8 @@ def export_selector(
         tolerance: largest accepted max |torch − onnxruntime|.
 
     Raises:
-        FileNotFoundError: missing checkpoint. ValueError: bad checkpoint, unwritable output, parity failure.
+        FileNotFoundError: missing checkpoint. ValueError: bad checkpoint, parity failure. OSError: unwritable
+        output.
     """
     import numpy as np
 
@@ -271,19 +261,12 @@ def export_selector(
 def _write_checked(net, output: Path, batch: dict, metadata: SelectorMetadata, tolerance: float) -> float:
     """Write the graph with its metadata to ``output`` whole or not at all, once its parity with torch on ``batch``
     is within ``tolerance``; returns the largest |torch − onnxruntime|."""
-    tmp = writable_tmp(output)
-    try:
+    with staged_file(output) as tmp:  # an ordinary shared file, renamed onto output once whole
         _export_graph(net, tmp, batch)
         attach_metadata(tmp, metadata.to_props())
         diff = check_parity(net, tmp, batch)
         if not diff <= tolerance:
             raise ValueError(f"ONNX parity check failed: max |torch - onnxruntime| = {diff:.3g} > {tolerance:g}")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the final file gets the usual permissions
-        os.replace(tmp, output)
-    finally:
-        tmp.unlink(missing_ok=True)
     return diff
 
 

@@ -23,7 +23,6 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,11 +225,9 @@ def sample(pair, prompt: str, tokens: int, seed: int) -> dict[str, str]:
 
 
 def write_json(data: dict[str, Any], path: Path) -> None:
-    """Write ``data`` as JSON atomically (temp file in the same directory, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+    """Write ``data`` as JSON whole or not at all, an ordinary shared file (ddte_core.paths.staged_file)."""
+    from ddte_core.paths import staged_file
+
+    with staged_file(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
         json.dump(data, handle, indent=1, ensure_ascii=False)
         handle.write("\n")
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are ordinary shared files
-    os.replace(tmp, path)

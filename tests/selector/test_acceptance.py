@@ -84,6 +84,21 @@ def test_an_untrained_net_is_the_scalar_model_the_hidden_state_adds_to():
     assert torch.allclose(out, out[:1].expand(5))  # the residual starts at zero: only the scalars count
 
 
+def test_the_onnx_file_is_an_ordinary_shared_file_written_over_the_old_one(tmp_path):
+    """The export goes through ddte_core.paths.staged_file: 0644 over an existing 0644 file (mkstemp's 0600 was
+    renamed onto it before), and no temporary file is left beside it."""
+    from selector.acceptance import AcceptanceNet
+    from selector.acceptance_train import export_acceptance
+
+    path = tmp_path / "a.onnx"
+    path.write_text("old")
+    path.chmod(0o644)
+    check = np.random.default_rng(0).normal(size=(4, 16 + 3)).astype(np.float32)
+    parity, _ = export_acceptance(AcceptanceNet(16, width=4).eval(), path, [1.0], {"k": "v"}, check)
+    assert parity < 1e-4 and oct(path.stat().st_mode & 0o777) == "0o644"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.onnx"]
+
+
 def test_an_expander_on_the_model_embeds_it_and_decodes_reading_draft_states_only(acceptance_file, tiny_collected,
                                                                                  tiny_pair, tmp_path):
     from decode.drafting.rng import TorchRandom

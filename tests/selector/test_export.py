@@ -108,3 +108,13 @@ def test_registering_prints_nothing_of_mlflows_own(trained, tmp_path, capfd):
     assert "Successfully registered" not in err and "Created version" not in err
     versions = MlflowClient(trained.tracking_uri).search_model_versions("name = 'ddte-selector-specinfer'")
     assert len([v for v in versions if v.run_id == trained.run_id]) >= 1
+
+
+def test_the_file_is_an_ordinary_shared_file_written_over_the_old_one(trained, tmp_path):
+    """Written through ddte_core.paths.staged_file: 0644 over an existing file, no temporary left beside it."""
+    out = tmp_path / "sel.onnx"
+    out.write_text("old")
+    out.chmod(0o600)
+    export_selector(trained.checkpoint_path, out, log_mlflow=False)
+    assert oct(out.stat().st_mode & 0o777) == "0o644" and [p.name for p in tmp_path.iterdir()] == ["sel.onnx"]
+    assert onnx.load(str(out)).graph.output[0].name == "scores"

@@ -82,6 +82,18 @@ def test_the_card_of_a_pair_yaml_reports_loop_ratios_and_acceptance_per_temperat
     assert "draft, a step's first pass" in text and "heldout (2 prompts" in text and "held-out loss" not in text
 
 
+def test_the_json_is_written_whole_as_an_ordinary_shared_file(tmp_path):
+    """write_json goes through ddte_core.paths.staged_file: 0644 over an old file, no temporary left beside it."""
+    from ddte.pair_card.card import write_json
+
+    out = tmp_path / "card.json"
+    out.write_text("old")
+    out.chmod(0o600)
+    write_json({"a": "é"}, out)
+    assert json.loads(out.read_text()) == {"a": "é"} and oct(out.stat().st_mode & 0o777) == "0o644"
+    assert [p.name for p in tmp_path.iterdir()] == ["card.json"]
+
+
 @pytest.mark.parametrize("name", ["card.json", "smollm2-card.json"])
 def test_the_shipped_cards_read_as_before(name):
     """models/ holds cards written before the card was one: their tables still come out, each figure where it was."""
