@@ -3,14 +3,19 @@
 A HF ``datasets`` parquet data set in one folder: ``dense-NNNNN.parquet`` shards of ``prompts_per_shard`` prompts
 each (written under a temporary name, then renamed), ``dense.json`` (what wrote it: the pair's fingerprint, the
 kernels and sampling settings, the spec, seeds, the command) and ``README.md`` (its card: schema, command, seeds).
-A run that is stopped resumes shard by shard (``resume``); ``shard=(i, N)`` takes every N-th chunk of prompts, as
-``ddte collect --shard`` does, so a SLURM array or several processes share one folder.
+
+Chunks are global (chunk c: prompts c·prompts_per_shard onwards) and ``shard=(i, N)`` takes the chunks with
+c % N == i, as ``ddte collect --shard`` does, so a SLURM array or several processes share one folder: the shards of
+one data set may create or enter it in any order (the first to link ``dense.json`` into place writes it and the card;
+every other one must have the same row settings, :data:`ROW_KEYS`), and a stopped run resumes chunk by chunk
+(``resume``). Every check runs before the first byte is written; a shard with no chunks writes nothing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +35,15 @@ ACCEPT_TEXT = ("each verifier's exact probability of accepting one of K i.i.d. o
                "(the first K of {k_max} drawn from q with the row's seed); NaN where it takes no such tree")
 
 
+CARD = "README.md"
+TEMPORARY = ".tmp-"
+# What decides the rows: a resumed run, or another shard, must match dense.json in each. The kernels' line (with any
+# times measured to choose them) and the command are provenance, never compared.
+ROW_KEYS = ("schema_version", "pair", "kernel_paths", "spec", "temperatures", "top_p", "verifiers", "prompts",
+            "first_prompt", "num_prompts", "max_prompt_tokens", "seed", "prompts_per_shard")
+UNRECORDED_BEFORE = ("prompts_per_shard",)  # row keys an older dense.json lacks: not held against it
+
+
 @dataclass
 class DenseSummary:
     nodes: int
@@ -44,15 +58,43 @@ class DenseSummary:
                 f"shards written, {self.shards_skipped} already there; output {self.output}")
 
 
-def dense_metadata(fingerprint: str, kernels: str, spec: DenseSpec, temperatures: Sequence[float], top_p: float,
+def dense_metadata(fingerprint: str, kernels, spec: DenseSpec, temperatures: Sequence[float], top_p: float,
                    verifiers: Sequence[Verifier], prompts: str, num_prompts: int, seed: int, command: str,
-                   first_prompt: int = 0, max_prompt_tokens: int | None = None) -> dict:
-    """What determines the rows (a resumed run must match it), and what produced them. ``first_prompt``: the
-    source's index of the first prompt (rows' ``prompt_id`` count from it, as a tree collection's do)."""
-    return {"schema_version": SCHEMA_VERSION, "pair": fingerprint, "kernels": kernels, "spec": asdict(spec),
-            "temperatures": list(temperatures), "top_p": top_p, "verifiers": [v.name for v in verifiers],
-            "prompts": prompts, "first_prompt": first_prompt, "num_prompts": num_prompts,
-            "max_prompt_tokens": max_prompt_tokens, "seed": seed, "command": command}
+                   first_prompt: int = 0, max_prompt_tokens: int | None = None, prompts_per_shard: int = 4) -> dict:
+    """What determines the rows (:data:`ROW_KEYS`: a resumed run or another shard must match them), and what produced
+    them. ``kernels``: the pair's KernelChoice (its path names decide the rows, its line is provenance), or None for
+    the default paths. ``first_prompt``: the source's index of the first prompt (rows' ``prompt_id`` count from it,
+    as a tree collection's do).
+
+    Raises:
+        ValueError: a temperature given twice, a sampling setting that is no sampling (NaN, inf, negative, top-p out
+            of (0, 1]), or prompts_per_shard below 1.
+    """
+    temperatures = [s.temperature for s in sampling_settings(temperatures, top_p)]
+    if prompts_per_shard < 1:
+        raise ValueError(f"prompts_per_shard must be at least 1, got {prompts_per_shard}")
+    paths = {role: getattr(kernels, role) if kernels is not None else "default" for role in ("target", "draft")}
+    line = kernels.line() if kernels is not None else f"kernels: target {paths['target']}, draft {paths['draft']}"
+    return {"schema_version": SCHEMA_VERSION, "pair": fingerprint, "kernels": line, "kernel_paths": paths,
+            "spec": asdict(spec), "temperatures": temperatures, "top_p": top_p,
+            "verifiers": [v.name for v in verifiers], "prompts": prompts, "first_prompt": first_prompt,
+            "num_prompts": num_prompts, "max_prompt_tokens": max_prompt_tokens, "seed": seed,
+            "prompts_per_shard": prompts_per_shard, "command": command}
+
+
+def sampling_settings(temperatures: Sequence[float], top_p: float) -> list[SamplingConfig]:
+    """One setting per temperature; ValueError for a temperature given twice, or a setting that is no sampling (NaN,
+    inf, negative, top-p out of (0, 1])."""
+    settings = [SamplingConfig(float(t), top_p) for t in temperatures]
+    if len({s.temperature for s in settings}) != len(settings):
+        raise ValueError(f"temperatures: give each once, got {list(temperatures)}")
+    return settings
+
+
+def shard_chunks(num_prompts: int, prompts_per_shard: int, shard: tuple[int, int]) -> list[int]:
+    """The chunks shard ``(i, N)`` labels: those c of the ⌈num_prompts / prompts_per_shard⌉ with c % N == i."""
+    index, count = shard
+    return [c for c in range(-(-num_prompts // prompts_per_shard)) if c % count == index]
 
 
 def _row_seed(seed: int, prompt: int, sampling: int) -> int:
@@ -63,23 +105,36 @@ def collect_dense(target, draft, prompts: Sequence[list[int]], categories: Seque
                   spec: DenseSpec, verifiers: Sequence[Verifier], prompts_per_shard: int = 4,
                   shard: tuple[int, int] = (0, 1), resume: bool = False,
                   progress: Callable[[int], None] | None = None, first_prompt: int = 0) -> DenseSummary:
-    """Label every prompt of this shard's chunks and write them (see the module docstring).
+    """Label every prompt of this shard's chunks and write them (see the module docstring). Every check runs before
+    anything is written; a shard without chunks (:func:`shard_chunks`) writes nothing and returns an empty summary.
 
     Raises:
-        ValueError: ``out`` holds another data set (different metadata), or holds shards without ``resume``.
+        ValueError: a bad sampling setting or prompt, an output that is a file, a non-empty folder without
+            ``dense.json``, one holding another data set (naming the settings that differ), or this shard's chunks
+            written already without ``resume``.
     """
     start = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    _check_or_write_metadata(out, metadata, resume)
-    index, count = shard
-    chunks = range(0, len(prompts), prompts_per_shard)
+    samplings = sampling_settings(metadata["temperatures"], metadata["top_p"])
+    if metadata.get("prompts_per_shard", prompts_per_shard) != prompts_per_shard:
+        raise ValueError(f"prompts_per_shard {prompts_per_shard} is not the metadata's "
+                         f"{metadata['prompts_per_shard']}")
+    mine = shard_chunks(len(prompts), prompts_per_shard, shard)
+    limit = min(target.context_limit, draft.context_limit)
+    for number in mine:
+        for i in range(number * prompts_per_shard, min((number + 1) * prompts_per_shard, len(prompts))):
+            if not prompts[i] or len(prompts[i]) + spec.length + 1 > limit:
+                raise ValueError(f"prompt {first_prompt + i} ({len(prompts[i])} tokens) leaves no room for "
+                                 f"{spec.length} more in the {limit}-token context")
+    check_dense_output(out, metadata, mine, resume)
+    if not mine:
+        return DenseSummary(0, 0, 0, time.perf_counter() - start, out)
+    _enter_output(out, metadata)
+    label_columns = [acceptance_column(v.name, k) for v in verifiers for k in range(1, spec.k_max + 1)]
     nodes = written = skipped = 0
-    samplings = [SamplingConfig(t, metadata["top_p"]) for t in metadata["temperatures"]]
-    for number, first in enumerate(chunks):
-        if number % count != index:
-            continue
+    for number in mine:
+        first = number * prompts_per_shard
         path = out / SHARD.format(number)
-        if path.exists():
+        if path.exists():  # resumed: done by an earlier run
             skipped += 1
             if progress is not None:
                 progress(min(prompts_per_shard, len(prompts) - first))
@@ -93,28 +148,111 @@ def collect_dense(target, draft, prompts: Sequence[list[int]], categories: Seque
                                  "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": seed, **row})
             if progress is not None:
                 progress(1)
-        _write(rows, path, [acceptance_column(v.name, k) for v in verifiers for k in range(1, spec.k_max + 1)])
+        _write(rows, path, label_columns)
         nodes += len(rows)
         written += 1
     return DenseSummary(nodes, written, skipped, time.perf_counter() - start, out)
 
 
-def _check_or_write_metadata(out: Path, metadata: dict, resume: bool) -> None:
-    path = out / METADATA
-    if path.exists():
-        existing = json.loads(path.read_text(encoding="utf-8"))
-        same = {k: v for k, v in existing.items() if k != "command"} == \
-            {k: v for k, v in metadata.items() if k != "command"}
-        if not same:
-            raise ValueError(f"{out} holds another dense data set ({METADATA} differs); choose a new --output")
-        if not resume:
-            raise ValueError(f"{out} holds a dense data set already; --resume continues it")
+def check_dense_output(out: Path, metadata: dict, chunks: Sequence[int], resume: bool) -> None:
+    """ValueError unless ``out`` may take ``chunks`` of the data set ``metadata`` describes: a new or empty folder, or
+    one holding this data set (its ``dense.json`` with the same row settings) where none of ``chunks`` is written yet,
+    or any of them with ``resume``. Another shard's temporaries do not count; nothing is created."""
+    if not check_dense_folder(out):
         return
-    if any(out.glob("dense-*.parquet")):
-        raise ValueError(f"{out} holds shards without {METADATA}; choose a new --output")
-    _atomic_text(path, json.dumps(metadata, indent=1))
-    _atomic_text(out / "README.md", dataset_card(metadata))
+    check_same_dense(read_dense_metadata(out), metadata, out)
+    done = [c for c in chunks if (out / SHARD.format(c)).exists()]
+    if done and not resume:
+        raise ValueError(f"--output {out} holds this dense data set already, with {len(done)} of this shard's "
+                         f"{len(chunks)} chunks written; --resume continues it")
 
+
+def check_dense_folder(out: Path) -> bool:
+    """Whether ``out`` holds a dense data set (its ``dense.json``); False for a new or empty folder (temporaries of a
+    shard creating it do not count). ValueError for a file in the way, or a non-empty folder holding none: the
+    user's own files are never written into. Nothing is created."""
+    from ddte_core.paths import refuse_file_in_the_way
+
+    refuse_file_in_the_way(out, "--output")
+    if (out / METADATA).is_file():
+        return True
+    if out.is_dir() and any(not p.name.startswith(TEMPORARY) for p in out.iterdir()):
+        raise ValueError(f"--output {out} is not empty and holds no dense data set ({METADATA}): choose a new or "
+                         "empty folder")
+    return False
+
+
+def read_dense_metadata(out: Path) -> dict:
+    path = out / METADATA
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: cannot read the dense data set's metadata ({err})") from err
+
+
+def row_settings(metadata: dict) -> dict:
+    """The part of ``dense.json`` that decides the rows (:data:`ROW_KEYS`); for a file written before the kernels'
+    path names were recorded apart, the names read from its kernels line."""
+    settings = {key: metadata.get(key) for key in ROW_KEYS}
+    if "kernel_paths" not in metadata:
+        line = str(metadata.get("kernels", ""))
+        settings["kernel_paths"] = {role: m.group(1) for role in ("target", "draft")
+                                    if (m := re.search(rf"\b{role} ([\w.-]+)", line))}
+    return settings
+
+
+def differing_settings(existing: dict, metadata: dict) -> list[str]:
+    """Each row setting of ``metadata`` that ``existing`` holds otherwise, as ``key (there, here)`` (a dict's keys
+    as ``key.sub``)."""
+    old, new = row_settings(existing), row_settings(metadata)
+    diff = []
+    for key in ROW_KEYS:
+        a, b = old[key], new[key]
+        if key in UNRECORDED_BEFORE and key not in existing:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            diff += [f"{key}.{k} ({_brief(a.get(k))} there, {_brief(b.get(k))} here)" for k in sorted({*a, *b})
+                     if a.get(k) != b.get(k)]
+        elif a != b:
+            diff.append(f"{key} ({_brief(a)} there, {_brief(b)} here)")
+    return diff
+
+
+def _brief(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 24 else text[:20] + "…"
+
+
+def check_same_dense(existing: dict, metadata: dict, out: Path) -> None:
+    """ValueError naming the row settings in which ``out``'s data set (``existing``) differs from ``metadata``."""
+    diff = differing_settings(existing, metadata)
+    if diff:
+        raise ValueError(f"--output {out} holds another dense data set ({METADATA} differs in: {', '.join(diff)}); "
+                         "choose a new --output, or the same settings to resume")
+
+
+def _enter_output(out: Path, metadata: dict) -> None:
+    """Create ``out`` if new, link ``dense.json`` into place unless another shard did (theirs must match), and write
+    the card where it is missing (from the ``dense.json`` on disk, so every shard writes the same one)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot create --output {out} ({err.strerror or err})") from err
+    path = out / METADATA
+    fd, tmp = tempfile.mkstemp(prefix=TEMPORARY, suffix=".json", dir=out)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(metadata, handle, indent=1)
+        os.chmod(tmp, 0o644)
+        os.link(tmp, path)  # fails where it exists: the first shard's metadata wins, whole
+    except FileExistsError:
+        pass
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    on_disk = read_dense_metadata(out)
+    check_same_dense(on_disk, metadata, out)
+    if not (out / CARD).exists():
+        _atomic_text(out / CARD, dataset_card(on_disk))
 
 def _write(rows: list[dict], path: Path, label_columns: list[str]) -> None:
     from datasets import Dataset, Features, List, Value

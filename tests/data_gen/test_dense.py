@@ -115,3 +115,70 @@ def test_a_prompt_without_room_is_refused() -> None:
     target, draft = _pair()
     with pytest.raises(ValueError, match="leaves no room"):
         prompt_nodes(target, draft, list(range(60)), SAMPLING, DenseSpec(length=10), [], seed=0)
+
+
+def _metadata(spec: DenseSpec, **changes) -> dict:
+    from data_gen.dense_collection import dense_metadata
+
+    metadata = dense_metadata("fingerprint", None, spec, [1.0], 1.0, [get_verifier("specinfer")], "prompts.jsonl", 2,
+                              seed=0, command="ddte dense-labels", prompts_per_shard=1)
+    return {**metadata, **changes}
+
+
+@pytest.mark.parametrize(("temperatures", "top_p"), [([math.nan], 1.0), ([math.inf], 1.0), ([-1.0], 1.0),
+                                                     ([1.0, 1.0], 1.0), ([1.0], math.nan), ([1.0], 0.0)])
+def test_a_sampling_setting_that_is_none_is_refused_before_any_write(tmp_path, temperatures, top_p) -> None:
+    from data_gen.dense_collection import collect_dense, dense_metadata
+
+    spec = DenseSpec(continuations=1, length=3, k_max=1)
+    with pytest.raises(ValueError, match="temperature|top_p"):
+        dense_metadata("f", None, spec, temperatures, top_p, [], "p", 1, 0, "c")
+    target, draft = _pair()
+    out = tmp_path / "dense"
+    with pytest.raises(ValueError, match="temperature|top_p"):  # metadata made by hand: collect_dense checks it too
+        collect_dense(target, draft, [PROMPT], ["none"], out, _metadata(spec, temperatures=temperatures, top_p=top_p),
+                      spec, [get_verifier("specinfer")], 1)
+    assert not out.exists()
+
+
+def test_shards_of_one_set_start_together_and_another_set_is_refused_by_its_keys(tmp_path) -> None:
+    """Two shards started at once on a new folder (a SLURM array): both label their chunk, the first dense.json wins
+    and the other matches it though its kernels line (times measured) and command differ; another seed is refused
+    by name, as is a folder of the user's own files, and a shard without a chunk writes nothing."""
+    import threading
+
+    from data_gen.dense_collection import collect_dense
+
+    spec = DenseSpec(continuations=1, length=3, k_max=1)
+    verifiers, out = [get_verifier("specinfer")], tmp_path / "dense"
+    barrier, failures = threading.Barrier(2), []
+
+    def shard(i: int) -> None:
+        target, draft = _pair()
+        metadata = _metadata(spec, kernels=f"kernels: target default (measured {i} ms), draft default",
+                             command=f"ddte dense-labels --shard {i}/2")
+        barrier.wait()
+        try:
+            collect_dense(target, draft, [PROMPT, PROMPT[1:]], ["none"] * 2, out, metadata, spec, verifiers, 1, (i, 2))
+        except Exception as err:  # noqa: BLE001 - reported below, with the shard
+            failures.append((i, err))
+
+    threads = [threading.Thread(target=shard, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "dense-00000.parquet", "dense-00001.parquet",
+                                                     "dense.json"]
+    target, draft = _pair()
+    with pytest.raises(ValueError, match=r"differs in: seed \(0 there, 7 here\)\)"):
+        collect_dense(target, draft, [PROMPT, PROMPT[1:]], ["none"] * 2, out, _metadata(spec, seed=7), spec,
+                      verifiers, 1, (0, 2), resume=True)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty and holds no dense data set"):
+        collect_dense(target, draft, [PROMPT], ["none"], tmp_path / "mine", _metadata(spec), spec, verifiers, 1)
+    summary = collect_dense(target, draft, [PROMPT], ["none"], tmp_path / "spare", _metadata(spec), spec, verifiers, 1,
+                            (1, 2))
+    assert summary.nodes == summary.shards_written == 0 and not (tmp_path / "spare").exists()
