@@ -200,21 +200,24 @@ def _samples(args: argparse.Namespace, decoder, policy, ids: list[int], sampling
     """Every sample, printed as it comes; the statistics on stderr; the output file written whole."""
     from ddte_core.paths import staged_file
     from decode.drafting.rng import TorchRandom
-    from decode.stats import GenerationStats
+    from decode.stats import GenerationStats, plain_target_seconds
 
-    total = GenerationStats()
+    total, plain_s = GenerationStats(), 0.0
     lines = []
     for i in range(args.num_samples):
         with user_errors():
             gen = decoder.generate(ids, args.max_new_tokens, policy, TorchRandom(args.seed + i), sampling)
         total.merge(gen.stats)
+        if decoder.latency is not None:  # the run's latency table prices plain decoding's one-token passes
+            plain_s += plain_target_seconds(lambda length: decoder.latency.target(length, 1), len(ids),
+                                            gen.stats.new_tokens)
         record = {"sample": i, **gen.as_dict(pair.tokenizer)}
         lines.append(json.dumps(record) + "\n")
         print(f"--- sample {i} ({len(gen.tokens)} tokens, stopped by {gen.stopped_by})")
         print(record.get("text", ",".join(str(t) for t in gen.tokens)))
     print(f"verifier {decoder.verifier.name}, policy {policy.describe(sampling)}, T={args.temperature}, "
           f"top-p={args.top_p}: {total.summary()}", file=sys.stderr)
-    print(total.vs_plain_decoding(), file=sys.stderr)
+    print(total.vs_plain_decoding(plain_s if decoder.latency is not None else None), file=sys.stderr)
     if output is not None:
         try:
             with staged_file(output) as tmp:
