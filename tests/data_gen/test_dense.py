@@ -57,7 +57,9 @@ def test_dense_labels_equal_the_tree_collections_on_the_same_nodes_and_draws() -
                 if math.isnan(want):
                     assert math.isnan(got), (verifier.name, k)
                 else:
-                    assert got == pytest.approx(want, abs=1e-9), (verifier.name, k)
+                    # two float32 routes to one number: they differ by rounding (6e-9 on an AMD EPYC without
+                    # AVX-512), a wrong label by a share of a token
+                    assert got == pytest.approx(want, abs=1e-6), (verifier.name, k)
                     checked += 1
     assert checked >= 2 * len(verifiers)  # every verifier takes K = 1 at least
 
