@@ -9,12 +9,14 @@ out as `ddte train-pair` writes one (target/, draft/, tokenizer/ and recipe.json
 in models/) adds, with the models in fp32 on the default kernel path: training figures (from recipe.json), held-out
 loss and perplexity, HF-forward pass times, and the draft's calibration. It prints markdown tables and writes
 everything as JSON; --threads, --cache-len and --sample-tokens beyond the machine or the pair's context are refused
-before anything is measured.
+before anything is measured. --kernels names the kernel paths as in every command (default: the pair's own; a
+`ddte train-pair` folder's card: default).
 
 Examples:
   ddte pair-card --output models/card.json
   ddte pair-card --pair smollm2 --output models/smollm2-card.json
   ddte pair-card --pair /tmp/pair/pair.yaml --num-prompts 10 --timed-calls 5
+  ddte pair-card --pair smollm2 --kernels default --output /tmp/smollm2-default-card.json
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from ddte.commands.common import UserError, add_threads_argument, check_output_file, seed_argument, user_errors
+from ddte.commands.common import (
+    UserError,
+    add_threads_argument,
+    check_kernels_argument,
+    check_output_file,
+    seed_argument,
+    user_errors,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="held-out blocks for the loss (default: the recipe's final_eval_blocks, else all)")
     parser.add_argument("--sample-tokens", type=int, default=80, help="length of the T=0.8 sample")
     parser.add_argument("--seed", type=seed_argument, default=0, help="sampling seed")
+    parser.add_argument("--kernels", default=None, metavar="auto|PATH|target=PATH,draft=PATH",
+                        help="the linear layers' kernel path per model, as in every command (default: the pair's, "
+                        "auto; a `ddte train-pair` folder's card: default). auto measures each path on this machine "
+                        "once (cached beside the latency tables) and takes the fastest")
     parser.add_argument("--groups", nargs="+", default=[], metavar="GROUP",
                         help="measure acceptance on these prompt groups only (like, unlike for chat sets; the "
                         "categories of the mixed workload, e.g. coding math translation writing; default: all)")
@@ -52,11 +65,12 @@ def run(args: argparse.Namespace) -> int:
     from ddte.pair_card.folder import train_pair_folder
     from decode.pair_spec import read_pair_config
 
+    check_kernels_argument(args.kernels)  # a --kernels that does not parse: one line, before anything loads
     with user_errors():
         folder = train_pair_folder(read_pair_config(args.pair))
     settings = with_defaults(CardSettings(args.pair, args.threads, args.cache_len, args.tree_nodes, args.timed_calls,
                                           args.num_prompts, args.max_new_tokens, args.sample_tokens, args.seed,
-                                          tuple(args.groups), args.heldout_blocks), folder is not None)
+                                          tuple(args.groups), args.heldout_blocks, args.kernels), folder is not None)
     _check(settings, folder is not None)
     output = check_output_file(args.output) if args.output else None
     return _measure_and_print(settings, output)

@@ -1,7 +1,7 @@
 """One pair's card (``ddte pair-card``): what every pair gets, and the optional section of a ``ddte train-pair`` folder.
 
 For the pair a pair YAML names, loaded as the decoding loop runs it (the pair's dtypes and kernel paths; a
-``ddte train-pair`` folder in fp32 on the default path), this measures:
+``ddte train-pair`` folder in fp32 on the default path; ``--kernels`` names other paths for either), this measures:
   * the machine (:func:`ddte_core.machine.environment`), the architecture, parameters and dtype of each model;
   * pass times in the decoding loop (the decoder's wrappers through :func:`decode.policies.latency.measure_latency`):
     the target's one-token and tree passes, the draft's one-token pass warm and its cache-cold first pass of a step
@@ -48,6 +48,7 @@ class CardSettings:
     seed: int = 0
     groups: tuple[str, ...] = ()  # the prompt groups to measure acceptance on (empty: all)
     heldout_blocks: int | None = None  # a train-pair folder's held-out loss (None: the recipe's own count)
+    kernels: str | None = None  # --kernels (None: the pair's own; "default" for a train-pair folder)
 
 
 FOLDER_DEFAULTS = {"tree_nodes": 32, "repeats": 30, "num_prompts": 100}  # the shipped card's figures
@@ -110,8 +111,9 @@ def measure(settings: CardSettings) -> dict[str, Any]:
     if unknown:  # before any measuring
         raise ValueError(f"--groups: no prompt group {unknown[0]!r} (this pair's: {', '.join(sorted(groups))})")
     groups = {name: texts for name, texts in groups.items() if not settings.groups or name in settings.groups}
-    choice = pair.use_kernels("default") if folder is not None else \
-        pair.use_kernels(None, latency_cache(), announce=_to_stderr, progress=True)
+    default = "default" if folder is not None else None  # a train-pair folder's figures are on the default path
+    choice = pair.use_kernels(default if settings.kernels is None else settings.kernels, latency_cache(),
+                              announce=_to_stderr, progress=True)
     result: dict[str, Any] = {"pair": str(spec.source), **environment(), "load_average_at_start": os.getloadavg()[0],
                               "architecture": {role: describe(lm.model) | {"dtype": str(lm.dtype)}
                                                for role, lm in (("target", pair.target), ("draft", pair.draft))},

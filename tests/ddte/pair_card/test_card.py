@@ -94,6 +94,41 @@ def test_the_json_is_written_whole_as_an_ordinary_shared_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["card.json"]
 
 
+@pytest.mark.parametrize(("given", "folder", "reaches"), [
+    (["--kernels", "draft=int8-dynamic"], False, "draft=int8-dynamic"),
+    ([], False, None),  # the pair's own kernels
+    (["--kernels", "auto"], True, "auto"),
+    ([], True, "default"),  # a train-pair folder's card: the default path, unless --kernels says otherwise
+])
+def test_kernels_reaches_use_kernels(tiny_pair, tmp_path, monkeypatch, given, folder, reaches):
+    """--kernels parses as in every command and is what the card asks pair.use_kernels for; measuring stops there."""
+    from decode.pair import LoadedPair
+    from tests.factories import save_tiny_pair
+
+    asked = []
+
+    def use_kernels(self, request=None, cache=None, announce=None, progress=False):
+        asked.append(request)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(LoadedPair, "use_kernels", use_kernels)
+    pair = _pair_yaml(tiny_pair, tmp_path / "p.yaml") if folder else save_tiny_pair(tmp_path / "o") / "pair.yaml"
+    with pytest.raises(Exception, match="stop here"):
+        run_subcommand(pair_card, ["--pair", str(pair), "--cache-len", "16", "--sample-tokens", "8", *given])
+    assert asked == [reaches]
+
+
+@pytest.mark.parametrize("value", ["fastest", "target=int8-dynamic", "gpu=default"])
+def test_a_bad_kernels_is_one_line_and_exit_2_before_any_model_loads(value, capsys, monkeypatch):
+    from ddte.cli import main
+    from decode import pair_spec
+
+    monkeypatch.setattr(pair_spec, "read_pair_config", lambda *_: pytest.fail("read the pair before --kernels"))
+    assert main(["pair-card", "--kernels", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ddte pair-card: error: ") and value.split("=")[-1] in err and len(err.splitlines()) == 1
+
+
 @pytest.mark.parametrize("name", ["card.json", "smollm2-card.json"])
 def test_the_shipped_cards_read_as_before(name):
     """models/ holds cards written before the card was one: their tables still come out, each figure where it was."""
