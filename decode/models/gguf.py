@@ -9,14 +9,17 @@ model that can be saved as safetensors (:func:`convert_gguf`) and loaded like an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
 GGUF_MAGIC = b"GGUF"
+Progress = Callable[[int, int], None]  # (tensors dequantized so far, tensors in the file)
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -55,8 +58,12 @@ def load_gguf_tokenizer(path: str | Path):
         raise ValueError(f"cannot read the tokenizer of {path}: {_first_line(err)}") from err
 
 
-def load_gguf_model(path: str | Path, dtype: torch.dtype = torch.float32):
+def load_gguf_model(path: str | Path, dtype: torch.dtype = torch.float32, progress: Progress | None = None):
     """A plain (unquantized) HF causal LM with the GGUF file's dequantized weights, in ``dtype``, eval mode.
+
+    Args:
+        progress: receives (tensors dequantized, tensors in the file) as the reader goes, and transformers then draws
+            no bar of its own; None: transformers' bars are the progress (dequantizing a 1.5B model takes minutes).
 
     Raises:
         ValueError: not a GGUF file, an architecture transformers cannot read from GGUF, a corrupt file, or the
@@ -68,7 +75,7 @@ def load_gguf_model(path: str | Path, dtype: torch.dtype = torch.float32):
 
     path = check_gguf_file(path)
     try:
-        with quiet_transformers(bars=True):  # dequantizing takes minutes for a 1.5B model: its bar is the progress
+        with quiet_transformers(bars=progress is None), _reader_progress(progress):
             loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
                                                           local_files_only=True, trust_remote_code=False)
     except ImportError as err:
@@ -85,24 +92,55 @@ def load_gguf_model(path: str | Path, dtype: torch.dtype = torch.float32):
     return plain.to(dtype).eval()
 
 
-def convert_gguf(path: str | Path, output: str | Path, dtype: torch.dtype = torch.float32) -> Path:
+@contextlib.contextmanager
+def _reader_progress(progress: Progress | None) -> Iterator[None]:
+    """Inside the block, given ``progress``, transformers' GGUF reader reports each tensor it dequantizes to it and
+    draws nothing: the reader loops over the file's tensors through its module's own ``tqdm`` (tqdm.auto, which
+    transformers' ``disable_progress_bar`` does not reach), swapped here for a counting loop and restored after."""
+    from transformers import modeling_gguf_pytorch_utils as reader
+
+    if progress is None or not hasattr(reader, "tqdm"):
+        yield
+        return
+
+    def counted(iterable, *_args, **_kwargs):
+        items = list(iterable)
+        progress(0, len(items))
+        for done, item in enumerate(items, start=1):
+            yield item
+            progress(done, len(items))  # the reader has finished the previous item when it asks for the next
+
+    original = reader.tqdm
+    reader.tqdm = counted
+    try:
+        yield
+    finally:
+        reader.tqdm = original
+
+
+def convert_gguf(path: str | Path, output: str | Path, dtype: torch.dtype = torch.float32,
+                 progress: Progress | None = None) -> Path:
     """Write the GGUF file's model (safetensors, ``dtype``) and tokenizer as an HF folder at ``output``.
 
     The folder is staged beside ``output`` and renamed into place only when whole, so an interrupted or failed
-    conversion leaves nothing at ``output``.
+    conversion leaves nothing at ``output``. transformers draws no "Writing model shards" bar; ``progress`` as for
+    :func:`load_gguf_model`.
 
     Raises:
         ValueError: as :func:`load_gguf_model`, or ``output`` already exists.
     """
+    from ddte_core.quiet import quiet_transformers
+
     output = Path(output)
     if output.exists():
         raise ValueError(f"{output} exists already")
     tokenizer = load_gguf_tokenizer(path)
-    model = load_gguf_model(path, dtype)
+    model = load_gguf_model(path, dtype, progress)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}-", dir=output.parent))
     try:
-        model.save_pretrained(str(staging), safe_serialization=True)
+        with quiet_transformers(warnings=True):  # one shard: its bar is noise
+            model.save_pretrained(str(staging), safe_serialization=True)
         tokenizer.save_pretrained(str(staging))
         for item in staging.iterdir():
             os.chmod(item, 0o644)

