@@ -113,11 +113,17 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
                         "bfloat16 on CUDA)")
     parser.add_argument("--draft-forward", default="fast", choices=("fast", "hf"),
                         help="the draft's forward: ddte's fast Llama path (same logits) or HF's")
+    add_kernels_argument(parser)
+
+
+def add_kernels_argument(parser: argparse.ArgumentParser, default_note: str = "the pair's, auto") -> None:
+    """``--kernels``, meaning one thing in every command that loads a pair."""
     parser.add_argument("--kernels", default=None, metavar="auto|PATH|target=PATH,draft=PATH",
-                        help="the linear layers' kernel path per model (default: the pair's, auto). auto measures "
-                        "each path on this machine once (cached beside the latency tables) and takes the fastest: "
-                        "for the target only paths exact in its own dtype (default, onednn), for the draft any "
-                        "(int8-dynamic, int8-weight: another q, which the verifier sees as sampled). default opts out")
+                        help=f"the linear layers' kernel path per model (default: {default_note}). auto measures "
+                        "each path this CPU can run once (cached beside the latency tables) and takes the fastest: "
+                        "for the target only paths exact in its own dtype (default, onednn, onednn-wide), for the "
+                        "draft any (int8-dynamic, int8-weight: another q, which the verifier sees as sampled). "
+                        "default opts out")
 
 
 def check_kernels_argument(value: str | None) -> None:

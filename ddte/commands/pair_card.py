@@ -26,6 +26,7 @@ import os
 
 from ddte.commands.common import (
     UserError,
+    add_kernels_argument,
     add_threads_argument,
     check_kernels_argument,
     check_output_file,
@@ -51,10 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="held-out blocks for the loss (default: the recipe's final_eval_blocks, else all)")
     parser.add_argument("--sample-tokens", type=int, default=80, help="length of the T=0.8 sample")
     parser.add_argument("--seed", type=seed_argument, default=0, help="sampling seed")
-    parser.add_argument("--kernels", default=None, metavar="auto|PATH|target=PATH,draft=PATH",
-                        help="the linear layers' kernel path per model, as in every command (default: the pair's, "
-                        "auto; a `ddte train-pair` folder's card: default). auto measures each path on this machine "
-                        "once (cached beside the latency tables) and takes the fastest")
+    add_kernels_argument(parser, "the pair's, auto; a `ddte train-pair` folder's card: default")
     parser.add_argument("--groups", nargs="+", default=[], metavar="GROUP",
                         help="measure acceptance on these prompt groups only (like, unlike for chat sets; the "
                         "categories of the mixed workload, e.g. coding math translation writing; default: all)")

@@ -70,8 +70,8 @@ class KernelRequest:
             request = cls(**roles)
         for role in ROLES:
             name = getattr(request, role)
-            if name != AUTO:
-                kernel_path(name)  # ValueError naming the known paths
+            if name != AUTO and name not in KERNEL_PATHS:
+                raise ValueError(f"--kernels: unknown kernel path {name!r} (auto or one of: {', '.join(KERNEL_PATHS)})")
         if request.target != AUTO and not KERNEL_PATHS[request.target].exact:
             raise ValueError(f"--kernels: the target takes only exact paths "
                              f"({', '.join(n for n, p in KERNEL_PATHS.items() if p.exact)}); {request.target} changes "
