@@ -99,7 +99,7 @@ class Collector:
         generator = torch.Generator().manual_seed(
             derive_seed(self.seed, job.prompt_index, job.sampling_index, job.trajectory)
         )
-        t_logits, t_hidden = self.target.prefill(ids, output_hidden=True)
+        t_logits, t_hidden = self.target.prefill(ids, output_hidden=True, last=2)
         target_at = [_Position(t_logits[i], t_hidden[i]) for i in (-2, -1)]
         d_logits, d_hidden = prefill_to_root(self.draft, ids, output_hidden=True)  # as the loop runs its draft
         draft_at = [_Position(d_logits[0], d_hidden[0]), _Position(d_logits[1], d_hidden[1])]

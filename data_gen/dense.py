@@ -132,8 +132,8 @@ def prompt_nodes(target: CachedLM, draft: CachedLM, prompt_ids: Sequence[int], s
     if not ids or len(ids) + spec.length + 1 > limit:
         raise ValueError(f"a prompt of {len(ids)} tokens leaves no room for {spec.length} more in the "
                          f"{limit}-token context")
-    p_first = distributions(target.prefill(ids)[-1], sampling)
-    q_logits, q_hidden = draft.prefill(ids, output_hidden=True)
+    p_first = distributions(target.prefill(ids, last=1)[-1], sampling)
+    q_logits, q_hidden = draft.prefill(ids, output_hidden=True, last=1)
     generator = torch.Generator().manual_seed(seed)
     runs = _continue(target, draft, p_first, distributions(q_logits[-1], sampling), q_hidden[-1], sampling, spec,
                      generator)

@@ -160,7 +160,7 @@ class SpeculativeDecoder:
         """
         prefix, root = list(prompt_ids[:-1]), int(prompt_ids[-1])
         hidden, draft_hidden = request.features, request.draft_hidden
-        t_logits, t_hidden = _split(self.target.prefill(prefix or [root], output_hidden=hidden), hidden)
+        t_logits, t_hidden = _split(self.target.prefill(prefix or [root], output_hidden=hidden, last=1), hidden)
         d_logits, d_hidden = _split(prefill_to_root(self.draft, prompt_ids, output_hidden=draft_hidden), draft_hidden)
         request.draft_root_logits = d_logits[-1]
         if draft_hidden:
@@ -323,7 +323,7 @@ def prefill_to_root(draft: CachedLM, prompt_ids: Sequence[int], output_hidden: b
     prefix, root = list(prompt_ids[:-1]), [int(prompt_ids[-1])]
     if not prefix:
         return draft.prefill(root, output_hidden=output_hidden)
-    before = _split(draft.prefill(prefix, output_hidden=output_hidden), output_hidden)
+    before = _split(draft.prefill(prefix, output_hidden=output_hidden, last=1), output_hidden)
     at_root = _split(draft.extend(root, commit=True, output_hidden=output_hidden), output_hidden)
     logits = torch.cat([before[0][-1:], at_root[0]])
     if not output_hidden:

@@ -139,19 +139,25 @@ class CachedLM:
 
     # --- forward passes -------------------------------------------------------------------------------
     def prefill(
-        self, ids: Sequence[int], output_hidden: bool = False
+        self, ids: Sequence[int], output_hidden: bool = False, last: int | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Reset the cache, run ``ids`` and commit them.
 
+        ``last``: the rows to return, the last ones only (None: all). The output head then runs over those rows
+        alone: for a 300-token prompt and a 151,936-token vocabulary the head over every row cost as much again as
+        a third of the 1.5B target's prefill, for logits nobody read.
+
         Returns:
-            logits ``(len(ids), V)`` float32 (row i predicts the token after ``ids[i]``), or
-            ``(logits, hidden)`` with ``hidden`` the final-layer hidden state after the final norm,
-            ``(len(ids), hidden_size)`` float32, when ``output_hidden``.
+            logits ``(len(ids), V)`` float32 (row i predicts the token after ``ids[i]``; the last ``last`` rows
+            given ``last``), or ``(logits, hidden)`` with ``hidden`` the final-layer hidden state after the final
+            norm, ``(len(ids), hidden_size)`` float32 (the same rows), when ``output_hidden``.
         """
         if len(ids) == 0:
             raise ValueError("prefill needs at least one token")
+        if last is not None and last < 1:
+            raise ValueError(f"prefill's last must be at least 1, not {last}")
         self.reset()
-        out = self._run(ids, None, None, output_hidden, root=None)
+        out = self._run(ids, None, None, output_hidden, root=None, last=last)
         self.slots.append_committed(len(ids))
         return out
 
@@ -222,25 +228,27 @@ class CachedLM:
         return out
 
     def _run(self, ids: Sequence[int], allowed: np.ndarray | None, pos: np.ndarray | None, output_hidden: bool,
-             root: int | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+             root: int | None, last: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """:meth:`_forward` with the hook's part: the up-projection bias it gives for a forward rooted at position
-        ``root`` (None: a prefill), and the rows of the layers it taps."""
+        ``root`` (None: a prefill), and the rows of the layers it taps. ``last``: logits and hidden states of the
+        last rows only (None: every row; taps always read every row)."""
         hook = self.hook
         if pos is None:
             pos = np.arange(self.length, self.length + len(ids), dtype=np.int64)
         bias = None if hook is None else hook.up_bias(root)
         if bias is not None:
             bias = bias.to(self.device, self.dtype)
-        out = self._forward(ids, allowed, pos, output_hidden, bias, () if hook is None else hook.tap_layers)
+        out = self._forward(ids, allowed, pos, output_hidden, bias, () if hook is None else hook.tap_layers, last)
         if out.tapped is not None:
             hook.tapped(out.tapped)
         return (out.logits, out.hidden) if output_hidden else out.logits
 
     def _forward(self, ids: Sequence[int], allowed: np.ndarray | None, pos: np.ndarray, output_hidden: bool,
-                 up_bias: torch.Tensor | None, tap_layers: tuple[int, ...]) -> ForwardOutput:
+                 up_bias: torch.Tensor | None, tap_layers: tuple[int, ...], last: int | None = None) -> ForwardOutput:
         """Run ``ids`` after the cache. ``allowed (n, length + n)`` bool: which cached/new columns each new token
         sees (None = causal); ``pos (n,)``: position ids; ``up_bias (L, d_ff)``: added to each layer's MLP up
-        projection (None: nothing); ``tap_layers``: hidden-state indices to return."""
+        projection (None: nothing); ``tap_layers``: hidden-state indices to return; ``last``: logits (through HF's
+        ``logits_to_keep``) and the final hidden state of the last rows only."""
         with torch.inference_mode():
             input_ids = torch.as_tensor(ids, dtype=torch.long).view(1, -1).to(self.device)
             kwargs = {}
@@ -253,13 +261,15 @@ class CachedLM:
                     kwargs["attention_mask"] = {t: masks[w if w in masks else None]
                                                 for t, w in self.type_windows.items()}
             kwargs["position_ids"] = torch.from_numpy(pos).view(1, -1).to(self.device)
+            if last is not None:
+                kwargs["logits_to_keep"] = last
             with self._up_projection_bias(up_bias):
                 out = self.model(input_ids=input_ids, cache=self._cache, use_cache=True,
                                  output_hidden_states=output_hidden or bool(tap_layers), **kwargs)
             tapped = None
             if tap_layers:
                 tapped = torch.stack([out.hidden_states[i][0] for i in tap_layers], dim=1).float()
-            hidden = out.hidden_states[-1][0].float() if output_hidden else None
+            hidden = out.hidden_states[-1][0, -(last or len(ids)):].float() if output_hidden else None
             return ForwardOutput(out.logits[0].float(), hidden, tapped)
 
     def _up_projection_bias(self, bias: torch.Tensor | None):

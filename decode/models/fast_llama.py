@@ -173,7 +173,7 @@ class FastCachedLM(CachedLM):
 
     # --- the forward ----------------------------------------------------------------------------------
     def _forward(self, ids, allowed: np.ndarray | None, pos: np.ndarray, output_hidden: bool,
-                 up_bias: torch.Tensor | None, tap_layers: tuple[int, ...]) -> ForwardOutput:
+                 up_bias: torch.Tensor | None, tap_layers: tuple[int, ...], last: int | None = None) -> ForwardOutput:
         """Logits ``(n, V)`` (and final normed hidden states ``(n, H)``, the tapped layers' inputs) of ``ids`` after
         the cached slots, as :meth:`CachedLM._forward`."""
         n, start = len(ids), self.length
@@ -200,7 +200,9 @@ class FastCachedLM(CachedLM):
             tapped = None
             if tap_layers:  # hidden_states[L] is the final normed state, as in HF's output
                 tapped = torch.stack([(inputs + [hidden])[i] for i in tap_layers], dim=1).float()
-            logits = self._head(hidden).float()  # (n, V)
+            if last is not None:
+                hidden = hidden[-last:]
+            logits = self._head(hidden).float()  # (n, V), or (last, V)
             return ForwardOutput(logits, hidden.float() if output_hidden else None, tapped)
 
     def _masks(self, allowed: np.ndarray | None, pos: np.ndarray, n: int,
