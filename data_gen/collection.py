@@ -30,6 +30,7 @@ from data_gen.schema import (
     METADATA_FILE,
     SCHEMA_VERSION,
     TRUNK_COLUMNS,
+    TRUNK_DRAW_COLUMNS,
     TRUNK_STATE_COLUMNS,
     acceptance_column,
     label_column,
@@ -288,7 +289,7 @@ def dataset_metadata(config: CollectConfig, facts: dict, verifiers: list[str], l
         "verifiers": verifiers,
         "label_columns": [label_column(v) for v in verifiers],
         "tree_columns": [trees_column(v) for v in verifiers],
-        "trunk_columns": [*TRUNK_COLUMNS, *TRUNK_STATE_COLUMNS],
+        "trunk_columns": [*TRUNK_COLUMNS, *TRUNK_STATE_COLUMNS, *TRUNK_DRAW_COLUMNS],
         "acceptance_columns": [acceptance_column(v) for v in verifiers
                                if get_verifier(v).label_rule == LabelRule.REACH],
         "scalar_names": list(SCALAR_NAMES),

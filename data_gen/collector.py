@@ -22,10 +22,17 @@ import torch
 
 from data_gen.config import CollectConfig
 from data_gen.labels import label_forest
-from data_gen.schema import TRUNK_COLUMNS, TRUNK_STATE_COLUMNS, acceptance_column, label_column, trees_column
+from data_gen.schema import (
+    TRUNK_COLUMNS,
+    TRUNK_DRAW_COLUMNS,
+    TRUNK_STATE_COLUMNS,
+    acceptance_column,
+    label_column,
+    trees_column,
+)
 from data_gen.union import UnionForest, grow_union_forest
 from decode.drafting.actions import Action
-from decode.drafting.delayed import expand_nodes
+from decode.drafting.delayed import Draw, draw_of, expand_nodes
 from decode.drafting.sampling import SamplingConfig, distributions, entropy
 from decode.drafting.tree import ROOT
 from decode.engine import prefill_to_root
@@ -218,14 +225,22 @@ class Collector:
 
 def trunk_states(forest: UnionForest, q: torch.Tensor, hidden: dict[int, torch.Tensor]) -> dict[str, list[float]]:
     """The draft's state at trunk depths 0..L_max of every union tree (the root at depth 0): what a policy deciding
-    while drafting may see there. Columns of :data:`data_gen.schema.TRUNK_STATE_COLUMNS`, tree-major."""
+    while drafting may see there. Columns of :data:`data_gen.schema.TRUNK_STATE_COLUMNS` and
+    :data:`~data_gen.schema.TRUNK_DRAW_COLUMNS` (each drawn trunk token's :func:`~decode.drafting.delayed.draw_of`,
+    the loop's own), tree-major."""
     depths = forest.l_max + 1
-    nodes = torch.tensor([sample.trunk[:depths] for sample in forest.samples]).reshape(-1)  # (s · depths,)
+    trunks = [sample.trunk[:depths] for sample in forest.samples]
+    nodes = torch.tensor(trunks).reshape(-1)  # (s · depths,)
     rows = q[nodes]
+    draws = [Draw(1.0, 0, 1.0) if d == 0 else draw_of(q[trunk[d - 1]], forest.tokens[trunk[d]])
+             for trunk in trunks for d in range(depths)]
     return {
         TRUNK_STATE_COLUMNS[0]: torch.stack([hidden[int(v)] for v in nodes]).reshape(-1).tolist(),
         TRUNK_STATE_COLUMNS[1]: entropy(rows).tolist(),
         TRUNK_STATE_COLUMNS[2]: rows.max(-1).values.tolist(),
+        TRUNK_DRAW_COLUMNS[0]: [d.q for d in draws],
+        TRUNK_DRAW_COLUMNS[1]: [d.rank for d in draws],
+        TRUNK_DRAW_COLUMNS[2]: [d.top for d in draws],
     }
 
 

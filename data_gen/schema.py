@@ -7,8 +7,10 @@ version.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2  # 2: per-tree labels and trunk acceptances (1: means over the trees only)
-READABLE_VERSIONS = (1, 2)  # a schema-1 folder still trains a selector; its cross-fitted figures are unavailable
+SCHEMA_VERSION = 3  # 3: the trunk's draws; 2: per-tree labels and trunk acceptances (1: means over the trees only)
+# a schema-1 folder still trains a selector (its cross-fitted figures are unavailable); a schema-2 one has no draws,
+# so the signals that read them (decode/policies/signals.py) are left out of its fits
+READABLE_VERSIONS = (1, 2, 3)
 METADATA_FILE = "dataset.json"
 SHARD_GLOB = "shard-*.parquet"
 DEFAULT_VERIFIERS = ("nss", "naive", "specinfer", "spectr", "traversal", "gbv")
@@ -28,6 +30,9 @@ TRUNK_COLUMNS = ("trunk_accept", "trunk_beta")  # s·2·L_max floats each, tree-
 # the draft's state at trunk depths 0..L_max of each tree (schema 2): hidden s·(L_max+1)·H_d, entropy and top
 # probability s·(L_max+1) each, tree-major
 TRUNK_STATE_COLUMNS = ("trunk_draft_hidden", "trunk_draft_entropy", "trunk_draft_top")
+# the trunk's draws (schema 3): at depth d the token drawn from the law at depth d - 1, its q there, its rank there and
+# that law's top probability (depth 0: 1, 0, 1); s·(L_max+1) each, tree-major
+TRUNK_DRAW_COLUMNS = ("trunk_draw_q", "trunk_draw_rank", "trunk_draw_top")
 
 
 def acceptance_column(verifier: str) -> str:

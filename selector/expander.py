@@ -43,8 +43,13 @@ from selector.expansion_fit import (
     static_profile,
 )
 
-RULE_SIGNALS = ("learned", "top", "entropy")
 ACCEPTANCE_SIGNALS = ("acceptance", "marginal")  # with an acceptance model (selector/acceptance.py)
+
+
+def rule_signals(data: EpisodeData, acceptance: bool) -> tuple[str, ...]:
+    """The signals a rule may halt on over ``data``: every registered per-node signal it stores
+    (decode/policies/signals.py), then the ridge head's ``learned`` β̂, or with an acceptance model its two."""
+    return (*data.node_signals(), *(ACCEPTANCE_SIGNALS if acceptance else ("learned",)))
 ACCEPTANCE_PREFIX = "ddte.acceptance."
 
 
@@ -123,9 +128,13 @@ def chain_times(data: EpisodeData) -> np.ndarray:
     return data.step[:, [index(1, d, 0) for d in range(data.beta.shape[-1])]]
 
 
-def choose_signal(offline: dict[str, float], min_gain: float, signals=RULE_SIGNALS) -> str:
-    """The signal of ``signals`` whose cross-fitted ratio to the static action is highest, if it clears
-    ``1 + min_gain``; else ``static``."""
+ORACLES = ("beta", "oracle")  # figures a policy cannot reach (the exact β, hindsight): never chosen
+
+
+def choose_signal(offline: dict[str, float], min_gain: float, signals=None) -> str:
+    """The signal of ``signals`` (default: every one ``offline`` scores but the oracles) whose cross-fitted ratio to
+    the static action is highest, if it clears ``1 + min_gain``; else ``static``."""
+    signals = [name for name in offline if name not in ORACLES] if signals is None else signals
     best = max(signals, key=lambda name: offline[name])
     return best if offline[best] >= 1.0 + min_gain else "static"
 
@@ -142,7 +151,7 @@ def fit_rule(data: EpisodeData, signal: str, l_max: int, k_max: int, extra: dict
              ) -> tuple[HaltingRule, np.ndarray]:
     """The best rule of the grid on every episode of ``data`` for ``signal`` (the learned one on out-of-fold β̂,
     as noisy as at decode time; one of ``extra`` as given), and the signal ``(N, s, D)`` it was chosen on."""
-    values = {"top": data.top, "entropy": -data.entropy, **(extra or {})}.get(signal)
+    values = {**data.node_signals(), **(extra or {})}.get(signal)
     if values is None:
         values = out_of_fold_beta(data)
     return best_rule(data, values, candidate_rules(values, l_max, k_max), _Index(data.actions)), values
@@ -156,14 +165,14 @@ def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: fl
     without ``acceptance``, whose graph then is the file's); ``acceptance``: an acceptance model trained on other
     prompts (selector/acceptance_train.py), which adds the ``acceptance`` and ``marginal`` signals;
     ``progress``: called with a line per sampling configuration."""
-    available = ("top", "entropy", *ACCEPTANCE_SIGNALS) if acceptance else RULE_SIGNALS
-    signals = tuple(signals or available)
-    if not signals or not set(signals) <= set(available):
-        raise ValueError(f"signals must be among {', '.join(available)}, got {list(signals)}")
     from selector.root_data import data_fingerprint, inspect_dataset
 
     folder = Path(folder)
     metadata, episodes, _ = load_episodes(folder, verifier)
+    available = rule_signals(next(iter(episodes.values())), acceptance is not None)
+    signals = tuple(signals or available)
+    if not signals or not set(signals) <= set(available):
+        raise ValueError(f"signals must be among {', '.join(available)}, got {list(signals)}")
     prompts = {str(p) for data in episodes.values() for p in data.prompts.tolist()}
     model = None if acceptance is None else AcceptanceFile(
         acceptance, metadata["pair"]["fingerprint"], int(metadata["hidden_sizes"]["draft_hidden_root"]), prompts)
@@ -201,7 +210,8 @@ def _node_rule(data: EpisodeData, metadata: dict, config: int, column: int, fold
     l_max, k_max = int(metadata["l_max"]), int(metadata["k_max"])
     extra = model.signals(data, temperature) if model else None
     figures = evaluate_expansion(data, l_max, k_max, folds, extra=extra)
-    offline = {name: float(figures[name]) for name in (*RULE_SIGNALS, *(extra or {}), "beta", "oracle")}
+    offline = {name: float(figures[name]) for name in (*data.node_signals(), "learned", *(extra or {}), "beta",
+                                                        "oracle")}
     signal = choose_signal(offline, min_gain, signals)
     rule, profile, chain = None, None, None
     if signal != "static":

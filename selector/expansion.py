@@ -96,9 +96,9 @@ def _score_fold(data: EpisodeData, test_rows: np.ndarray, l_max: int, k_max: int
     _add(tally.totals, "static", _static_sums(test, static))
     _add_groups(tally.by_group, groups, "static", time_per_token(np.nanmean(test.be[:, :, static], axis=1),
                                                                  test.step[:, static]))
+    on_test = test.node_signals()
     signals = {
-        "top": (train.top, test.top),
-        "entropy": (-train.entropy, -test.entropy),
+        **{name: (values, on_test[name]) for name, values in train.node_signals().items()},
         "learned": (out_of_fold_beta(train), predict_beta(fit_beta_head(train), test)),
         "beta": (train.beta, test.beta),
         **{name: (values[train_rows], values[test_rows]) for name, values in (extra or {}).items()},
@@ -182,7 +182,7 @@ def _oracle_sums(data: EpisodeData) -> tuple[float, float]:
 def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], dict[int, np.ndarray]]:
     """(metadata, episodes per sampling index, root-row indices per sampling index) of a schema-2 data set with
     trunk states; ValueError for one without them."""
-    from data_gen.schema import TRUNK_COLUMNS, TRUNK_STATE_COLUMNS, trees_column
+    from data_gen.schema import TRUNK_COLUMNS, TRUNK_DRAW_COLUMNS, TRUNK_STATE_COLUMNS, trees_column
     from data_gen.store import read_metadata
     from decode.policies.features import SCALAR_NAMES
     from selector.root_data import list_column
@@ -190,8 +190,9 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
     metadata = read_metadata(folder)
     if verifier not in metadata.get("verifiers", []):
         raise ValueError(f"verifier '{verifier}': this data set has labels for {', '.join(metadata['verifiers'])}")
+    draw_columns = [c for c in TRUNK_DRAW_COLUMNS if c in metadata.get("trunk_columns", [])]  # schema 3 on
     table = _read_table(folder, ["prompt_id", "sampling_index", "scalars", "step_ms", trees_column(verifier),
-                                 TRUNK_COLUMNS[1], *TRUNK_STATE_COLUMNS])
+                                 TRUNK_COLUMNS[1], *TRUNK_STATE_COLUMNS, *draw_columns])
     n, s_trees = table.num_rows, int(metadata["trees_per_root"])
     depth, actions = metadata["l_max"] + 1, [Action.parse(a) for a in metadata["actions"]]
     hidden_size = int(metadata["hidden_sizes"]["draft_hidden_root"])
@@ -201,6 +202,7 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
     hidden = list_column(table, TRUNK_STATE_COLUMNS[0]).reshape(n, s_trees, depth, hidden_size)
     entropy = list_column(table, TRUNK_STATE_COLUMNS[1]).reshape(n, s_trees, depth).astype(np.float64)
     top = list_column(table, TRUNK_STATE_COLUMNS[2]).reshape(n, s_trees, depth).astype(np.float64)
+    draws = [list_column(table, c).reshape(n, s_trees, depth).astype(np.float64) for c in draw_columns] or [None] * 3
     raw_scalars = list_column(table, "scalars")
     trunk_pass_ms = raw_scalars[:, SCALAR_NAMES.index("draft_ms")].astype(np.float64)
     lengths = raw_scalars[:, SCALAR_NAMES.index("context_length")].astype(np.int64)
@@ -216,7 +218,8 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
         rows = np.flatnonzero(sampling == c)
         rows_by_config[int(c)] = rows
         episodes[int(c)] = EpisodeData(be[rows], step[rows], prompts[rows], top[rows], entropy[rows], beta[rows],
-                                       features[rows], trunk_pass_ms[rows], actions, lengths[rows])
+                                       features[rows], trunk_pass_ms[rows], actions, lengths[rows],
+                                       *(None if d is None else d[rows] for d in draws))
     return metadata, episodes, rows_by_config
 
 

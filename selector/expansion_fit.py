@@ -28,6 +28,7 @@ from decode.drafting.actions import Action
 from decode.policies.guard import RuleProfile, StaticProfile, harmonic_mean, length_quantiles
 from decode.policies.halting import HaltingRule as Rule  # the rule the decoder runs
 from decode.policies.halting import halting_depth
+from decode.policies.signals import SIGNALS, TrunkArrays, signal_names
 
 
 @dataclass
@@ -44,6 +45,8 @@ class EpisodeData:
         actions: the action list (column order of ``be`` and ``step``).
         lengths: ``(N,)`` the roots' context lengths (what a machine-free profile of the fit keeps:
             decode/policies/guard.py).
+        draw_q, draw_rank, draw_top: ``(N, s, D)`` the trunk's draws (decode/policies/signals.py ``TrunkArrays``);
+            None for collections made before they were stored.
     """
 
     be: np.ndarray
@@ -56,11 +59,26 @@ class EpisodeData:
     trunk_pass_ms: np.ndarray
     actions: list[Action] = field(default_factory=list)
     lengths: np.ndarray | None = None
+    draw_q: np.ndarray | None = None
+    draw_rank: np.ndarray | None = None
+    draw_top: np.ndarray | None = None
 
     def take(self, rows: np.ndarray) -> EpisodeData:
+        def cut(values: np.ndarray | None) -> np.ndarray | None:
+            return None if values is None else values[rows]
+
         return EpisodeData(self.be[rows], self.step[rows], self.prompts[rows], self.top[rows], self.entropy[rows],
                            self.beta[rows], self.features[rows], self.trunk_pass_ms[rows], self.actions,
-                           None if self.lengths is None else self.lengths[rows])
+                           cut(self.lengths), cut(self.draw_q), cut(self.draw_rank), cut(self.draw_top))
+
+    def trunk_arrays(self) -> TrunkArrays:
+        """The trunk states every registered signal reads offline."""
+        return TrunkArrays(self.top, self.entropy, self.draw_q, self.draw_rank, self.draw_top)
+
+    def node_signals(self) -> dict[str, np.ndarray]:
+        """``(N, s, D)`` every registered per-node signal these episodes can compute (decode/policies/signals.py)."""
+        arrays = self.trunk_arrays()
+        return {name: SIGNALS[name].offline(arrays) for name in signal_names(arrays)}
 
 
 class _Index:

@@ -31,17 +31,36 @@ from decode.models.cached_lm import CachedLM, run_nodes
 from decode.models.draft_vocab import support_ids
 
 
+@dataclass(frozen=True)
+class Draw:
+    """A trunk token as drawn: its probability under the law it was drawn from, its rank there (0: that law's most
+    likely token; ties share the better rank) and that law's top probability."""
+
+    q: float
+    rank: int
+    top: float
+
+
+def draw_of(law: torch.Tensor, index: int) -> Draw:
+    """The :class:`Draw` of entry ``index`` of ``law`` ``(V,)`` (or over a draft's support ``(Vs,)``: entries off
+    the support hold no mass, so both give the same draw)."""
+    prob = law[index]
+    return Draw(float(prob), int((law > prob).sum()), float(law.max()))
+
+
 @dataclass
 class TrunkNode:
     """What a per-node decision may see at a trunk node: its depth (0 = the root), the draft's law there (the one
     the next trunk token is drawn from) over the draft's support ``(Vs,)``, or ``(V,)`` for a draft without a
-    draft vocabulary, and the draft's final hidden state there ``(H,)`` (None when the draft was not asked for
-    hidden states). The law is the one drawn from, so a signal of it (top probability, entropy) is the full law's:
-    the rest of the vocabulary holds no mass."""
+    draft vocabulary, the draft's final hidden state there ``(H,)`` (None when the draft was not asked for
+    hidden states), and the trunk tokens drawn on the way to it (``draws[j]``: the token at depth j + 1, drawn from
+    the law at depth j). The law is the one drawn from, so a signal of it (top probability, entropy) is the full
+    law's: the rest of the vocabulary holds no mass. Nothing here is the token the node is about to draw."""
 
     depth: int
     q: torch.Tensor
     hidden: torch.Tensor | None
+    draws: tuple[Draw, ...] = ()
 
 
 @dataclass
@@ -91,11 +110,14 @@ def draft_delayed_tree(
         root_hidden: ``(H,)`` the draft's hidden state at the root, for ``halting`` at depth 0.
     """
     state = _Drafting(draft, q_root, sampling, rng, output_hidden)
-    tip, depth = ROOT, 0
+    tip, depth, draws = ROOT, 0, ()
     for j in range(action.l1):
-        if halting is not None and halting(TrunkNode(j, state.laws[tip], state.hidden.get(tip, root_hidden))):
+        if halting is not None and halting(TrunkNode(j, state.laws[tip], state.hidden.get(tip, root_hidden), draws)):
             break
-        tip, depth = state.draw(tip), j + 1
+        parent, (tip, index) = tip, state.draw_index(tip)
+        depth = j + 1
+        if halting is not None:  # the draw, for the next nodes' decisions (after it was made, never before)
+            draws = (*draws, draw_of(state.laws[parent], index))
         if j < action.l1 - 1 or action.l2 > 0:
             state.expand([tip])
     if action.is_single_path and depth < action.l1:
@@ -161,7 +183,12 @@ class _Drafting:
 
     def draw(self, node: int) -> int:
         """A child of ``node`` drawn from its law: the child's node index."""
-        return self.builder.draw(node, token_id(self.support, self.rng.categorical(self.laws[node])))
+        return self.draw_index(node)[0]
+
+    def draw_index(self, node: int) -> tuple[int, int]:
+        """A child of ``node`` drawn from its law: (the child's node index, the drawn entry of the law)."""
+        index = self.rng.categorical(self.laws[node])
+        return self.builder.draw(node, token_id(self.support, index)), index
 
     def finish(self, tree: DraftTree, depth: int) -> DraftedTree:
         return _finish(tree, self.q_root, self.laws, self.support, self.slots,

@@ -37,6 +37,7 @@ from decode.policies.guard import machine_note
 from decode.policies.halting import marginal_gain
 from decode.policies.latency import LatencyTable
 from decode.policies.onnx_session import policy_session
+from decode.policies.signals import SIGNALS as NODE_SIGNALS
 
 ExpanderError = ExpanderFileError  # the name callers catch
 
@@ -209,10 +210,8 @@ class HaltingPolicy(Policy):
 
     def signal(self, node: TrunkNode) -> float:
         """The rule's signal at ``node``: higher means the draft is surer there."""
-        if self.node_rule.signal == "top":
-            return float(node.q.max())
-        if self.node_rule.signal == "entropy":
-            return -law_entropy(node.q)
+        if self.node_rule.signal in NODE_SIGNALS:
+            return NODE_SIGNALS[self.node_rule.signal].online(node)
         return self.beta(node)
 
     def describe(self, sampling: SamplingConfig) -> str:

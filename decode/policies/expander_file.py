@@ -5,8 +5,9 @@ computes one *signal* from the draft's own state there and halts the trunk at th
 ``d >= cap`` or (``d >= floor`` and ``signal < θ``); at the halting depth it drafts its terminal: stop (the single
 path (1, d, 0)) or K i.i.d. branches of L2 tokens (the tree (K, d, L2)). The signals:
 
-* ``top``: the draft's top probability at the node; ``entropy``: minus its entropy (nats), so that higher means
-  surer for every signal;
+* a signal of the registry (decode/policies/signals.py): ``top``, the draft's top probability at the node;
+  ``entropy``, minus its entropy (nats), so that higher means surer for every signal; and the trunk's earlier draws
+  (``draw_q``, ``draw_logq``, ``draw_rank``, ``draw_ratio``, ``path_logq``);
 * ``learned``: β̂, the acceptance head's prediction of 1 − TV(p, q) at the node from the draft's state alone;
 * ``acceptance``: β̂ from an acceptance model trained on dense labels (selector/acceptance.py), the graph's input
   then the node's own features only (``head_inputs: node``);
@@ -40,13 +41,15 @@ from decode.policies.guard import RuleProfile, StaticProfile
 from decode.policies.halting import HaltingRule
 from decode.policies.latency import LatencyTable
 from decode.policies.policy_file import PolicyFileMetadata, read_props
+from decode.policies.signals import SIGNALS as NODE_SIGNALS
 
 INPUT_NAME = "node"
 OUTPUT_NAME = "beta"
 METADATA_VERSION = 1
 PREFIX = "ddte.expander."
-SIGNALS = ("learned", "top", "entropy", "acceptance", "marginal", "static")
 HEAD_SIGNALS = ("learned", "acceptance", "marginal")  # the signals that run the file's graph
+# the head's, every per-node signal of the registry (decode/policies/signals.py), and no rule at all
+SIGNALS = (*HEAD_SIGNALS, *NODE_SIGNALS, "static")
 
 
 class ExpanderFileError(ValueError):

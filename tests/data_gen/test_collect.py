@@ -69,15 +69,20 @@ def test_collect_writes_rows_and_metadata(tiny_pair, tmp_path):
                                        rtol=1e-5, equal_nan=True)
         accept, beta = (np.array(row[c]).reshape(2, 4) for c in ("trunk_accept", "trunk_beta"))
         assert ((0 <= accept) & (accept <= 1 + 1e-6)).all() and ((0 <= beta) & (beta <= 1 + 1e-6)).all()
-    assert meta["schema_version"] == 2
+    assert meta["schema_version"] == 3
     assert meta["hardware"]["cpu"] == cpu_model() and meta["hardware"]["device"] == "cpu" and meta["versions"]["torch"]
     assert meta["trunk_columns"] == ["trunk_accept", "trunk_beta", "trunk_draft_hidden", "trunk_draft_entropy",
-                                     "trunk_draft_top"]
+                                     "trunk_draft_top", "trunk_draw_q", "trunk_draw_rank", "trunk_draw_top"]
     for row in rows:  # the draft's state at trunk depths 0..L_max of each of the 2 trees; depth 0 is the root
         hidden = np.array(row["trunk_draft_hidden"]).reshape(2, 3, 16)
         np.testing.assert_allclose(hidden[:, 0], np.tile(row["draft_hidden_root"], (2, 1)), rtol=1e-5, atol=1e-6)
         entropy, top = (np.array(row[c]).reshape(2, 3) for c in ("trunk_draft_entropy", "trunk_draft_top"))
         assert (entropy >= -1e-6).all() and ((0 < top) & (top <= 1 + 1e-6)).all()
+        draw_q, rank, draw_top = (np.array(row[c]).reshape(2, 3) for c in ("trunk_draw_q", "trunk_draw_rank",
+                                                                           "trunk_draw_top"))
+        assert (draw_q[:, 0] == 1).all() and (rank[:, 0] == 0).all()  # at the root nothing was drawn
+        assert ((0 < draw_q) & (draw_q <= draw_top + 1e-7)).all() and (rank >= 0).all()
+        np.testing.assert_allclose(draw_top[:, 1:], top[:, :-1], rtol=1e-6)  # drawn from the law one level up
         np.testing.assert_allclose(entropy[:, 0], row["scalars"][2], rtol=1e-4)  # entropy_q_root
     assert meta["tree_columns"] == ["be_trees_specinfer", "be_trees_traversal", "be_trees_gbv"]
 

@@ -141,6 +141,32 @@ def test_halting_while_drafting_is_lossless_through_several_steps(name, signal, 
     assert law_error(got, target_law(target)) < TOL
 
 
+def _draw_cases():
+    """Per verifier, a rule on the trunk's earlier draws (decode/policies/signals.py): their running log-product, and
+    the last draw's q over its law's top, decided at depth 1 (after one draw) or 2."""
+    for name in verifier_names():
+        verifier = get_verifier(name)
+        branch = all(verifier.supports_action(2, d, 1) for d in range(3))
+        for signal in ("path_logq", "draw_ratio"):
+            yield pytest.param(name, signal, *((2, 1) if branch else (1, 0)),
+                               id=f"{name}-{signal}-{'branch' if branch else 'stop'}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "signal", "k", "l2"), list(_draw_cases()))
+def test_halting_on_the_earlier_draws_is_lossless(name, signal, k, l2):
+    target, draft = pair()
+    decoder = SpeculativeDecoder(target, draft, get_verifier(name), latency=LATENCY)
+    shape = HaltingRule(0.0, 1, 2, k, l2)  # from depth 1 on, where one draw is known
+    Recorder.signals = []
+    loop_law(decoder, policy(signal, HaltingRule(-np.inf, 1, 2, k, l2)))
+    at_depth_one = np.unique(np.round(Recorder.signals, 6))
+    rule = HaltingRule(float(np.median(at_depth_one)), shape.floor, shape.cap, k, l2)
+    got, shapes = loop_law(decoder, policy(signal, rule))
+    assert len({Action.parse(s.strip("()")).l1 for s in shapes}) >= 2, f"the trunk never halted early: {shapes}"
+    assert law_error(got, target_law(target)) < TOL
+
+
 class PeekingDecoder(SpeculativeDecoder):
     """Wrong: drafts with the policy, then drops the whole tree when the trunk's first draw was not the draft's
     favourite token: whether a drawn token is verified depends on the draw itself."""
