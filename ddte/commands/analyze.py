@@ -134,14 +134,10 @@ def expansion_report(folder: Path, metadata: dict, selectors: dict[str, str], fo
 
     verifiers = list(selectors) or list(metadata["verifiers"])
     extra_names = ["acceptance", "marginal"] if acceptance else []
-    lines = ["| T | verifier | best static | root-time selector | top-probability rule | entropy rule | learned "
-             "per-node | " + "".join(f"{name} rule | " for name in extra_names) + "exact-β rule (oracle) | "
-             "per-tree oracle (hindsight) | corr(top, β) | corr(learned, β) |"
-             + (" corr(acceptance, β) |" if acceptance else ""),
-             "|---|---|" + "---:|" * (9 + 3 * bool(acceptance))]
-    result, model = {}, None
+    result, model, rows_text, signals = {}, None, [], None
     for verifier in verifiers:
         _, episodes, rows = load_episodes(folder, verifier)
+        signals = signals or list(next(iter(episodes.values())).node_signals())  # the registry's, as stored
         if acceptance and model is None:
             prompts = {str(p) for data in episodes.values() for p in data.prompts.tolist()}
             model = AcceptanceFile(acceptance, metadata["pair"]["fingerprint"],
@@ -156,13 +152,17 @@ def expansion_report(folder: Path, metadata: dict, selectors: dict[str, str], fo
             result[f"{verifier}/T{temperature:g}"] = r
             root_text = ("-" if root is None or not r["root_time_roots"]
                          else f"{r['root_time']:.3f} ({r['root_time_roots']} roots)")
-            lines.append(f"| {temperature:g} | {verifier} | 1.000 | {root_text} | "
-                         f"{r['top']:.3f} | {r['entropy']:.3f} | {r['learned']:.3f} | "
-                         + "".join(f"{r[name]:.3f} | " for name in extra_names)
-                         + f"{r['beta']:.3f} | {r['oracle']:.3f} | {r['corr_with_beta']['top']:.2f} | "
-                         f"{r['corr_with_beta']['learned']:.2f} |"
-                         + (f" {r['corr_with_beta']['acceptance']:.2f} |" if acceptance else ""))
-    rules = ["top", "entropy", "learned", *extra_names, "beta"]
+            rows_text.append(f"| {temperature:g} | {verifier} | 1.000 | {root_text} | "
+                             + "".join(f"{r[name]:.3f} | " for name in (*signals, "learned", *extra_names))
+                             + f"{r['beta']:.3f} | {r['oracle']:.3f} | {r['corr_with_beta']['top']:.2f} | "
+                             f"{r['corr_with_beta']['learned']:.2f} |"
+                             + (f" {r['corr_with_beta']['acceptance']:.2f} |" if acceptance else ""))
+    lines = ["| T | verifier | best static | root-time selector | "
+             + "".join(f"{name} rule | " for name in (*signals, "learned per-node", *extra_names))
+             + "exact-β rule (oracle) | per-tree oracle (hindsight) | corr(top, β) | corr(learned, β) |"
+             + (" corr(acceptance, β) |" if acceptance else ""),
+             "|---|---|" + "---:|" * (7 + len(signals) + len(extra_names) + bool(acceptance)), *rows_text]
+    rules = [*signals, "learned", *extra_names, "beta"]
     lines += ["", "Share of episodes each rule drafts another tree than the static one on: "
               + "; ".join(f"{key}: " + ", ".join(f"{name} {r['leaves_static'][name]:.0%}" for name in rules)
                           for key, r in result.items())]

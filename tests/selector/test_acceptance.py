@@ -149,8 +149,12 @@ def test_analyze_scores_the_rules_on_the_model_beside_the_others(acceptance_file
     result, _ = acceptance_file
     assert main(["analyze", "--data", str(tiny_collected), "--expansion", "--acceptance", str(result.path),
                  "--folds", "2", "--output", str(tmp_path / "analysis")]) == 0
-    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0.7 | traversal")]
-    assert len(table) == 1 and len(table[0].split("|")) == 16  # 14 columns: the two rules and a correlation added
+    out = capsys.readouterr().out.splitlines()
+    table = [line for line in out if line.startswith("| 0.7 | traversal")]
+    header = next(line for line in out if line.startswith("| T | verifier"))
+    # 19 columns: the two rules and a correlation added to the 16 of the registry's seven signals and the rest
+    assert len(table) == 1 and len(table[0].split("|")) == len(header.split("|")) == 21
+    assert "draw_q rule" in header and "path_logq rule" in header
     expansion = json.loads((tmp_path / "analysis" / "expansion.json").read_text())
     assert {"acceptance", "marginal"} <= set(expansion["traversal/T0.7"])
     assert main(["analyze", "--data", str(tiny_collected), "--acceptance", str(result.path)]) == 2
