@@ -19,6 +19,7 @@ from decode.policies.expander import HaltingPolicy
 from decode.policies.expander_file import SIGNALS as FILE_SIGNALS
 from decode.policies.expander_file import HaltingRule, NodeRule
 from decode.policies.signals import SIGNALS, TrunkArrays, signal_names
+from tests.data_gen.test_dense import _law, _path  # a recompute's law; a node's path
 from tests.factories import tiny_llama
 
 VOCAB, PROMPT, L_MAX = 24, [3, 7, 2, 9, 4], 3
@@ -35,19 +36,6 @@ class ScriptedDraws:
         index = self.indices.pop(0)
         assert float(weights[index]) > 0
         return index
-
-
-def _law(lm: CachedLM, seq: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return distributions(lm.model(torch.tensor([seq])).logits[0, -1].float(), SAMPLING)
-
-
-def _path(forest, node: int) -> list[int]:
-    path = []
-    while node > 0:
-        path.append(forest.tokens[node])
-        node = forest.parents[node]
-    return path[::-1]
 
 
 @pytest.fixture(scope="module")
