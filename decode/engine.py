@@ -377,11 +377,3 @@ class _Clock:
         """Count ``seconds`` already lapped in ``source`` as ``to``'s."""
         self.stats.seconds[source] -= seconds
         self.stats.seconds[to] += seconds
-
-
-def check_action(verifier: Verifier, action: Action) -> None:
-    """Raise a clear ValueError, before any decoding, when the verifier is not lossless on the action's trees."""
-    if not verifier.supports_action(action.k, action.l1, action.l2):
-        raise ValueError(
-            f"verifier '{verifier.name}' is not lossless on {action} trees; it supports {verifier.regime_help}"
-        )

@@ -24,6 +24,7 @@ import numpy as np
 from data_gen.schema import METADATA_FILE, SCHEMA_VERSION, acceptance_column, label_column, trees_column
 from decode.drafting.actions import action_grid, action_key
 from decode.policies.features import HIDDEN_NAMES, SCALAR_NAMES
+from decode.verifiers import get_verifier
 from selector.root_data import quiet_datasets
 
 SAMPLING = ({"temperature": 0.6, "top_p": 1.0}, {"temperature": 1.0, "top_p": 0.9})
@@ -38,15 +39,17 @@ def _agreement(entropy_q_root: np.ndarray, temperature: np.ndarray) -> np.ndarra
 
 
 def _block_efficiency(a: np.ndarray, actions: Sequence, verifier: str) -> np.ndarray:
-    """Ê[τ+1] per root and action under the toy acceptance model, shape (N, A); NaN where gbv is not lossless."""
+    """Ê[τ+1] per root and action under the toy acceptance model, shape (N, A); NaN where the verifier is
+    not lossless."""
     eff = _BRANCH_EFFICIENCY.get(verifier, 0.5)
     out = np.empty((a.shape[0], len(actions)), dtype=np.float64)
+    lossless = get_verifier(verifier).supports_action
     for j, act in enumerate(actions):
         trunk = sum((a**i for i in range(1, act.l1 + 1)), np.zeros_like(a))
         branch_accept = 1.0 - (1.0 - a) ** (1.0 + eff * (act.k - 1))
         branch = a**act.l1 * branch_accept * sum((a**i for i in range(act.l2)), np.zeros_like(a))
         out[:, j] = 1.0 + trunk + branch
-        if verifier == "gbv" and act.k > 1 and act.l1 > 0 and act.l2 > 0:
+        if not lossless(act.k, act.l1, act.l2):  # unlabelled, as a collection leaves it
             out[:, j] = np.nan
     return out
 

@@ -215,14 +215,12 @@ def check_choice(entry: object, where: str) -> Choice:
         raise ValueError(f"{where}: top_p must be a number in (0, 1], got {choice.top_p!r}")
     if choice.policy not in POLICY_KINDS:
         raise ValueError(f"{where}: unknown policy {choice.policy!r} (one of {', '.join(POLICY_KINDS)})")
-    from decode.engine import check_action  # torch: only once a policy file is read
-
     if not isinstance(choice.action, str):
         raise ValueError(f"{where}: action must be a 'K,L1,L2' string, got {choice.action!r}")
     try:
         action = Action.parse(choice.action)
         check_in_grid(action)
-        check_action(get_verifier(choice.verifier), action)
+        get_verifier(choice.verifier).check_action(action)
     except ValueError as err:
         raise ValueError(f"{where}: action: {err}") from err
     for name in ("selector", "expander"):

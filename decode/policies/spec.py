@@ -175,9 +175,7 @@ def check_spec_verifier(spec: PolicySpec, verifier) -> None:
     """ValueError when ``verifier`` is not lossless on a static spec's trees (the other kinds draft single paths, or
     their files are checked when they load)."""
     if spec.action is not None:
-        from decode.engine import check_action
-
-        check_action(verifier, spec.action)
+        verifier.check_action(spec.action)
 
 
 def parse_verifier_spec(text: str) -> tuple[str, PolicySpec]:

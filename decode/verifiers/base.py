@@ -109,6 +109,13 @@ class Verifier:
         """Whether this verifier is lossless on the (K, L1, L2) trees the decoder drafts for it."""
         return self.supports(probe_tree(k, l1, l2, self.draft_regime))
 
+    def check_action(self, action) -> None:
+        """A clear ValueError, before any decoding, when this verifier is not lossless on ``action``'s trees (an
+        :class:`~decode.drafting.actions.Action`)."""
+        if not self.supports_action(action.k, action.l1, action.l2):
+            raise ValueError(f"verifier '{self.name}' is not lossless on {action} trees; it supports "
+                             f"{self.regime_help}")
+
     def verify(self, tree: DraftTree, p: torch.Tensor, q: torch.Tensor, rng: RandomSource) -> VerifyResult:
         """Run one verification round."""
         self.check_tree(tree)

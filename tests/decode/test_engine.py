@@ -10,7 +10,7 @@ import torch
 from decode.drafting.actions import Action, distinct_trees
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig
-from decode.engine import SpeculativeDecoder, check_action
+from decode.engine import SpeculativeDecoder
 from decode.models.cached_lm import CachedLM
 from decode.policies.base import AdaptiveLengthPolicy, StaticPolicy
 from decode.verifiers import get_verifier, verifier_names
@@ -33,7 +33,7 @@ def greedy_reference(model, prompt, n):
 def supported(name):
     for action in ACTIONS:
         try:
-            check_action(get_verifier(name), action)
+            get_verifier(name).check_action(action)
         except ValueError:
             continue
         yield action
@@ -114,7 +114,7 @@ def test_vocabulary_mismatch_is_refused(target):
 
 def test_unsupported_action_is_refused_before_decoding():
     with pytest.raises(ValueError, match="not lossless"):
-        check_action(get_verifier("block"), Action(2, 0, 3))
+        get_verifier("block").check_action(Action(2, 0, 3))
     with pytest.raises(ValueError, match="K >= 1"):
         Action(0, 1, 1)
     with pytest.raises(ValueError, match="K,L1,L2"):

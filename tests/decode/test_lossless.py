@@ -16,7 +16,7 @@ from scipy.stats import chisquare
 from decode.drafting.actions import Action
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig, distributions
-from decode.engine import SpeculativeDecoder, check_action
+from decode.engine import SpeculativeDecoder
 from decode.models.cached_lm import CachedLM
 from decode.policies.base import EntropyStopPolicy, Policy, StaticPolicy
 from decode.verifiers import get_verifier
@@ -101,7 +101,7 @@ def cases():
 def _takes(name: str, action: Action) -> bool:
     """Whether verifier ``name`` is lossless on ``action``'s trees."""
     try:
-        check_action(get_verifier(name), action)
+        get_verifier(name).check_action(action)
     except ValueError:
         return False
     return True
