@@ -97,17 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     from ddte.serve.app import Served, create_app
     from ddte_core.machine import environment
     from decode.drafting.sampling import SamplingConfig
-    from decode.engine import SpeculativeDecoder
-    from decode.pair import load_pair_config
-    from decode.policies.deployment import build_policy
-    from decode.policies.spec import parse_verifier_spec
-    from decode.verifiers import get_verifier
 
-    pair = load_pair_config(args.pair)
-    verifier, spec = parse_verifier_spec(args.method)
-    key = f"{verifier}@{spec.text}"
-    policy = build_policy(spec, pair, verifier)
-    decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(verifier), pair.eos_token_id)
+    pair, key, policy, decoder = _open_decoder(args.pair, args.method)
     served = Served("ddte", pair, decoder, policy, key, max_queue=max(args.clients) * args.requests_per_client)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(served), host="127.0.0.1", port=port, log_level="warning"))
@@ -133,6 +124,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.output:
         Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
     return 0
+
+
+def _open_decoder(pair_name: str, method: str):
+    """``(pair, method key, policy, decoder)`` in ddte serve's order: the policy checked against the pair, this
+    machine's kernels, then its latency table where the policy reads one, so the script measures what the server
+    runs."""
+    from ddte_core.paths import latency_cache
+    from decode.engine import SpeculativeDecoder
+    from decode.pair import load_pair_config
+    from decode.policies.deployment import build_policy, load_policy_spec, needs_latency
+    from decode.policies.latency import machine_table
+    from decode.policies.spec import parse_verifier_spec
+    from decode.verifiers import get_verifier
+
+    pair = load_pair_config(pair_name)
+    verifier, spec = parse_verifier_spec(method)
+    loaded = load_policy_spec(spec, pair, verifier)
+    print(pair.use_kernels(None, latency_cache(), progress=True).line())
+    machine = None
+    if needs_latency(spec):
+        machine, _ = machine_table(pair.target, pair.draft, pair.fingerprint(), latency_cache(), print, progress=True)
+    policy = build_policy(loaded, pair, verifier, machine)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(verifier), pair.eos_token_id, latency=machine)
+    return pair, f"{verifier}@{spec.text}", policy, decoder
 
 
 def _one_at_a_time(args, decoder, policy, ids, sampling, base: str, body: dict, cpu: str, key: str) -> dict:
