@@ -102,6 +102,7 @@ def _offline_table(pair, data: Path, verifiers: list[str] | None) -> str:
     from bench.node_signals import signals_from_hidden
     from data_gen.store import read_metadata
     from decode.drafting.sampling import SamplingConfig
+    from decode.policies.signals import SIGNALS, TrunkArrays
     from selector.expansion import load_episodes, signal_ratios
 
     head = pair.draft.model.get_output_embeddings().weight  # (Vs, H), or (V, H) without a draft vocabulary
@@ -118,8 +119,9 @@ def _offline_table(pair, data: Path, verifiers: list[str] | None) -> str:
             for c, episode in sorted(episodes.items()):
                 sampling = SamplingConfig(**metadata["sampling"][c])
                 sig = signals_from_hidden(episode.features[..., :width], head, sampling)
-                ratios = signal_ratios(episode, {"top": sig["top"], "entropy": -sig["entropy"],
-                                                 "collision": sig["collision"], "beta": episode.beta},
+                recomputed = TrunkArrays(sig["top"], sig["entropy"])  # the registry's forms of the recomputed laws
+                ratios = signal_ratios(episode, {name: SIGNALS[name].offline(recomputed) for name in ("top", "entropy")}
+                                       | {"collision": sig["collision"], "beta": episode.beta},
                                        metadata["l_max"], metadata["k_max"])
                 d_entropy = float(np.nanmax(np.abs(sig["entropy"] - episode.entropy)))
                 d_top = float(np.nanmax(np.abs(sig["top"] - episode.top)))

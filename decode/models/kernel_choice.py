@@ -29,7 +29,7 @@ import torch
 
 from decode.models.cached_lm import CachedLM
 from decode.models.kernels import DEFAULT, KERNEL_PATHS, kernel_path
-from decode.models.machine_cache import cache_file, read_or_measure
+from decode.models.machine_cache import cache_file, read_cached, read_or_measure
 
 ROLES = ("target", "draft")
 AUTO = "auto"
@@ -299,13 +299,12 @@ def _measure_roles(models: dict[str, CachedLM], wanted: tuple[str, ...], earlier
 
 def _earlier_choice(path: Path | None, fingerprint: str, identity: str) -> KernelChoice:
     """The cached choice of this pair and machine at ``path`` (some roles measured), else an empty one."""
-    try:
-        choice = KernelChoice.from_json(path.read_text(encoding="utf-8")) if path is not None else None
-    except (OSError, ValueError):
-        choice = None
-    if choice is None or (choice.pair, choice.machine) != (fingerprint, identity):
-        return KernelChoice(DEFAULT, DEFAULT, machine=identity, pair=fingerprint)
-    return choice
+
+    def read(text: str) -> KernelChoice | None:
+        choice = KernelChoice.from_json(text)
+        return choice if (choice.pair, choice.machine) == (fingerprint, identity) else None
+
+    return read_cached(path, read) or KernelChoice(DEFAULT, DEFAULT, machine=identity, pair=fingerprint)
 
 
 def choice_path(cache: Path, fingerprint: str, identity: str) -> Path:

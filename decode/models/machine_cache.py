@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from ddte_core.paths import staged_file
 
-__all__ = ["cache_file", "measurement_lock", "read_or_measure"]
+__all__ = ["cache_file", "measurement_lock", "read_cached", "read_or_measure"]
 
 LOCK_NAME = ".measure.lock"
 Value = TypeVar("Value")
@@ -53,11 +53,11 @@ def read_or_measure(path: Path | None, read: Callable[[str], Value | None], meas
     """The value cached at ``path`` (``read`` of its text; None from ``read`` means stale or another pair's), else
     ``measure()`` under the cache's lock, written whole at ``path`` (``dump``). ``path`` None: measure, keep nothing.
     ``announce`` runs once, right before a measurement starts."""
-    cached = _read(path, read)
+    cached = read_cached(path, read)
     if cached is not None:
         return cached
     with measurement_lock(None if path is None else path.parent):
-        cached = _read(path, read)  # measured by the process this one waited for
+        cached = read_cached(path, read)  # measured by the process this one waited for
         if cached is not None:
             return cached
         if announce is not None:
@@ -69,7 +69,8 @@ def read_or_measure(path: Path | None, read: Callable[[str], Value | None], meas
     return value
 
 
-def _read(path: Path | None, read: Callable[[str], Value | None]) -> Value | None:
+def read_cached(path: Path | None, read: Callable[[str], Value | None]) -> Value | None:
+    """``read`` of the text cached at ``path``; None where there is none, it is unreadable or ``read`` refuses it."""
     if path is None or not path.is_file():
         return None
     try:
