@@ -13,7 +13,7 @@ import numpy as np
 
 from data_gen.headroom import head_room, per_root_best
 from data_gen.schema import SHARD_GLOB, acceptance_column, label_column, trees_column
-from data_gen.throughput import best_static, harmonic_block_efficiency, stream_throughput
+from decode.policies.throughput import best_static, harmonic_block_efficiency, stream_throughput
 
 
 def data_set_shards(folder: Path) -> list[Path]:

@@ -1,7 +1,7 @@
 """How much a per-root choice could win over the best static action, measured honestly (cross-fitted).
 
 Each root r has, per sampled union tree t, the exact Ê[τ+1] of every action a: ``be[r, t, a]``, and the step time
-``step[r, a]``. A rule that picks ``chosen[r]`` has the stream throughput of ``data_gen/throughput.py``
+``step[r, a]``. A rule that picks ``chosen[r]`` has the stream throughput of ``decode/policies/throughput.py``
 (N / Σ_r step[r, chosen_r] / be[r, chosen_r]: the rate of the decoding loop over such positions).
 
 * **best static**: the one action with the highest stream throughput over the roots.
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from data_gen.throughput import best_static, stream_throughput
+from decode.policies.throughput import best_static, stream_throughput
 
 
 def per_root_best(be: np.ndarray, step: np.ndarray) -> np.ndarray:

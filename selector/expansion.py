@@ -7,16 +7,16 @@ Each union tree of the data set is one drafting episode: its trunk is a real dra
 picks on it is scored with that tree's own exact Ê[τ+1] (the per-tree labels of schema 2) and the latency model's
 T̂. Rule parameters, the static action and the learned head are fitted on the other folds of prompts and scored on
 the held-out fold (cross-fitted by prompt); the scored trees never influence the choice made on them. Figures are
-stream throughputs (data_gen/throughput.py): per root, Ê and T̂ are averaged over its trees (the episodes a step at
-that position could draw), and the roots are combined as N / Σ T̂/Ê; as ratios to the best static action.
+stream throughputs (decode/policies/throughput.py): per root, Ê and T̂ are averaged over its trees (the episodes a step
+at that position could draw), and the roots are combined as N / Σ T̂/Ê; as ratios to the best static action.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from data_gen.throughput import time_per_token
 from decode.drafting.actions import Action
+from decode.policies.throughput import time_per_token
 from selector.expansion_fit import (
     EpisodeData,
     Rule,

@@ -23,12 +23,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from data_gen.throughput import best_static, time_per_token
 from decode.drafting.actions import Action
 from decode.policies.guard import RuleProfile, StaticProfile, harmonic_mean, length_quantiles
 from decode.policies.halting import HaltingRule as Rule  # the rule the decoder runs
 from decode.policies.halting import halting_depth
+from decode.policies.rule_fit import ActionIndex as _Index
+from decode.policies.rule_fit import (  # noqa: F401  (the fit's names, re-exported for selector/)
+    best_rule,
+    candidate_rules,
+    episode_sums,
+    looks_at_halting_node,
+    rule_terms,
+)
 from decode.policies.signals import SIGNALS, TrunkArrays, signal_names
+from decode.policies.throughput import best_static
 
 
 @dataclass
@@ -81,97 +89,10 @@ class EpisodeData:
         return {name: SIGNALS[name].offline(arrays) for name in signal_names(arrays)}
 
 
-class _Index:
-    """Column of each (K, L1, L2) in the data set's action list, by canonical tree."""
-
-    def __init__(self, actions: list[Action]) -> None:
-        self.column = {a.canonical(): i for i, a in enumerate(actions)}
-
-    def __call__(self, k: int, l1: int, l2: int) -> int:
-        return self.column[Action(k, l1, l2).canonical()]
-
-
 def rule_throughput(data: EpisodeData, signal: np.ndarray, rule: Rule, index: _Index) -> tuple[float, float]:
     """(roots, Σ ms per token) of a rule over every episode (:func:`episode_sums`)."""
     terms, _ = rule_terms(data, signal, rule, index)
     return float(len(terms)), float(terms.sum())
-
-
-def rule_terms(data: EpisodeData, signal: np.ndarray, rule: Rule, index: _Index) -> tuple[np.ndarray, np.ndarray]:
-    """(``(N,)`` each root's ms per token under ``rule``, ``(N, s)`` the action column each episode drafts): each
-    root's Ê and T̂ averaged over its trees, as :func:`episode_sums` combines them."""
-    depth = halting_depth(signal, rule.theta, rule.floor, rule.cap)  # (N, s)
-    columns = _columns(index, rule, depth)
-    rows = np.arange(len(data.be))[:, None]
-    trees = np.arange(data.be.shape[1])[None, :]
-    step = rule_step_ms(data, rule, depth, columns)
-    return time_per_token(np.nanmean(data.be[rows, trees, columns], axis=1), step.mean(axis=1)), columns
-
-
-def rule_step_ms(data: EpisodeData, rule: Rule, depth: np.ndarray, columns: np.ndarray) -> np.ndarray:
-    """``(N, s)`` the step time of each episode under ``rule``, halted at ``depth`` on the trees ``columns``.
-
-    It is the halted tree's T̂, plus one draft pass where the rule stops a chain at 1 ≤ d < cap: to look at node d
-    the loop ran its forward (decode/drafting/delayed.py), which the static chain (1, d, 0) never runs, since nothing is
-    drawn from the last node's law. A rule that branches drafts from the halting node's law, as the static tree does,
-    and one that stops at the root or at its cap looks at no extra node."""
-    rows = np.arange(len(data.be))[:, None]
-    step = data.step[rows, columns]
-    if rule.k > 1 and rule.l2 > 0:
-        return step
-    looked = (depth >= 1) & (depth < rule.cap)
-    return step + data.trunk_pass_ms[:, None] * looked
-
-
-def episode_sums(be: np.ndarray, step: np.ndarray) -> tuple[float, float]:
-    """(N, Σ_i T̄_i / Ē_i) for ``be`` ``(N, s)`` and ``step`` ``(N, s)`` or ``(N, 1)``: each root's Ê and T̂
-    averaged over its trees (the episodes a step there could draw), then the roots combined as the decoding loop
-    meets them (data_gen/throughput.py): the throughput is the first over the second."""
-    return float(len(be)), float(time_per_token(np.nanmean(be, axis=1), step.mean(axis=1)).sum())
-
-
-def candidate_rules(signal: np.ndarray, l_max: int, k_max: int, thetas: int = 16) -> list[Rule]:
-    """The rule grid: θ at quantiles of the signal, floors 0..2, caps 1..L_max, every terminal."""
-    values = np.unique(np.quantile(signal[np.isfinite(signal)], np.linspace(0.02, 0.98, thetas)))
-    terminals = [(1, 0)] + [(k, l2) for k in range(2, k_max + 1) for l2 in range(1, l_max + 1)]
-    return [Rule(float(t), f, c, k, l2) for t in values for f in (0, 1, 2) for c in range(1, l_max + 1) if f <= c
-            for k, l2 in terminals]
-
-
-def best_rule(data: EpisodeData, signal: np.ndarray, rules: list[Rule], index: _Index) -> Rule:
-    """The rule with the highest stream throughput on ``data``, among the rules whose every action it can pick has a
-    label for this verifier.
-
-    A rule can halt at any depth from its floor to its cap, on trees it is scored on later even where it never did on
-    ``data``; a rule that could pick a tree the verifier has no label for (GBV on delayed trees) is left out, else the
-    held-out score would read NaN.
-    """
-    labelled = np.isfinite(data.be).all(axis=(0, 1))  # (A,) actions this verifier labels at every root
-    admissible = [rule for rule in rules if labelled[[index(rule.k, d, rule.l2 if rule.k > 1 else 0)
-                                                      for d in range(rule.floor, rule.cap + 1)]].all()]
-    if not admissible:
-        raise ValueError("no rule of the grid drafts only trees this verifier has labels for")
-    best, best_value = admissible[0], -np.inf
-    cache: dict[tuple, np.ndarray] = {}
-    rows = np.arange(len(data.be))[:, None]
-    trees = np.arange(data.be.shape[1])[None, :]
-    for rule in admissible:
-        key = (rule.theta, rule.floor, rule.cap)
-        if key not in cache:
-            cache[key] = halting_depth(signal, *key)
-        depth = cache[key]
-        columns = _columns(index, rule, depth)
-        roots, time = episode_sums(data.be[rows, trees, columns], rule_step_ms(data, rule, depth, columns))
-        value = roots / time
-        if value > best_value:
-            best, best_value = rule, value
-    return best
-
-
-def _columns(index: _Index, rule: Rule, depth: np.ndarray) -> np.ndarray:
-    """The action column each episode drafts: the rule's terminal at its halting depth."""
-    lookup = np.array([index(rule.k, d, rule.l2 if rule.k > 1 else 0) for d in range(rule.cap + 1)])
-    return lookup[depth]
 
 
 def static_profile(data: EpisodeData) -> StaticProfile:
@@ -187,12 +108,12 @@ def rule_profile(data: EpisodeData, signal: np.ndarray, rule: Rule, min_gain: fl
     for: small trees where Ê is low, large ones where it is high (decode/policies/guard.py ``RuleProfile``)."""
     index = _Index(data.actions)
     depth = halting_depth(signal, rule.theta, rule.floor, rule.cap)  # (N, s)
-    columns = _columns(index, rule, depth)
+    columns = index.terminal_columns(rule)[depth]
     rows = np.arange(len(data.be))[:, None]
     trees = np.arange(data.be.shape[1])[None, :]
     keys = np.array([a.canonical().key for a in data.actions], dtype=object)[columns]  # (N, s)
     shares = {str(k): float((keys == k).mean()) for k in np.unique(keys)}
-    looked_at = np.zeros(depth.shape, dtype=bool) if rule.k > 1 and rule.l2 > 0 else (depth >= 1) & (depth < rule.cap)
+    looked_at = looks_at_halting_node(rule, depth)
     per_root = np.nanmean(data.be[rows, trees, columns], axis=1)  # (N,) Ē_i
     # the stream's Σ_i T̄_i / Ē_i, with T̄_i the mean over the root's trees, split by tree: Σ_tree T(tree) · w_tree
     weight = (1.0 / per_root)[:, None] / columns.size  # (N, 1): each episode's 1 / (N s Ē_i)

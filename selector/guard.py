@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data_gen.throughput import stream_throughput
+from decode.policies.throughput import stream_throughput
 
 MARGINS = (0.0, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 # The policy phase (root features, the network call, the decision) took 2.3 % of wall time in the one bench row

@@ -1,7 +1,7 @@
 """Offline metrics of a selector on labelled roots, and the plots that go with them.
 
 Throughput of an action on a root = Ê[τ+1] / T̂ = ``be / step_ms`` (tokens per ms). Over a set of roots we use the
-**stream throughput** of a rule that picks ``chosen[i]`` on root i (``data_gen/throughput.py``, which says why):
+**stream throughput** of a rule that picks ``chosen[i]`` on root i (``decode/policies/throughput.py``, which says why):
 
     TP(chosen) = N / Σ_i step_ms[i, chosen[i]] / be[i, chosen[i]]
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data_gen.throughput import stream_throughput
+from decode.policies.throughput import stream_throughput
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ of the machine it runs on, :meth:`StaticProfile.best` names that machine's best 
 :meth:`RuleProfile.tokens_per_ms` says whether the rule still beats it.
 
 Throughput of a static action a over the fitting roots: Ē_a / mean over the roots' lengths l of T̂(l, a), where Ē_a is
-the harmonic mean of its per-root Ê (the tokens per step the loop makes with it: data_gen/throughput.py) and the
+the harmonic mean of its per-root Ê (the tokens per step the loop makes with it: decode/policies/throughput.py) and the
 lengths are ≤ 16 quantiles of the roots'.
 """
 

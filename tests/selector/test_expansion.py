@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from decode.drafting.actions import action_grid
+from decode.policies.halting import halting_depth
+from decode.policies.rule_fit import rule_step_ms
 from selector.expansion import evaluate_expansion
 from selector.expansion_fit import (
     EpisodeData,
     Rule,
     _Index,
     best_rule,
-    halting_depth,
-    rule_step_ms,
     rule_throughput,
 )
 

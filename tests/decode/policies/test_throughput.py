@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data_gen.throughput import best_static, harmonic_block_efficiency, static_throughputs, stream_throughput
+from decode.policies.throughput import best_static, harmonic_block_efficiency, static_throughputs, stream_throughput
 
 
 def _loop_rate(advance: np.ndarray, step_ms: np.ndarray) -> tuple[float, float]:
