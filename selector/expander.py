@@ -30,6 +30,8 @@ from decode.policies.expander_file import (
     node_feature_width,
 )
 from decode.policies.halting import marginal_gain
+from decode.policies.machine_fit import FitSet
+from decode.policies.rule_fit import terminals
 from selector.expansion import evaluate_expansion, load_episodes
 from selector.expansion_fit import (
     EpisodeData,
@@ -182,13 +184,14 @@ def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: fl
     width = node_feature_width(draft_hidden)
     weight = np.zeros((width, len(episodes)), dtype=np.float64)
     bias = np.zeros(len(episodes), dtype=np.float64)
-    rules, report = [], {}
+    rules, report, fit_sets = [], {}, []
     for column, (c, data) in enumerate(sorted(episodes.items())):
         if data.features.shape[-1] != width:
             raise ValueError(f"{folder}: node features are {data.features.shape[-1]} wide, expected {width}")
         weight[:, column], bias[column] = folded_head(data)
-        rule, figures = _node_rule(data, metadata, c, column, folds, min_gain, signals, model)
+        rule, figures, fit_set = _node_rule(data, metadata, c, column, folds, min_gain, signals, model)
         rules.append(rule)
+        fit_sets.append(fit_set.as_dict())
         report[f"T{rule.temperature:g}"] = figures
         if progress is not None:
             chosen = "static" if rule.rule is None else f"{rule.signal}: {rule.rule.describe()}"
@@ -196,15 +199,17 @@ def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: fl
                      + f" -> {chosen} (fallback {rule.fallback})")
     meta = ExpanderMetadata(verifier, draft_hidden, rules, pair_fingerprint=metadata["pair"]["fingerprint"],
                             data_fingerprint=data_fingerprint(inspect_dataset(folder, verifier)),
-                            fit_prompts=sorted(prompts), head_inputs="node" if model else "node+root")
+                            fit_prompts=sorted(prompts), head_inputs="node" if model else "node+root",
+                            fit_sets=fit_sets, min_gain=min_gain)
     return FittedExpander(meta, weight.astype(np.float32), bias.astype(np.float32), report,
                           model.graph() if model else None)
 
 
 def _node_rule(data: EpisodeData, metadata: dict, config: int, column: int, folds: int, min_gain: float,
-               signals, model: AcceptanceFile | None) -> tuple[NodeRule, dict]:
+               signals, model: AcceptanceFile | None) -> tuple[NodeRule, dict, FitSet]:
     """One sampling configuration's rule: the signal whose cross-fitted rule wins by ``min_gain`` (else static),
-    refitted on every episode; and the cross-fitted figures that chose it."""
+    refitted on every episode; the cross-fitted figures that chose it; and the episodes with every signal it may
+    halt on, for a decoder to refit it on its own machine (decode/policies/machine_fit.py)."""
     sampling = metadata["sampling"][config]
     temperature = float(sampling["temperature"])
     l_max, k_max = int(metadata["l_max"]), int(metadata["k_max"])
@@ -220,8 +225,24 @@ def _node_rule(data: EpisodeData, metadata: dict, config: int, column: int, fold
     if signal == "marginal":
         chain = [float(t) for t in np.median(chain_times(data), axis=0)]
     head_column = model.column(temperature) if model else column
+    online = {**data.node_signals(), **({"acceptance": extra["acceptance"]} if extra else {"learned": None})}
+    online = {name: values for name, values in online.items() if name in signals or (
+        name == "acceptance" and "marginal" in signals)}
+    fit_set = machine_fit_set(data, online, l_max, k_max)
     return NodeRule(temperature, float(sampling["top_p"]), signal, data.actions[static_best(data)].key, rule,
-                    offline, head_column, static_profile(data).as_dict(), profile, chain), figures
+                    offline, head_column, static_profile(data).as_dict(), profile, chain), figures, fit_set
+
+
+def machine_fit_set(data: EpisodeData, signals: dict[str, np.ndarray | None], l_max: int, k_max: int) -> FitSet:
+    """The episodes of ``data`` a decoder refits a rule on: Ê of every tree a rule of the grid may draft, the roots'
+    lengths and prompts, and each of ``signals`` ``(N, s, D)`` (None: the ridge head's out-of-fold β̂)."""
+    index = _Index(data.actions)
+    trees = [(k, d, l2) for d in range(l_max + 1) for k, l2 in terminals(l_max, k_max)]
+    columns = sorted({index(*tree) for tree in trees})
+    _, groups = np.unique(data.prompts.astype(str), return_inverse=True)
+    values = {name: out_of_fold_beta(data) if v is None else v for name, v in signals.items()}
+    return FitSet([data.actions[c].key for c in columns], data.be[:, :, columns], data.lengths, groups, values,
+                  l_max, k_max)
 
 
 def write_expander(fitted: FittedExpander, path: str | Path) -> None:

@@ -32,6 +32,7 @@ from decode.policies.rule_fit import (  # noqa: F401  (the fit's names, re-expor
     best_rule,
     candidate_rules,
     episode_sums,
+    folds_by_prompt,
     looks_at_halting_node,
     rule_terms,
 )
@@ -156,12 +157,3 @@ def out_of_fold_beta(data: EpisodeData, folds: int = 3) -> np.ndarray:
         rest = np.setdiff1d(np.arange(len(data.be)), rows)
         out[rows] = predict_beta(fit_beta_head(data.take(rest)), data.take(rows))
     return out
-
-
-def folds_by_prompt(prompts: np.ndarray, folds: int, seed: int = 0) -> list[np.ndarray]:
-    """Row indices of ``folds`` groups of whole prompts (one group per prompt where there are fewer prompts than
-    folds; the commands refuse a user's --folds above the prompt count before any work)."""
-    unique = np.array(sorted(set(prompts.tolist())), dtype=object)
-    order = unique[np.random.default_rng(seed).permutation(len(unique))]
-    groups = np.array_split(order, min(folds, len(unique)))
-    return [np.flatnonzero(np.isin(prompts, g)) for g in groups if len(g)]

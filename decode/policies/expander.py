@@ -15,6 +15,7 @@ draft's own draws, never the target's current outputs.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ from decode.policies.expander_file import (
 from decode.policies.guard import machine_note
 from decode.policies.halting import marginal_gain
 from decode.policies.latency import LatencyTable
+from decode.policies.machine_fit import FitSet, MachineRule, refit
 from decode.policies.onnx_session import policy_session
 from decode.policies.signals import SIGNALS as NODE_SIGNALS
 
@@ -107,6 +109,9 @@ class ExpanderPolicy(Policy):
             raise ExpanderError(f"{self.path}: output {[(o.name, o.shape) for o in outputs]}, expected "
                                 f"{OUTPUT_NAME} [batch, {columns}]")
         self.head = AcceptanceHead(self.session, width, columns, reads_root=reads_root)
+        # refitted here, not at the first generation: a bench times that one (about a second per configuration)
+        self._deployed = {index: deploy_rule(self.metadata, index, machine)
+                          for index in range(len(self.metadata.rules))}
 
     @classmethod
     def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None) -> ExpanderPolicy:
@@ -118,28 +123,80 @@ class ExpanderPolicy(Policy):
     def start(self, sampling: SamplingConfig) -> Policy:
         """The policy of the configuration nearest ``sampling``: its halting rule where it beats the static fallback
         on this machine, else that fallback."""
-        node_rule = self.metadata.rule_for(sampling)
-        fallback, rule_runs = node_rule.on_machine(self.machine)
-        if not rule_runs:
-            return StaticPolicy(fallback)
+        deployed = self.deployed(sampling)
+        if not deployed.runs:
+            return StaticPolicy(deployed.fallback)
+        node_rule = deployed.node_rule
         head = self.head.at(node_rule.column) if node_rule.signal in HEAD_SIGNALS else None
         return HaltingPolicy(node_rule, head, self.machine)
+
+    def deployed(self, sampling: SamplingConfig) -> DeployedRule:
+        """The rule this machine runs at the configuration nearest ``sampling``."""
+        return self._deployed[self.metadata.rule_index(sampling)]
 
     def choose(self, root: RootState) -> Action:
         raise RuntimeError("an expander serves a generation through the policy start() returns")
 
     def describe(self, sampling: SamplingConfig) -> str:
-        node_rule = self.metadata.rule_for(sampling)
-        fallback, rule_runs = node_rule.on_machine(self.machine)
-        where = machine_note(self.machine, node_rule.profile is not None)
-        if node_rule.rule is None:
-            return f"expander {self.path} (static {fallback.key}{where}: no rule beat it offline)"
-        if not rule_runs:
-            return f"expander {self.path} (static {fallback.key}{where}: it beats the rule on this machine)"
-        return f"expander {self.path} ({node_rule.signal}: {node_rule.rule.describe()}; fallback {fallback.key}{where})"
+        return f"expander {self.path} ({self.deployed(sampling).describe(self.machine)})"
 
     def sampling_note(self, sampling: SamplingConfig) -> str | None:
         return nearest_note("the expander was fitted for", self.metadata.measured_sampling(), sampling)
+
+
+@dataclass(frozen=True)
+class DeployedRule:
+    """What a machine runs at one sampling configuration of an expander file.
+
+    Attributes:
+        node_rule: the rule (the file's, or refitted on the machine's table where the file carries its fit set).
+        fallback: the static tree drafted every step where the rule does not run.
+        runs: whether the rule runs.
+        refit: the refit's choice and cross-fitted ratios on this machine (None where nothing was refitted).
+        min_gain: the held-out gain the refit asked of a rule.
+    """
+
+    node_rule: NodeRule
+    fallback: Action
+    runs: bool
+    refit: MachineRule | None = None
+    min_gain: float = 0.0
+
+    def describe(self, machine: LatencyTable | None) -> str:
+        fallback = self.fallback.key
+        if self.refit is not None:
+            ratio = self.refit.ratios.get(self.refit.signal)
+            gain = "" if ratio is None else f", cross-fitted {ratio:.3f}x it"
+            if not self.runs:
+                best = max(self.refit.ratios.values(), default=float("nan"))
+                return (f"static {fallback}, refitted on this machine's latency table: no rule beat it by "
+                        f"{self.min_gain:.0%} held out (best {best:.3f}x)")
+            return (f"{self.node_rule.signal}: {self.node_rule.rule.describe()}; refitted on this machine's latency "
+                    f"table against static {fallback}{gain}")
+        where = machine_note(machine, self.node_rule.profile is not None)
+        if self.node_rule.rule is None:
+            return f"static {fallback}{where}: no rule beat it offline"
+        if not self.runs:
+            return f"static {fallback}{where}: it beats the rule on this machine"
+        return f"{self.node_rule.signal}: {self.node_rule.rule.describe()}; fallback {fallback}{where}"
+
+
+def deploy_rule(metadata: ExpanderMetadata, index: int, machine: LatencyTable | None) -> DeployedRule:
+    """Rule ``index`` of ``metadata`` as ``machine`` runs it: refitted on the machine's table where the file carries
+    the rule's fit set (decode/policies/machine_fit.py), else the file's rule behind its machine-free profiles
+    (decode/policies/guard.py)."""
+    node_rule = metadata.rules[index]
+    if machine is None or not metadata.fit_sets:
+        fallback, runs = node_rule.on_machine(machine)
+        return DeployedRule(node_rule, fallback, runs)
+    fit_set = FitSet.from_dict(metadata.fit_sets[index])
+    choice = refit(fit_set, machine, metadata.min_gain)
+    chain = None
+    if choice.signal == "marginal":  # the file format wants the fit's chain times; the loop reads the table's
+        length = int(np.median(fit_set.lengths))
+        chain = [float(t) for t in machine.step_ms_many(length, [Action(1, d, 0) for d in range(fit_set.l_max + 1)])]
+    refitted = replace(node_rule, signal=choice.signal, rule=choice.rule, fallback=choice.fallback.key, chain_ms=chain)
+    return DeployedRule(refitted, choice.fallback, choice.rule is not None, choice, metadata.min_gain)
 
 
 class HaltingPolicy(Policy):

@@ -148,6 +148,10 @@ class ExpanderMetadata(PolicyFileMetadata):
     # what the graph reads: "node+root" (the ridge head: node features and root scalars) or "node" (an acceptance
     # model: the node's hidden state, entropy, top probability and depth only)
     head_inputs: str = "node+root"
+    # per rule (same order), the episodes it was fitted on without step times (decode/policies/machine_fit.py
+    # ``FitSet.as_dict``): a decoder with a latency table refits the rule on them; empty in files before them
+    fit_sets: list[dict] = field(default_factory=list)
+    min_gain: float = 0.01  # the gain over the best static tree a rule needs, cross-fitted, to run
 
     @property
     def reads_root(self) -> bool:
@@ -155,7 +159,7 @@ class ExpanderMetadata(PolicyFileMetadata):
 
     def rule_for(self, sampling: SamplingConfig) -> NodeRule:
         """The rule of the configuration nearest ``sampling``."""
-        return nearest_setting(self.rules, sampling.temperature, sampling.top_p)
+        return self.rules[self.rule_index(sampling)]
 
     def measured_sampling(self) -> list[SamplingConfig]:
         return [r.sampling for r in self.rules]
@@ -178,7 +182,14 @@ class ExpanderMetadata(PolicyFileMetadata):
             raise ExpanderFileError(f"{where}: head_inputs {meta.head_inputs!r}, expected 'node+root' or 'node'")
         if not meta.rules:
             raise ExpanderFileError(f"{where}: no rules")
+        if meta.fit_sets and len(meta.fit_sets) != len(meta.rules):
+            raise ExpanderFileError(f"{where}: {len(meta.fit_sets)} fit sets for {len(meta.rules)} rules")
         return meta
+
+    def rule_index(self, sampling: SamplingConfig) -> int:
+        """The position of the rule of the configuration nearest ``sampling``."""
+        return nearest_setting(range(len(self.rules)), sampling.temperature, sampling.top_p,
+                               setting=lambda i: (self.rules[i].temperature, self.rules[i].top_p))
 
     def check_compatible(self, where: str, verifier: str, draft_hidden: int, pair_fingerprint: str | None) -> None:
         """Refuse an expander fitted for another feature schema, verifier, draft or pair."""

@@ -127,3 +127,12 @@ def static_throughputs(data: Episodes) -> np.ndarray:
     """``(A,)`` the stream throughput of drafting each action every step (each root's Ê the mean over its trees);
     -inf for an action without a label on some root."""
     return static_over_roots(np.nanmean(data.be, axis=1), data.step)
+
+
+def folds_by_prompt(prompts: np.ndarray, folds: int, seed: int = 0) -> list[np.ndarray]:
+    """Row indices of ``folds`` groups of whole prompts (one group per prompt where there are fewer prompts than
+    folds; the commands refuse a user's --folds above the prompt count before any work)."""
+    unique = np.array(sorted(set(prompts.tolist())), dtype=object)
+    order = unique[np.random.default_rng(seed).permutation(len(unique))]
+    groups = np.array_split(order, min(folds, len(unique)))
+    return [np.flatnonzero(np.isin(prompts, g)) for g in groups if len(g)]

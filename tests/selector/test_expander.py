@@ -149,3 +149,30 @@ def test_each_rule_carries_machine_free_profiles_of_its_fitting_roots(learned_fi
         ruled = RuleProfile.from_dict(rule.rule_profile)
         assert abs(sum(ruled.trees.values()) - 1.0) < 1e-9 and ruled.min_gain == -1.0
         assert set(ruled.trees) <= {rule.rule.tree_at(d).canonical().key for d in range(rule.rule.cap + 1)}
+
+
+def test_the_file_carries_its_episodes_and_each_machine_refits_the_rule_on_them(learned_file):
+    """A decoder with a latency table chooses the rule and the fallback again on its own times (what the refit
+    chooses per machine: tests/decode/policies/test_machine_fit.py); without a table it runs the file's rule."""
+    from decode.drafting.sampling import SamplingConfig
+    from decode.policies.expander import ExpanderPolicy
+    from decode.policies.machine_fit import FitSet, refit
+    from tests.decode.policies.test_machine_fit import FLAT, STEEP
+
+    fitted, path = learned_file
+    fit_sets = [FitSet.from_dict(f) for f in fitted.metadata.fit_sets]
+    assert len(fit_sets) == len(fitted.metadata.rules) and all("learned" in f.signals for f in fit_sets)
+    hidden = fitted.metadata.draft_hidden
+    sampling = SamplingConfig(fitted.metadata.rules[0].temperature)
+    as_fitted = ExpanderPolicy(path, verifier="traversal", draft_hidden=hidden).deployed(sampling)
+    assert as_fitted.refit is None and as_fitted.node_rule == fitted.metadata.rules[0]
+    flat = ExpanderPolicy(path, verifier="traversal", draft_hidden=hidden, machine=FLAT)
+    steep = ExpanderPolicy(path, verifier="traversal", draft_hidden=hidden, machine=STEEP)
+    for policy, table in ((flat, FLAT), (steep, STEEP)):
+        deployed = policy.deployed(sampling)
+        assert deployed.refit == refit(fit_sets[0], table, fitted.metadata.min_gain)
+        assert deployed.fallback == deployed.refit.fallback and deployed.node_rule.rule == deployed.refit.rule
+    on_flat = flat.deployed(sampling)
+    assert "refitted on this machine's latency table" in flat.describe(sampling)
+    started = flat.start(sampling)
+    assert (started.name == "static") != on_flat.runs
