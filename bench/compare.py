@@ -50,34 +50,42 @@ def resampled_rates(tokens: np.ndarray, wall: np.ndarray, draws: int, rng: np.ra
 
 
 def policy_comparisons(rows: list[dict], draws: int = 2000, seed: int = 0, level: float = 0.95) -> list[dict]:
-    """Per temperature and verifier with a static row: every non-static row of that verifier against the best static
-    row of the run (ratio, and its bootstrap interval with the best row chosen again per resample)."""
+    """Per temperature, every non-static row against the best static row of its own verifier in the run, and, where
+    other verifiers ran static rows too, against the best static row of any verifier (``"against": "any
+    verifier"``: the paper's finding 4, a policy on one verifier against the best tree of another). Each with its
+    ratio and its bootstrap interval, the best row chosen again per resample."""
     rng = np.random.default_rng(seed)
-    tail = (1 - level) / 2
     out = []
     for temperature in dict.fromkeys(r["temperature"] for r in rows):
         at_t = {m: r for m, r in by_method(rows, temperature).items() if not m.is_hf}
-        for verifier in dict.fromkeys(m.verifier for m in at_t):
-            mine = {m: r for m, r in at_t.items() if m.verifier == verifier}
-            statics = [r for m, r in mine.items() if m.is_static]
-            for policy in (r for m, r in mine.items() if not m.is_static):
-                if not statics:
-                    continue
-                tokens, wall = per_prompt_sums([policy, *statics])
-                if tokens.shape[1] < 2:
-                    continue
-                rates = tokens.sum(1) / wall.sum(1)
-                best = int(np.argmax(rates[1:]))
-                ratio = float(rates[0] / rates[1 + best])
-                boot = resampled_rates(tokens, wall, draws, rng)
-                boot_ratio = boot[0] / boot[1:].max(0)
-                out.append({
-                    "temperature": temperature, "verifier": verifier, "policy": policy["method"],
-                    "prompts": int(tokens.shape[1]), "best_static": statics[best]["method"],
-                    "ratio_vs_best_static": ratio,
-                    "interval": [float(np.quantile(boot_ratio, tail)), float(np.quantile(boot_ratio, 1 - tail))],
-                })
+        for method, policy in at_t.items():
+            if method.is_static:
+                continue
+            own = [r for m, r in at_t.items() if m.is_static and m.verifier == method.verifier]
+            every = [r for m, r in at_t.items() if m.is_static]
+            for against, statics in (("own verifier", own), ("any verifier", every)):
+                if statics and (against == "own verifier" or len(every) > len(own)):
+                    found = _against_best(policy, statics, draws, rng, level)
+                    if found is not None:
+                        out.append({"temperature": temperature, "verifier": method.verifier, "against": against,
+                                    **found})
     return out
+
+
+def _against_best(policy: dict, statics: list[dict], draws: int, rng: np.random.Generator, level: float
+                  ) -> dict | None:
+    """``policy``'s tokens/s over the best of ``statics`` (None under two shared prompts)."""
+    tokens, wall = per_prompt_sums([policy, *statics])
+    if tokens.shape[1] < 2:
+        return None
+    rates = tokens.sum(1) / wall.sum(1)
+    best = int(np.argmax(rates[1:]))
+    boot = resampled_rates(tokens, wall, draws, rng)
+    boot_ratio = boot[0] / boot[1:].max(0)
+    tail = (1 - level) / 2
+    return {"policy": policy["method"], "prompts": int(tokens.shape[1]), "best_static": statics[best]["method"],
+            "ratio_vs_best_static": float(rates[0] / rates[1 + best]),
+            "interval": [float(np.quantile(boot_ratio, tail)), float(np.quantile(boot_ratio, 1 - tail))]}
 
 
 def format_comparisons(comparisons: list[dict]) -> str:
@@ -90,7 +98,9 @@ def format_comparisons(comparisons: list[dict]) -> str:
     ]
     for c in comparisons:
         low, high = c["interval"]
-        lines.append(f"| {c['temperature']:g} | {c['policy']} | {Method.parse(c['best_static']).spec} | "
+        best = Method.parse(c["best_static"])
+        shown = best.spec if c.get("against", "own verifier") == "own verifier" else f"{best.verifier}@{best.spec}"
+        lines.append(f"| {c['temperature']:g} | {c['policy']} | {shown} | "
                      f"{c['ratio_vs_best_static']:.3f} | [{low:.3f}, {high:.3f}] |")
     return "\n".join(lines)
 

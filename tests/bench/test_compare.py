@@ -69,17 +69,20 @@ def test_near_tied_static_rows_bias_the_in_sample_best():
     assert np.mean(covers) > 0.7  # 0.80 with this seed: the selection bias costs the 95 % interval coverage
 
 
-def test_only_rows_of_the_same_verifier_and_temperature_are_compared():
+def test_rows_are_compared_within_a_temperature_with_their_verifier_and_across_verifiers():
     rows = [_row("ar", [1.0, 1.0]), _row("traversal@1,3,0", [1.0, 2.0]), _row("traversal@adaptive", [1.5, 1.5]),
-            _row("specinfer@adaptive", [1.0, 1.0]),  # no specinfer static row: skipped
+            _row("specinfer@adaptive", [1.0, 1.0]),  # no specinfer static row: only against traversal's
             _row("traversal@1,3,0", [9.0, 9.0], temperature=0.6),
             _row("traversal@entropy", [1.0, 1.0], temperature=0.6)]
     comparisons = policy_comparisons(rows)
-    assert [(c["temperature"], c["policy"]) for c in comparisons] == [(1.0, "traversal@adaptive"),
-                                                                        (0.6, "traversal@entropy")]
-    assert comparisons[1]["ratio_vs_best_static"] == pytest.approx(9.0)
+    assert [(c["temperature"], c["policy"], c["against"]) for c in comparisons] == [
+        (1.0, "traversal@adaptive", "own verifier"), (1.0, "specinfer@adaptive", "any verifier"),
+        (0.6, "traversal@entropy", "own verifier")]  # no other verifier's static row at 0.6: no second entry
+    assert comparisons[1]["best_static"] == "traversal@1,3,0"
+    assert comparisons[2]["ratio_vs_best_static"] == pytest.approx(9.0)
     table = format_comparisons(comparisons)
     assert "| 0.6 | traversal@entropy | 1,3,0 | 9.000" in table
+    assert "| 1 | specinfer@adaptive | traversal@1,3,0 |" in table
     assert format_comparisons([]) == ""
 
 
