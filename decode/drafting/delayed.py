@@ -14,11 +14,15 @@ the root, up to L1 − 1) whether to stop growing there; the K branches of L2 to
 are then drafted at the halting depth. The callable sees a :class:`TrunkNode`, the draft's own state at that node,
 so the halting depth is a stopping time of the draft's draws and every verifier of delayed trees stays exact
 (tests/decode/exact/test_expander_loop.py).
+
+The rule is one generator, :func:`delayed_tree_steps`, that yields each draft call's nodes and leaves running them to
+its caller: :func:`draft_delayed_tree` runs them on the draft's own cache, and a batch (decode/batch.py) runs the calls
+of several requests' trees as one forward. Both draw the same tokens from the same laws.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -109,7 +113,27 @@ def draft_delayed_tree(
             action's K branches of L2 (a single path when K = 1 or L2 = 0) from that node. ``action.l1`` caps it.
         root_hidden: ``(H,)`` the draft's hidden state at the root, for ``halting`` at depth 0.
     """
-    state = _Drafting(draft, q_root, sampling, rng, output_hidden)
+    state = TreeDrafting(draft, q_root, sampling, rng, output_hidden)
+    steps = delayed_tree_steps(state, action, without_replacement, halting, root_hidden)
+    try:
+        nodes = next(steps)
+        while True:
+            state.expand(nodes)
+            nodes = next(steps)
+    except StopIteration as done:
+        return done.value
+
+
+def delayed_tree_steps(state: TreeDrafting, action: Action, without_replacement: bool = False,
+                       halting: Callable[[TrunkNode], bool] | None = None,
+                       root_hidden: torch.Tensor | None = None) -> Generator[list[int], None, DraftedTree]:
+    """:func:`draft_delayed_tree`'s rule as a generator, so that a caller may run the draft calls of several trees
+    as one forward (decode/batch.py). It yields the nodes each draft call runs (parents before children); before it
+    is resumed, those nodes' laws must be in ``state`` (:meth:`TreeDrafting.expand` runs them on ``state.draft``,
+    :meth:`TreeDrafting.absorb` takes logits run elsewhere). It returns the drafted tree. The draws, their order and
+    the laws they come from are the same whoever runs the calls, so the q each draw was sampled from is the q
+    handed on. Arguments as :func:`draft_delayed_tree`'s."""
+    rng = state.rng
     tip, depth, draws = ROOT, 0, ()
     for j in range(action.l1):
         if halting is not None and halting(TrunkNode(j, state.laws[tip], state.hidden.get(tip, root_hidden), draws)):
@@ -119,7 +143,7 @@ def draft_delayed_tree(
         if halting is not None:  # the draw, for the next nodes' decisions (after it was made, never before)
             draws = (*draws, draw_of(state.laws[parent], index))
         if j < action.l1 - 1 or action.l2 > 0:
-            state.expand([tip])
+            yield [tip]
     if action.is_single_path and depth < action.l1:
         return state.finish(state.builder.build(Regime.IID, (1, depth, 0)), depth)
     heads = [tip] * (action.k if action.l2 > 0 else 0)
@@ -129,7 +153,7 @@ def draft_delayed_tree(
         else:
             heads = [state.draw(node) for node in heads]
         if level < action.l2 - 1:
-            state.expand(list(dict.fromkeys(v for v in heads if v not in state.laws)))
+            yield list(dict.fromkeys(v for v in heads if v not in state.laws))
     regime = Regime.WITHOUT_REPLACEMENT if without_replacement else Regime.IID
     return state.finish(state.builder.build(regime, None if without_replacement else (action.k, depth, action.l2)),
                         depth)
@@ -153,31 +177,47 @@ def expand_nodes(draft: CachedLM, nodes: list[int], tokens: Sequence[int], paren
     """
     out = run_nodes(draft, nodes, tokens, parent_of, slots, output_hidden=hidden is not None, on_support=on_support)
     logits, states = out if hidden is not None else (out, None)
-    if states is not None:
+    return node_laws(nodes, logits, states, sampling, hidden)
+
+
+def node_laws(nodes: list[int], logits: torch.Tensor, states: torch.Tensor | None, sampling: SamplingConfig,
+              hidden: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+    """The laws ``(n, V)`` (``(n, Vs)`` from logits on a draft's support) of ``nodes`` from their draft logits; with
+    ``hidden`` and ``states`` ``(n, H)`` given, ``hidden`` gains each node's state."""
+    if hidden is not None and states is not None:
         hidden.update(zip(nodes, states, strict=True))
     return distributions(logits, sampling)
 
 
-class _Drafting:
+class TreeDrafting:
     """One tree's drafting state: the growing tree, each run node's law over the draft's support ``(Vs,)`` (or
-    ``(V,)``), slot and hidden state, and the draft calls made."""
+    ``(V,)``), slot and hidden state, and the draft calls made.
+
+    ``root_slot``: the root's slot in the draft's cache (None: its last slot, the committed tip of a cache that
+    holds one sequence; a cache shared by several sequences names it)."""
 
     def __init__(self, draft: CachedLM, q_root: torch.Tensor, sampling: SamplingConfig, rng: RandomSource,
-                 output_hidden: bool) -> None:
+                 output_hidden: bool, root_slot: int | None = None) -> None:
         self.draft, self.q_root, self.sampling, self.rng = draft, q_root, sampling, rng
         self.builder = TreeBuilder()
         # Laws are kept over the draft's support (its draft vocabulary's ids, None: all V): the draft's softmax and
         # every draw then run over Vs entries, not V. q_root is zero off the support, so its cut is the same law.
         self.support = support_ids(draft.model)
         self.laws = {ROOT: q_root if self.support is None else q_root.index_select(0, self.support)}
-        self.slots = {ROOT: draft.length - 1}
+        self.slots = {ROOT: draft.length - 1 if root_slot is None else root_slot}
         self.hidden: dict[int, torch.Tensor] = {}
         self.output_hidden, self.calls = output_hidden, 0
 
     def expand(self, nodes: list[int]) -> None:
         """One draft call over ``nodes`` (children of already-run nodes): their laws, slots and hidden states."""
-        laws = expand_nodes(self.draft, nodes, self.builder.tokens, self.builder.parents, self.slots, self.sampling,
-                            self.hidden if self.output_hidden else None, on_support=self.support is not None)
+        out = run_nodes(self.draft, nodes, self.builder.tokens, self.builder.parents, self.slots,
+                        output_hidden=self.output_hidden, on_support=self.support is not None)
+        self.absorb(nodes, *(out if self.output_hidden else (out, None)))
+
+    def absorb(self, nodes: list[int], logits: torch.Tensor, states: torch.Tensor | None = None) -> None:
+        """The laws of ``nodes`` from one draft call run elsewhere (their slots already in ``slots``): logits
+        ``(n, Vs)`` on the draft's support where it has one, else ``(n, V)``; final states ``(n, H)`` or None."""
+        laws = node_laws(nodes, logits, states, self.sampling, self.hidden if self.output_hidden else None)
         self.laws.update(zip(nodes, laws, strict=True))
         self.calls += 1
 
