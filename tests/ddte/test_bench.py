@@ -39,8 +39,11 @@ def test_bench_writes_rows_and_plot(pair_dirs, tmp_path, capsys):
     payload = json.loads(out.read_text())
     rows = {r["method"]: r for r in payload["rows"]}
     assert set(rows) == {"ar", "hf-assisted", "traversal@2,1,2", "specinfer@adaptive", "traversal@entropy"}
-    # the one policy row with a static row of its verifier is compared with it; specinfer has none
-    [comparison] = payload["comparisons"]
+    # each policy row against the best static row of its own verifier (specinfer has none) and, where other
+    # verifiers ran static rows too, against the best of any verifier (bench/compare.py)
+    assert {(c["policy"], c["against"]) for c in payload["comparisons"]} == {
+        ("traversal@entropy", "own verifier"), ("specinfer@adaptive", "any verifier")}
+    [comparison] = [c for c in payload["comparisons"] if c["against"] == "own verifier"]
     assert comparison["policy"] == "traversal@entropy" and comparison["best_static"] == "traversal@2,1,2"
     want = rows["traversal@entropy"]["tokens_per_s"] / rows["traversal@2,1,2"]["tokens_per_s"]
     assert comparison["ratio_vs_best_static"] == pytest.approx(want)
