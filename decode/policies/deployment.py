@@ -7,9 +7,11 @@ is the file's one reader and writer, and :func:`load_deployment` its one validat
 with the rules of the matching flag. :meth:`Deployment.policy_for` turns a verifier's choices into one policy that
 serves any sampling configuration: each generation starts the choice measured nearest to its own.
 
-Every command builds its policy here, from a spec (decode/policies/spec.py): :func:`load_policy_spec` checks it
-against the verifier and the pair (reading its file once), before any timing; :func:`needs_latency` says whether the
-machine's latency table is then measured; :func:`build_policy` builds the policy from what was read.
+Every command builds its policy here, from a spec (decode/policies/spec.py), through the session builder
+(decode/session.py): :func:`load_policy_spec` checks it against the verifier and the pair (reading its file once),
+before any timing; :func:`needs_latency` says whether the machine's latency table is then measured, and
+:func:`reads_root_features` whether the decoder needs a table for root features; :func:`build_policy` builds the
+policy from what was read.
 """
 
 from __future__ import annotations
@@ -287,6 +289,30 @@ def needs_latency(spec: PolicySpec) -> bool:
     """Whether the policy of ``spec`` reads the running machine's latency table: a selector, expander or policy
     file, whose static fallbacks and guards that table picks (decode/policies/guard.py)."""
     return spec.reads_file
+
+
+def reads_root_features(loaded: LoadedPolicy) -> bool:
+    """Whether some generation of ``loaded``'s policy may read root features, and with them the decoder's latency
+    table (their pass times): a selector, an expander whose head reads the root's scalars, or a policy file with
+    either among its verifier's choices. Which generation does depends on its sampling, known only when it starts
+    (``Policy.start``); this says whether the decoder must hold a table before the first one."""
+    if loaded.spec.kind == "selector":
+        return True
+    if loaded.spec.kind == "expander":
+        return _expander_reads_root(loaded.spec.path)
+    if loaded.deployment is None:
+        return False
+    base = loaded.deployment.path.parent if loaded.deployment.path is not None else Path.cwd()
+    return any(choice.policy == "selector" or (choice.policy == "expander" and
+                                               _expander_reads_root(base / choice.expander))
+               for choice in loaded.deployment.choices_of(loaded.verifier))
+
+
+def _expander_reads_root(path: str | Path) -> bool:
+    """Whether the expander file's head reads the root's scalars (read from its metadata; the file was checked)."""
+    from decode.policies.expander_file import read_expander_metadata
+
+    return read_expander_metadata(path).reads_root
 
 
 def load_policy_spec(spec: PolicySpec, pair, verifier: str, deployment: Deployment | None = None) -> LoadedPolicy:

@@ -289,6 +289,19 @@ def measure_latency(
                         pair, machine_identity(target, draft))
 
 
+# The table of a decoder whose policy reads root features but was given no table to pick its fallbacks with
+# (``--latency fitted``, another draft beside the pair's): every block size up to the largest default tree
+# (1 + 8 + 4·8) at a short and a long context; beyond them the table holds its edge. Not cached: its pass times are
+# those of the models as they run now, another draft's included.
+LOOP_LENGTHS = (32, 256)
+
+
+def loop_table(target: CachedLM, draft: CachedLM) -> LatencyTable:
+    """The pass times root features read (decode/policies/features.py), measured now on ``target`` and ``draft``
+    (on the kernel paths they run: measure after moving them); :data:`LOOP_LENGTHS`, three repeats."""
+    return measure_latency(target, draft, lengths=list(LOOP_LENGTHS), repeats=3)
+
+
 # The running machine's table (decode/policies/guard.py): one-token passes and every small block, then a sparser grid
 # up to the largest default tree (1 + 8 + 4·8), at a short and a long context. Measured once per machine and cached.
 MACHINE_LENGTHS = (64, 512)
