@@ -31,10 +31,8 @@ from decode.engine import SpeculativeDecoder
 from decode.models.kernels import stock_kernels, use_kernel
 from decode.pair import LoadedPair
 from decode.policies.base import Policy
-from decode.policies.deployment import build_policy
-from decode.policies.latency import LatencyTable
+from decode.session import Hooks, LatencyRequest, Session, open_sessions
 from decode.stats import GenerationStats
-from decode.verifiers import get_verifier
 
 
 @dataclass
@@ -154,31 +152,34 @@ class _Runner:
         return self.decoder.generate(ids, max_new, self.policy, TorchRandom(seed), sampling).stats
 
 
-def make_runners(methods: list[Method], pair: LoadedPair, policies: dict[Method, Policy] | None = None,
-                 machine: LatencyTable | None = None) -> list[_Runner]:
-    """A ready runner per method, the methods of one verifier sharing one decoder. ``policies``: the ddte methods'
-    policies, built by the caller (decode/policies/deployment.py ``build_policy``, after its checks); a method
-    without one is built here (ValueError for a file that does not fit). ``machine``: the running machine's latency
-    table."""
-    from decode.pair import load_other_draft
+def open_bench(pair: LoadedPair, methods: list[Method], kernels: str | None = None,
+               latency: str | LatencyRequest | None = None, files: dict | None = None,
+               hooks: Hooks | None = None) -> Session:
+    """The session of a bench (decode/session.py ``open_sessions``): every ddte method's policy checked against
+    ``pair``, the pair on this machine's kernels (``kernels``: as ``--kernels``, None the pair's own), the latency
+    table where a method reads one, and each method's policy and decoder; the HF methods need none of it. ``files``:
+    the policy files the methods name, read already (by path)."""
+    requests = [method.request for method in methods if not method.is_hf]
+    return open_sessions(pair, requests, kernels, latency, deployments=files, hooks=hooks)
 
-    policies = policies or {}
-    decoders: dict[tuple[str, str | None], SpeculativeDecoder] = {}
-    drafts = {None: pair.draft}  # by folder: a method's own draft (+draft=), loaded once
-    runners = []
+
+def make_runners(methods: list[Method], session: Session) -> list[_Runner]:
+    """A ready runner per method on ``session``'s pair (:func:`open_bench`), each ddte method on the decoder and
+    policy the session opened for it (the methods of one verifier and draft share one decoder).
+
+    Raises:
+        ValueError: a ddte method the session did not open.
+    """
+    pair, runners = session.pair, []
     baseline = _baseline_draft(methods, pair)
     for method in methods:
         if method.is_hf:
             runners.append(_hf_runner(method, pair, baseline))
             continue
-        if method.draft not in drafts:
-            drafts[method.draft] = load_other_draft(pair, method.draft)
-        key = (method.verifier, method.draft)
-        if key not in decoders:
-            decoders[key] = SpeculativeDecoder(pair.target, drafts[method.draft], get_verifier(method.verifier),
-                                               pair.eos_token_id, latency=machine if method.draft is None else None)
-        policy = policies.get(method) or build_policy(method.policy, pair, method.verifier, machine)
-        runners.append(_Runner(method, pair, decoders[key], policy))
+        decoding = session.decodings.get(method.request)
+        if decoding is None:
+            raise ValueError(f"method {method} was not opened in this bench's session")
+        runners.append(_Runner(method, pair, decoding.decoder, decoding.policy))
     return runners
 
 
@@ -243,13 +244,11 @@ def bench_methods(runners: list[_Runner], prompts, settings: BenchSettings, samp
     return results
 
 
-def run_bench(methods: list[Method], pair, prompts: list[list[int]], settings: BenchSettings,
-              temperatures: list[float], policies: dict[Method, Policy] | None = None,
-              machine: LatencyTable | None = None) -> list[dict]:
-    """Every method at every temperature (one interleaved block per temperature); the rows of all of them.
-    ``policies``: the ddte methods' policies, built by the caller; ``machine``: the latency table
-    (:func:`make_runners`)."""
-    runners = make_runners(methods, pair, policies, machine)
+def run_bench(methods: list[Method], session: Session, prompts: list[list[int]], settings: BenchSettings,
+              temperatures: list[float]) -> list[dict]:
+    """Every method at every temperature (one interleaved block per temperature) on what ``session`` opened
+    (:func:`open_bench`); the rows of all of them."""
+    runners = make_runners(methods, session)
     rows = []
     for temperature in temperatures:
         sampling = settings.sampling(temperature)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from decode.drafting.actions import Action
 from decode.policies.spec import PolicySpec, parse_verifier_spec
+from decode.session import MethodRequest
 
 STOCK_KINDS = ("ar", "hf-assisted", "hf-assisted-own")  # HF rows on the stock models
 HF_KINDS = (*STOCK_KINDS, "ar-kernels", "hf-assisted-kernels")
@@ -105,6 +106,13 @@ class Method:
     def path(self) -> str | None:
         """The selector, expander or policy file, as given (those kinds only)."""
         return None if self.policy is None else self.policy.path
+
+    @property
+    def request(self) -> MethodRequest:
+        """What the session builder opens for a ddte method (decode/session.py); ValueError for an HF kind."""
+        if self.policy is None:
+            raise ValueError(f"{self.hf} runs HF's generate: no ddte session to open")
+        return MethodRequest(self.verifier, self.policy, self.draft)
 
     @property
     def is_hf(self) -> bool:

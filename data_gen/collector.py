@@ -37,7 +37,7 @@ from decode.drafting.sampling import SamplingConfig, distributions, entropy
 from decode.drafting.tree import ROOT
 from decode.engine import prefill_to_root
 from decode.models.cached_lm import CachedLM, run_nodes
-from decode.pair import LoadedPair, load_pair_config
+from decode.pair import LoadedPair
 from decode.policies.features import HIDDEN_NAMES, root_features
 from decode.policies.latency import LatencyTable, draft_passes
 from decode.verifiers import Verifier
@@ -260,18 +260,18 @@ def load_collect_pair(config: CollectConfig) -> LoadedPair:
     Raises:
         ValueError: the pair cannot be loaded, or it has no tokenizer (prompts are text).
     """
+    from decode.models.kernels import release_stock_weights
+    from decode.session import PairRequest, open_pair
+
     try:
-        pair = load_pair_config(config.pair, config.device, config.dtype)
+        pair = PairRequest(config.pair, device=config.device, dtype=config.dtype).load()
     except ValueError as err:
         raise ValueError(f"pair: {err}") from err
     if pair.tokenizer is None:
         raise ValueError("pair: no tokenizer found (set tokenizer: in the pair config)")
     if config.threads:
         torch.set_num_threads(config.threads)
-    from ddte_core.paths import latency_cache
-    from decode.models.kernels import release_stock_weights
-
-    pair.use_kernels(None, latency_cache())  # the pair's kernels (auto: this machine's fastest, measured once)
+    open_pair(pair)  # the pair's kernels (auto: this machine's fastest, measured once and cached)
     release_stock_weights(pair.target.model)  # a worker never runs the stock target: its prepacked copy is enough
     return pair
 

@@ -55,9 +55,8 @@ from ddte.commands.common import (
     check_latency_argument,
     check_output_file,
     load_pair_from_args,
-    policy_latency,
     seed_argument,
-    use_machine_kernels,
+    shell_hooks,
     user_errors,
 )
 from ddte_core.paths import staged_file
@@ -174,13 +173,13 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     pair = load_pair_from_args(args)
     prompts, categories = _prompts(args, pair)
-    policies, machine, which = _policies(args, pair, methods, files)
+    session = _session(args, pair, methods, files)
     with user_errors():
         settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p)
-        rows = run_bench(methods, pair, prompts, settings, args.temperature, policies, machine)
+        rows = run_bench(methods, session, prompts, settings, args.temperature)
     title, by_category, comparisons = _report(args, pair, rows, len(prompts), categories)
     if output is not None:
-        _write(output, args, methods, pair, which, rows, by_category, comparisons)
+        _write(output, args, methods, pair, session.latency_line, rows, by_category, comparisons)
         plot_path = plot_path or output.with_suffix(".png")
     if plot_path is not None:
         from bench.display import plot
@@ -207,25 +206,18 @@ def _prompts(args: argparse.Namespace, pair) -> tuple[list, list | None]:
     return prompts, categories
 
 
-def _policies(args: argparse.Namespace, pair, methods, files):
-    """(every ddte method's policy, the latency table they read and the line saying which; None, None without one):
-    each checked against the pair first, then the pair moved to this machine's kernels, the latency table measured
-    once where a method reads one, and the policies built on it."""
-    from decode.policies.deployment import build_policy, load_policy_spec, needs_latency
+def _session(args: argparse.Namespace, pair, methods, files):
+    """Every ddte method opened on the pair (decode/session.py): each policy checked against it first (one line
+    naming the method), then the pair on this machine's kernels, the latency table measured once where a method reads
+    one, and the policies and decoders built on it; the lines on stderr as they come."""
+    from bench.decoding import open_bench
 
-    ddte = [method for method in methods if not method.is_hf]
-    loaded = {}
-    for method in ddte:
-        with user_errors(prefix=f"bad method '{method}': "):
-            loaded[method] = load_policy_spec(method.policy, pair, method.verifier, files.get(method.path))
-    print(use_machine_kernels(pair, args), file=sys.stderr)
-    machine, which = None, None
-    if any(needs_latency(method.policy) for method in ddte):
-        machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
-        print(which, file=sys.stderr)
-    with user_errors():
-        policies = {method: build_policy(loaded[method], pair, method.verifier, machine) for method in ddte}
-    return policies, machine, which
+    by_request = {method.request: method for method in methods if not method.is_hf}
+
+    def prefix(step: str, request) -> str:
+        return f"bad method '{by_request[request]}': " if step == "policy" else ""
+
+    return open_bench(pair, methods, args.kernels, args.latency, files, shell_hooks(args, prefix))
 
 
 def _report(args: argparse.Namespace, pair, rows: list[dict], count: int, categories):

@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from ddte.commands.common import (
@@ -26,7 +25,7 @@ from ddte.commands.common import (
     add_threads_argument,
     apply_threads,
     load_pair_from_args,
-    use_machine_kernels,
+    open_machine_pair,
     user_errors,
 )
 
@@ -71,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     pair = load_pair_from_args(args)
     if data is not None:
         _check_same_pair(pair, data)
-    print(use_machine_kernels(pair, args), file=sys.stderr)
+    open_machine_pair(pair, args)  # this machine's kernels, the line on stderr
     ids = pair.tokenizer(PROMPT)["input_ids"] if pair.tokenizer is not None else list(range(1, 17))
     for sampling in samplings:
         with user_errors():

@@ -22,7 +22,7 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ddte_core.yamlconfig import MAX_SEED
@@ -142,33 +142,53 @@ def check_pair_arguments(args: argparse.Namespace) -> None:
         raise UserError(f"--pair names the target and the draft: do not combine it with {' or '.join(given)}")
 
 
-def load_pair_from_args(args: argparse.Namespace):
-    """The pair named by --pair, or by --target/--draft/--tokenizer, on the default kernels (a command moves it to
-    this machine's with :func:`use_machine_kernels` once its own checks have passed); UserError when it cannot be
-    loaded or --kernels does not parse."""
-    from decode.pair import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair, load_pair_config
+def pair_request(args: argparse.Namespace):
+    """The :class:`decode.session.PairRequest` --pair, or --target/--draft/--tokenizer, name (with --device, --dtype,
+    --draft-forward)."""
+    from decode.session import PairRequest
 
+    return PairRequest(args.pair or None, args.target, args.draft, args.tokenizer, args.device, args.dtype,
+                       getattr(args, "draft_forward", "fast") == "fast")
+
+
+def load_pair_from_args(args: argparse.Namespace):
+    """The pair named by --pair, or by --target/--draft/--tokenizer, on the default kernels (a command opens it on
+    this machine's through decode/session.py once its own checks have passed); UserError when it cannot be loaded or
+    --kernels does not parse."""
     check_pair_arguments(args)
-    fast = getattr(args, "draft_forward", "fast") == "fast"
     check_kernels_argument(getattr(args, "kernels", None))
     with user_errors():
-        if args.pair:
-            pair = load_pair_config(args.pair, args.device, args.dtype, fast, args.tokenizer)
-        else:
-            pair = load_pair(args.target or str(DEFAULT_TARGET), args.draft or str(DEFAULT_DRAFT), args.tokenizer,
-                             args.device, args.dtype, fast)
-    return pair
+        return pair_request(args).load()
 
 
-def use_machine_kernels(pair, args: argparse.Namespace) -> str:
-    """Move ``pair`` to the kernels --kernels names (default: the pair's, auto: this machine's fastest, measured once
-    and cached beside the latency tables; a line on stderr announces a measurement); the line saying which."""
-    from ddte_core.paths import latency_cache
+def to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
-    with user_errors(OSError, ValueError):
-        choice = pair.use_kernels(getattr(args, "kernels", None), latency_cache(),
-                                  announce=lambda line: print(line, file=sys.stderr), progress=True)
-    return choice.line()
+
+def shell_hooks(args: argparse.Namespace, prefix: Callable[[str, object], str] | None = None):
+    """The session builder's :class:`decode.session.Hooks` for a command shell: each measurement announced and each
+    result line printed on stderr as they come, a bar during a measurement, and each step's library error as one
+    line: --kernels' and --latency's as such, the others after ``prefix(step, method)`` (the flag or method they
+    came from; none by default)."""
+    from decode.session import Hooks
+
+    def errors(step: str, method) -> contextlib.AbstractContextManager:
+        if step == "kernels":
+            return user_errors(OSError, ValueError)
+        if step == "latency":
+            return user_errors(OSError, ValueError, prefix=f"--latency {getattr(args, 'latency', 'machine')}: ")
+        return user_errors(prefix=prefix(step, method) if prefix is not None else "")
+
+    return Hooks(announce=to_stderr, report=to_stderr, errors=errors, progress=True)
+
+
+def open_machine_pair(pair, args: argparse.Namespace):
+    """:func:`decode.session.open_pair`: ``pair`` on the kernels --kernels names (default: the pair's, auto: this
+    machine's fastest, measured once and cached beside the latency tables), the kernels line on stderr; the
+    session."""
+    from decode.session import open_pair
+
+    return open_pair(pair, getattr(args, "kernels", None), shell_hooks(args))
 
 
 def check_output_file(path: str | Path, what: str = "--output") -> Path:
@@ -206,9 +226,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: {shown})"
 
 
-LATENCY_CHOICES = ("machine", "fitted")
-
-
 def add_latency_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--latency", default="machine", metavar="machine|fitted|FILE",
@@ -220,24 +237,7 @@ def add_latency_argument(parser: argparse.ArgumentParser) -> None:
 
 def check_latency_argument(value: str) -> None:
     """UserError for a --latency that is neither a choice nor an existing file (before any model loads)."""
-    if value not in LATENCY_CHOICES and not Path(value).is_file():
+    from decode.session import LATENCY_SOURCES
+
+    if value not in LATENCY_SOURCES and not Path(value).is_file():
         raise UserError(f"--latency: {value!r} is not machine, fitted or an existing latency table file")
-
-
-def policy_latency(value: str, pair, announce=None):
-    """``(table or None, one line saying which)`` for --latency ``value`` on a loaded pair: this machine's table
-    (cached, or measured once with ``announce`` told first), none ('fitted'), or a file checked against the pair."""
-    from ddte_core.paths import latency_cache
-    from decode.policies.latency import LatencyTable, machine_table
-
-    if value == "fitted":
-        return None, "step times: each policy file's fallback as fitted (--latency fitted)"
-    if value == "machine":
-        with user_errors(OSError, ValueError, prefix="--latency machine: "):
-            table, path = machine_table(pair.target, pair.draft, pair.fingerprint(), latency_cache(), announce,
-                                        progress=True)
-        return table, f"step times: this machine's latency table ({table.machine}), {path}"
-    with user_errors(OSError, ValueError, prefix=f"--latency {value}: "):
-        table = LatencyTable.from_json(Path(value).read_text(encoding="utf-8"))
-        table.check_pair(pair.fingerprint())
-    return table, f"step times: latency table {value}" + (f" ({table.machine})" if table.machine else "")

@@ -27,8 +27,8 @@ from ddte.commands.common import (
     add_threads_argument,
     apply_threads,
     load_pair_from_args,
+    open_machine_pair,
     seed_argument,
-    use_machine_kernels,
     user_errors,
 )
 
@@ -126,10 +126,10 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     pair = load_pair_from_args(args)
     prompts, categories, room = _prompts(args, pair, spec)
-    print(use_machine_kernels(pair, args), file=sys.stderr)
+    kernels = open_machine_pair(pair, args).kernel_choice  # this machine's kernels, the line on stderr
     command = "ddte " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     with user_errors(ValueError):
-        metadata = dense_metadata(pair.fingerprint(), pair.kernel_choice, spec, args.temperature, args.top_p,
+        metadata = dense_metadata(pair.fingerprint(), kernels, spec, args.temperature, args.top_p,
                                   verifiers, args.prompts or pair.train_prompts, len(prompts), args.seed, command,
                                   first_prompt=args.first_prompt, max_prompt_tokens=room,
                                   prompts_per_shard=args.prompts_per_shard)

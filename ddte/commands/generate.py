@@ -4,13 +4,15 @@ The prompt is text (encoded with the pair's tokenizer) or --prompt-ids (works wi
 sample is exactly distributed as the target model's own sampling at this temperature and top-p. The draft
 only makes it faster. The tree shape comes from --policy (static --action, adaptive, entropy), a trained
 --selector, a fitted --expander (it halts the trunk node by node while drafting), or the --policy-file that
-`ddte pipeline` writes (its choice per verifier and temperature).
+`ddte pipeline` writes (its choice per verifier and temperature). --method VERIFIER@SPEC names the verifier and the
+policy in one, as `ddte bench` and `ddte serve` take them; the flags are another spelling of the same method.
 
 Examples:
   ddte generate "def fibonacci(n):" --verifier traversal --action 2,2,4 --max-new-tokens 64
   ddte generate --prompt-ids 1,400,12 --policy adaptive --temperature 0 --num-samples 3 --output out.jsonl
   ddte generate "def f(x):" --policy-file runs/pipeline/policy.json --temperature 0.6
   ddte generate --pair smollm2 "Write a haiku about rain." --action 2,1,3 --verifier specinfer --temperature 0.6
+  ddte generate "def f(x):" --method specinfer@entropy:threshold=1.5 --temperature 0.6
 """
 
 from __future__ import annotations
@@ -31,21 +33,21 @@ from ddte.commands.common import (
     check_latency_argument,
     check_output_file,
     load_pair_from_args,
-    policy_latency,
     seed_argument,
-    use_machine_kernels,
+    shell_hooks,
     user_errors,
 )
 from decode.policies.base import POLICIES
 from decode.policies.spec import (
     DEFAULT_ENTROPY_THRESHOLD,
     DEFAULT_MAX_DRAFT,
+    SPEC_FORMS,
     PolicySpec,
     check_entropy_threshold,
     check_max_draft,
-    check_spec_verifier,
     parse_policy_spec,
 )
+from decode.session import MethodRequest
 from decode.verifiers import VERIFIERS, verifier_names
 
 DEFAULT_ACTION = "2,2,4"
@@ -54,6 +56,10 @@ DEFAULT_VERIFIER = "traversal"
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     """The sampling and policy options shared by generate-like commands."""
+    parser.add_argument("--method", default=None, metavar="VERIFIER@SPEC",
+                        help="the verifier and the policy in one, as `ddte bench` and `ddte serve` take them: "
+                        "VERIFIER@K,L1,L2, VERIFIER@adaptive, VERIFIER@entropy:threshold=H, VERIFIER@selector=FILE, "
+                        "VERIFIER@expander=FILE, VERIFIER@policy=FILE ... (instead of --verifier and the policy flags)")
     parser.add_argument("--verifier", default=None,
                         help=f"the lossless verifier: {', '.join(verifier_names())} (default: traversal, or the "
                         "--policy-file's)")
@@ -101,9 +107,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(args: argparse.Namespace) -> tuple[PolicySpec, list[int] | None]:
-    """Every option checked with its flag's name, before any model is loaded; the policy the flags name, and the
-    --prompt-ids, read (None when the prompt is text)."""
-    spec = policy_spec(args)
+    """Every option checked with its flag's name, before any model is loaded; the policy --method or the flags
+    name, and the --prompt-ids, read (None when the prompt is text)."""
+    spec = method_flag(args).spec if args.method is not None else policy_spec(args)
     check_latency_argument(args.latency)
     if args.latency != "machine" and not spec.reads_file:
         raise UserError("--latency is the step-time model of a --selector, --expander or --policy-file: give one "
@@ -162,37 +168,61 @@ def policy_spec(args: argparse.Namespace) -> PolicySpec:
         with user_errors(ValueError):
             if value is not None:
                 check(value, flag)
-    if files:
-        return PolicySpec.file(files[0][1], files[0][2])
+    with user_errors(ValueError, prefix="--action: " if args.policy == "static" and not files else ""):
+        return parse_policy_spec(flags_spec_text(args, files[0][1:] if files else None))
+
+
+def flags_spec_text(args: argparse.Namespace, file: tuple[str, str] | None) -> str:
+    """What the policy flags spell in the SPEC grammar (decode/policies/spec.py), the one they are parsed by:
+    ``KIND=FILE`` for ``file`` (its kind and path), ``--action`` (or the default tree) for the static policy,
+    ``adaptive`` and ``entropy`` with the options given."""
+    if file is not None:
+        return f"{file[0]}={file[1]}"
     if args.policy == "static":
-        with user_errors(ValueError, prefix="--action: "):
-            return parse_policy_spec(args.action or DEFAULT_ACTION)
-    if args.policy == "adaptive":
-        return PolicySpec.adaptive(args.max_draft or DEFAULT_MAX_DRAFT)
-    return PolicySpec.entropy(args.entropy_threshold or DEFAULT_ENTROPY_THRESHOLD, args.max_draft or DEFAULT_MAX_DRAFT)
+        return args.action or DEFAULT_ACTION
+    options = [f"{name}={value!r}" for name, value in (("threshold", args.entropy_threshold),
+                                                      ("max-draft", args.max_draft)) if value is not None]
+    return args.policy + (":" + ",".join(options) if options else "")
+
+
+def method_flag(args: argparse.Namespace) -> MethodRequest:
+    """The method --method names, refused beside the flags it replaces."""
+    given = [flag for flag, value in (("--verifier", args.verifier), ("--policy", args.policy != "static"),
+                                      ("--action", args.action), ("--entropy-threshold", args.entropy_threshold),
+                                      ("--max-draft", args.max_draft), ("--selector", args.selector),
+                                      ("--expander", args.expander), ("--policy-file", args.policy_file))
+             if value not in (None, False)]
+    if given:
+        raise UserError(f"--method names the verifier and the policy: do not combine it with {', '.join(given)}")
+    if "@" not in args.method:
+        raise UserError(f"--method {args.method!r}: use VERIFIER@SPEC, SPEC one of {SPEC_FORMS}")
+    with user_errors(KeyError, ValueError, prefix=f"--method {args.method}: "):
+        return MethodRequest.parse(args.method)
 
 
 def run(args: argparse.Namespace) -> int:
-    """One way down: the flags are checked and the output's folder made, the pair loads, the policy is checked
-    against it (its file read once), this machine's kernels and latency table come next, then the policy is built,
-    every sample runs at this call's sampling settings and the output is written whole."""
+    """One way down: the flags are checked and the output's folder made, the pair loads, then the session opens on
+    it (decode/session.py: the policy checked against the pair, its file read once, this machine's kernels and
+    latency table, the policy built), every sample runs at this call's sampling settings and the output is written
+    whole."""
     from decode.drafting.sampling import SamplingConfig
-    from decode.engine import SpeculativeDecoder
+    from decode.session import open_session
 
     spec, ids = check_arguments(args)
     apply_threads(args.threads)
     output = check_output_file(args.output) if args.output else None
-    verifier_name, deployment = _verifier(args, spec)
+    method, deployment = _method(args, spec)
     pair = load_pair_from_args(args)
     sampling = SamplingConfig(args.temperature, args.top_p)
-    verifier, policy, machine = _policy(args, spec, pair, verifier_name, deployment)
+    flag = "--method: " if args.method is not None else \
+        {"policy": "--policy-file: ", "selector": "--selector: ", "expander": "--expander: "}.get(spec.kind, "")
+    session = open_session(pair, method, args.kernels, args.latency, deployment=deployment,
+                           hooks=shell_hooks(args, lambda step, _: flag))
     ids = _prompt_ids(args, pair) if ids is None else ids
-    note = policy.sampling_note(sampling)
+    note = session.policy.sampling_note(sampling)
     if note:
         print(note, file=sys.stderr)
-    with user_errors():
-        decoder = SpeculativeDecoder(pair.target, pair.draft, verifier, pair.eos_token_id, latency=machine)
-    _samples(args, decoder, policy, ids, sampling, pair, output)
+    _samples(args, session.decoder, session.policy, ids, sampling, pair, output)
     return 0
 
 
@@ -227,40 +257,23 @@ def _samples(args: argparse.Namespace, decoder, policy, ids: list[int], sampling
         print(f"wrote {len(lines)} samples to {output}", file=sys.stderr)
 
 
-def _verifier(args: argparse.Namespace, spec: PolicySpec):
-    """(the verifier's name, the policy file read and checked whole, or None): before any model loads, as the policy
-    file names the verifier unless --verifier does."""
+def _method(args: argparse.Namespace, spec: PolicySpec) -> tuple[MethodRequest, object | None]:
+    """(the method, ``VERIFIER@SPEC`` parsed by its one grammar; the policy file read and checked whole, or None):
+    before any model loads, as the policy file names the verifier unless --verifier (or --method) does."""
     from decode.policies.deployment import load_deployment
     from decode.verifiers import get_verifier
 
     deployment = None
     if spec.kind == "policy":
-        with user_errors(prefix="--policy-file: "):
+        with user_errors(prefix="--policy-file: " if args.method is None else f"--method {args.method}: "):
             deployment = load_deployment(spec.path)
+    if args.method is not None:
+        return method_flag(args), deployment
     name = args.verifier or (deployment.verifier if deployment else DEFAULT_VERIFIER)
     with user_errors(prefix="--verifier: "):
         verifier = get_verifier(name)
     with user_errors(ValueError, prefix="--action: "):
-        check_spec_verifier(spec, verifier)
-    return verifier.name, deployment
-
-
-def _policy(args: argparse.Namespace, spec: PolicySpec, pair, verifier_name: str, deployment):
-    """(the verifier, the policy, the latency table it reads or None): the spec checked against the pair (its file
-    read once) before this machine's kernels and latency table are measured, then built on them."""
-    from decode.policies.deployment import build_policy, load_policy_spec, needs_latency
-    from decode.verifiers import get_verifier
-
-    flag = {"policy": "--policy-file: ", "selector": "--selector: ", "expander": "--expander: "}.get(spec.kind, "")
-    with user_errors(prefix=flag):
-        loaded = load_policy_spec(spec, pair, verifier_name, deployment)
-    print(use_machine_kernels(pair, args), file=sys.stderr)  # every check passed: the work starts here
-    machine = None
-    if needs_latency(spec):
-        machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
-        print(which, file=sys.stderr)
-    with user_errors(prefix=flag):
-        return get_verifier(verifier_name), build_policy(loaded, pair, verifier_name, machine), machine
+        return MethodRequest.parse(f"{verifier.name}@{spec.text}"), deployment
 
 
 def _prompt_ids(args: argparse.Namespace, pair) -> list[int]:

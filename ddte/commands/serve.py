@@ -38,8 +38,7 @@ from ddte.commands.common import (
     apply_threads,
     check_latency_argument,
     load_pair_from_args,
-    policy_latency,
-    use_machine_kernels,
+    shell_hooks,
     user_errors,
 )
 from ddte.serve.server import DEFAULT_MAX_BODY_BYTES, listen_socket, url_of
@@ -112,26 +111,17 @@ def check_arguments(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from ddte.serve.app import Served, create_app
     from ddte.serve.server import serve
-    from decode.engine import SpeculativeDecoder
-    from decode.policies.deployment import build_policy, load_policy_spec, needs_latency
-    from decode.verifiers import get_verifier
+    from decode.session import MethodRequest, open_session
 
     verifier, spec, deployment = check_arguments(args)
     apply_threads(args.threads)
     pair = load_pair_from_args(args)
     if pair.tokenizer is None:
         raise UserError("the pair has no tokenizer: pass --tokenizer DIR")
-    with user_errors():
-        loaded = load_policy_spec(spec, pair, verifier, deployment)  # checked against the pair before any timing
-    print(use_machine_kernels(pair, args), file=sys.stderr)
-    machine = None
-    if needs_latency(spec):
-        machine, which = policy_latency(args.latency, pair, announce=lambda line: print(line, file=sys.stderr))
-        print(which, file=sys.stderr)
-    with user_errors():
-        policy = build_policy(loaded, pair, verifier, machine)
-        decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(verifier), pair.eos_token_id,
-                                     latency=machine)
+    # the policy checked against the pair before any timing, then this machine's kernels and latency table
+    session = open_session(pair, MethodRequest(verifier, spec), args.kernels, args.latency, deployment=deployment,
+                           hooks=shell_hooks(args))
+    policy, decoder = session.policy, session.decoder
     method = f"{verifier}@{spec.text}"
     served = Served(args.model_name, pair, decoder, policy, method, args.max_queue, args.default_max_tokens,
                     args.max_body_kib * 1024)

@@ -95,15 +95,14 @@ def measure(settings: CardSettings) -> dict[str, Any]:
     """
     from ddte.pair_card import folder as folder_card
     from ddte_core.machine import environment
-    from ddte_core.paths import latency_cache
-    from decode.pair import load_pair_spec
     from decode.pair_spec import read_pair_config
+    from decode.session import Hooks, PairRequest, open_pair
 
     torch.set_num_threads(settings.threads)
     spec = read_pair_config(settings.pair)
     folder = folder_card.train_pair_folder(spec)
     settings = with_defaults(settings, folder is not None)
-    pair = load_pair_spec(spec, dtype="float32" if folder is not None else None)
+    pair = PairRequest(spec, dtype="float32" if folder is not None else None).load()
     check_fits(settings, pair.context_limit)
     groups = folder_card.prompt_groups(folder, settings.num_prompts) if folder is not None else \
         prompt_groups(spec.heldout_prompts, settings.num_prompts, pair.tokenizer)
@@ -112,8 +111,8 @@ def measure(settings: CardSettings) -> dict[str, Any]:
         raise ValueError(f"--groups: no prompt group {unknown[0]!r} (this pair's: {', '.join(sorted(groups))})")
     groups = {name: texts for name, texts in groups.items() if not settings.groups or name in settings.groups}
     default = "default" if folder is not None else None  # a train-pair folder's figures are on the default path
-    choice = pair.use_kernels(default if settings.kernels is None else settings.kernels, latency_cache(),
-                              announce=_to_stderr, progress=True)
+    choice = open_pair(pair, default if settings.kernels is None else settings.kernels,
+                       Hooks(announce=_to_stderr, progress=True)).kernel_choice
     result: dict[str, Any] = {"pair": str(spec.source), **environment(), "load_average_at_start": os.getloadavg()[0],
                               "architecture": {role: describe(lm.model) | {"dtype": str(lm.dtype)}
                                                for role, lm in (("target", pair.target), ("draft", pair.draft))},

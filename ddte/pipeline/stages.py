@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.decoding import BenchSettings, bench_prompts, encode_prompts, environment, run_bench
+from bench.decoding import BenchSettings, bench_prompts, encode_prompts, environment, open_bench, run_bench
 from bench.display import bench_metrics, format_table, plot
 from bench.method import AR, Method
 from data_gen.config import CollectConfig
@@ -221,29 +221,25 @@ def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates
     """The bench itself: its rows, printed and written to bench.json and bench.png; the payload of bench.json."""
     from decode.models.kernel_choice import machine_identity
     from decode.pair import load_pair_config
+    from decode.session import Hooks
 
     if stage.threads:
         import torch
 
         torch.set_num_threads(stage.threads)
     pair = load_pair_config(collect.pair)
-    from ddte_core.paths import latency_cache
-
-    # the kernels the collection ran on, as the loop does
-    print(pair.use_kernels(None, latency_cache(), progress=True).line())
+    methods = _bench_methods(stage, candidates, selectors, expanders)
+    # every method opened at once: the pair on the kernels the collection ran on, as the loop does, and each file's
+    # policy as fitted (the decision compares them as the pipeline made them)
+    session = open_bench(pair, list(dict.fromkeys(m for at_t in methods.values() for m in at_t)), latency="fitted",
+                         hooks=Hooks(progress=True))
+    print(session.kernel_choice.line())
     prompts = encode_prompts(pair, bench_prompts(None, "prompt", stage.num_prompts, tokenizer=pair.tokenizer,
                                                  default=pair.heldout_prompts), stage.max_new_tokens)
     settings = BenchSettings(stage.max_new_tokens, stage.repeats, stage.seed)
     rows = []
     for temperature in stage.temperatures:
-        methods = [AR]
-        for verifier, actions in candidates.items():
-            methods += [Method.static(verifier, action) for action in actions[temperature]]
-            if verifier in selectors:
-                methods.append(Method.selector(verifier, selectors[verifier]))
-            if verifier in expanders:
-                methods.append(Method.expander(verifier, expanders[verifier]))
-        rows += run_bench(list(dict.fromkeys(methods)), pair, prompts, settings, [temperature])
+        rows += run_bench(methods[temperature], session, prompts, settings, [temperature])
     title = (f"{len(prompts)} held-out prompts × {stage.repeats}, {stage.max_new_tokens} new tokens, "
              f"T = {', '.join(f'{t:g}' for t in stage.temperatures)}")
     print(title)
@@ -255,6 +251,23 @@ def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates
     (out / "bench.json").write_text(json.dumps(payload, indent=2, default=str))
     plot(rows, out / "bench.png", title)
     return payload
+
+
+def _bench_methods(stage: BenchStage, candidates: dict[str, dict[float, list[str]]], selectors: dict[str, Path],
+                   expanders: dict[str, Path]) -> dict[float, list[Method]]:
+    """The methods benched at each temperature: AR, each verifier's static candidates there, its selector and its
+    expander; each once."""
+    by_temperature = {}
+    for temperature in stage.temperatures:
+        methods = [AR]
+        for verifier, actions in candidates.items():
+            methods += [Method.static(verifier, action) for action in actions[temperature]]
+            if verifier in selectors:
+                methods.append(Method.selector(verifier, selectors[verifier]))
+            if verifier in expanders:
+                methods.append(Method.expander(verifier, expanders[verifier]))
+        by_temperature[temperature] = list(dict.fromkeys(methods))
+    return by_temperature
 
 
 def _fit_expanders(stage: ExpanderStage, out: Path, data_dir: Path, verifiers: list[str],

@@ -127,27 +127,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _open_decoder(pair_name: str, method: str):
-    """``(pair, method key, policy, decoder)`` in ddte serve's order: the policy checked against the pair, this
-    machine's kernels, then its latency table where the policy reads one, so the script measures what the server
-    runs."""
-    from ddte_core.paths import latency_cache
-    from decode.engine import SpeculativeDecoder
-    from decode.pair import load_pair_config
-    from decode.policies.deployment import build_policy, load_policy_spec, needs_latency
-    from decode.policies.latency import machine_table
-    from decode.policies.spec import parse_verifier_spec
-    from decode.verifiers import get_verifier
+    """``(pair, method key, policy, decoder)`` opened as ddte serve opens them (decode/session.py: the policy checked
+    against the pair, this machine's kernels, then its latency table where the policy reads one), so the script
+    measures what the server runs; the session's lines printed as they come."""
+    from decode.session import Hooks, PairRequest, open_session
 
-    pair = load_pair_config(pair_name)
-    verifier, spec = parse_verifier_spec(method)
-    loaded = load_policy_spec(spec, pair, verifier)
-    print(pair.use_kernels(None, latency_cache(), progress=True).line())
-    machine = None
-    if needs_latency(spec):
-        machine, _ = machine_table(pair.target, pair.draft, pair.fingerprint(), latency_cache(), print, progress=True)
-    policy = build_policy(loaded, pair, verifier, machine)
-    decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(verifier), pair.eos_token_id, latency=machine)
-    return pair, f"{verifier}@{spec.text}", policy, decoder
+    session = open_session(PairRequest(pair_name), method, hooks=Hooks(announce=print, report=print, progress=True))
+    return session.pair, session.decoding.method.text, session.policy, session.decoder
 
 
 def _one_at_a_time(args, decoder, policy, ids, sampling, base: str, body: dict, cpu: str, key: str) -> dict:

@@ -37,7 +37,7 @@ def test_without_native_bf16_a_bf16_draft_is_timed_against_float32_and_the_faste
                                                                                                  monkeypatch):
     """The bench's rows: hf-assisted on the float32 copy (faster here), hf-assisted-own and the ddte method on the
     pair's bf16 draft, which the baseline left as it was."""
-    from bench.decoding import BenchSettings, make_runners, run_bench
+    from bench.decoding import BenchSettings, make_runners, open_bench, run_bench
     from bench.method import Method
 
     seen: list[torch.dtype] = []
@@ -46,7 +46,8 @@ def test_without_native_bf16_a_bf16_draft_is_timed_against_float32_and_the_faste
     draft = bf16_pair.draft.model
     before = snapshot(draft)
     methods = [Method.parse(m) for m in ("ar", "hf-assisted", "hf-assisted-own", "traversal@2,1,2")]
-    rows = {r["method"]: r for r in run_bench(methods, bf16_pair, [[5, 9, 3]], BenchSettings(max_new_tokens=3),
+    session = open_bench(bf16_pair, methods, kernels="default")
+    rows = {r["method"]: r for r in run_bench(methods, session, [[5, 9, 3]], BenchSettings(max_new_tokens=3),
                                               [1.0])}
     assert seen == [torch.bfloat16, torch.float32]  # the draft's own dtype, then float32: once per bench
     assert rows["hf-assisted"]["draft_dtype"] == "float32" and rows["hf-assisted-own"]["draft_dtype"] == "bfloat16"
@@ -59,7 +60,7 @@ def test_without_native_bf16_a_bf16_draft_is_timed_against_float32_and_the_faste
     assert bf16_pair.draft.model is draft and model_dtype(draft) == torch.bfloat16
     after = snapshot(draft)
     assert all(after[name].dtype == torch.bfloat16 and torch.equal(after[name], t) for name, t in before.items())
-    _, baseline, own, ddte = make_runners(methods, bf16_pair)
+    _, baseline, own, ddte = make_runners(methods, session)
     assert model_dtype(baseline.assistant) == torch.float32 and baseline.assistant is not draft
     assert own.assistant is draft and ddte.decoder.draft is bf16_pair.draft
     assert bf16_pair.draft.dtype == torch.bfloat16

@@ -103,16 +103,17 @@ def test_methods_run_interleaved_in_a_rotating_order():
 
 def test_one_decoder_per_verifier_serves_every_method_and_temperature(pair_dirs):
     """Methods of one verifier share a decoder; each method's policy is built once and started per generation."""
-    from bench.decoding import BenchSettings, make_runners, run_bench
+    from bench.decoding import BenchSettings, make_runners, open_bench, run_bench
     from bench.method import Method
     from decode.pair import load_pair
 
     root, _ = pair_dirs
     pair = load_pair(root / "target", root / "draft", DEFAULT_TOKENIZER)
     methods = [Method.parse(m) for m in ("ar", "traversal@2,1,2", "traversal@adaptive", "specinfer@1,3,0")]
-    ar, static, adaptive, other = make_runners(methods, pair)
+    session = open_bench(pair, methods, kernels="default")
+    ar, static, adaptive, other = make_runners(methods, session)
     assert ar.decoder is None and static.decoder is adaptive.decoder is not other.decoder
-    rows = run_bench(methods[1:3], pair, [[5, 9, 3]], BenchSettings(max_new_tokens=3), [0.0, 1.0])
+    rows = run_bench(methods[1:3], session, [[5, 9, 3]], BenchSettings(max_new_tokens=3), [0.0, 1.0])
     assert [(r["method"], r["temperature"]) for r in rows] == [
         ("traversal@2,1,2", 0.0), ("traversal@adaptive", 0.0), ("traversal@2,1,2", 1.0), ("traversal@adaptive", 1.0)]
     assert all(r["new_tokens"] == 3 for r in rows)
@@ -123,7 +124,7 @@ def test_a_method_with_another_draft_runs_that_draft_steered_beside_the_pairs_ow
     a missing folder is one line."""
     import torch
 
-    from bench.decoding import make_runners
+    from bench.decoding import make_runners, open_bench
     from bench.method import Method
     from decode.drafting.sampling import SamplingConfig
     from decode.models.steering import SteeringLink, SteeringMap, SteeringSpec
@@ -136,7 +137,7 @@ def test_a_method_with_another_draft_runs_that_draft_steered_beside_the_pairs_ow
     pair = load_pair(root / "target", root / "draft", DEFAULT_TOKENIZER)
     methods = [Method.parse(m) for m in ("traversal@2,1,2", f"traversal@2,1,2+draft={other}",
                                          f"traversal@adaptive+draft={other}")]
-    own, steered, adaptive = make_runners(methods, pair)
+    own, steered, adaptive = make_runners(methods, open_bench(pair, methods, kernels="default"))
     assert own.decoder is not steered.decoder and steered.decoder is adaptive.decoder
     assert own.decoder.draft.hook is None and isinstance(steered.decoder.draft.hook, SteeringLink)
     assert steered.decoder.draft.model is not pair.draft.model

@@ -163,3 +163,25 @@ def test_a_prompt_starting_with_dashes_is_text_after_a_double_dash(capsys):
     assert "--- sample 0 (2 tokens" in captured.out and "block efficiency" in captured.err
     args, extra = build_parser("generate").parse_known_args(["generate", "hello", "--", "--x"])
     assert (args.prompt, extra) == ("hello", ["--x"])  # one prompt: the second is refused as unrecognized
+
+
+def test_method_is_what_the_flags_spell_in_bench_and_serve_grammar(pair_dirs, tmp_path, capsys):
+    """``--method VERIFIER@SPEC`` and the policy flags are two spellings of one method, parsed by one grammar: the
+    same samples; --method refuses the flags it replaces, and names itself in an error."""
+    root, _ = pair_dirs
+    base = ["generate", "--prompt-ids", "5,9,3", "--target", str(root / "target"), "--draft", str(root / "draft"),
+            "--max-new-tokens", "6", "--seed", "3"]
+    tokens = {}
+    for name, flags in (("flags", ["--verifier", "specinfer", "--policy", "entropy", "--entropy-threshold", "1.5"]),
+                        ("method", ["--method", "specinfer@entropy:threshold=1.5"])):
+        out = tmp_path / f"{name}.jsonl"
+        assert main([*base, *flags, "--output", str(out)]) == 0
+        tokens[name] = json.loads(out.read_text())["tokens"]
+    assert tokens["flags"] == tokens["method"]
+    summary = "verifier specinfer, policy entropy stop (up to 8 tokens, halting where H > 1.5 nats)"
+    assert capsys.readouterr().err.count(summary) == 2
+    assert main([*base, "--method", "specinfer@2,1,2", "--action", "2,1,2"]) == 2
+    assert "--method names the verifier and the policy: do not combine it with --action" in capsys.readouterr().err
+    assert main([*base, "--method", "block@2,0,3"]) == 2
+    err = capsys.readouterr().err
+    assert "--method block@2,0,3: " in err and "not lossless" in err

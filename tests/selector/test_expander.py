@@ -57,15 +57,13 @@ def test_the_graph_is_the_fitted_head_and_the_metadata_says_what_chose_it(learne
 def test_the_file_decodes_on_its_pair_and_halts_while_drafting(learned_file, tiny_pair, tmp_path):
     from decode.drafting.rng import TorchRandom
     from decode.drafting.sampling import SamplingConfig
-    from decode.engine import SpeculativeDecoder
-    from decode.pair import load_pair_config
-    from decode.policies.expander import ExpanderPolicy
-    from decode.verifiers import get_verifier
+    from decode.session import PairRequest, open_session
 
     fitted, path = learned_file
-    pair = load_pair_config(tiny_pair / "pair.yaml")
-    policy = ExpanderPolicy.for_pair(path, "traversal", pair)
-    decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier("traversal"), pair.eos_token_id)
+    # as fitted (no table for the rule), and the pass times the head's root scalars read, measured by the builder
+    session = open_session(PairRequest(tiny_pair / "pair.yaml"), f"traversal@expander={path}", latency="fitted")
+    policy, decoder = session.policy, session.decoder
+    assert session.latency is None and decoder.latency is not None
     rule = fitted.metadata.rule_for(SamplingConfig(0.7)).rule
     generation = decoder.generate([5, 6, 7, 8], 24, policy, TorchRandom(0), SamplingConfig(0.7))
     allowed = {str(rule.tree_at(d)) for d in range(rule.cap + 1)}
