@@ -30,7 +30,7 @@ from decode.models.cached_lm import CachedLM, run_nodes
 from decode.models.loading import check_same_vocab
 from decode.policies.base import Policy, RootState, StepOutcome
 from decode.policies.features import RootFeatures, root_features
-from decode.policies.latency import LatencyTable, measure_latency
+from decode.policies.latency import LatencyTable
 from decode.stats import GenerationStats
 from decode.verifiers import UnsupportedTreeError, Verifier, VerifyResult
 
@@ -95,7 +95,12 @@ class Request:
 
 
 class SpeculativeDecoder:
-    """Lossless speculative decoding of a target model with a draft model and delayed trees."""
+    """Lossless speculative decoding of a target model with a draft model and delayed trees.
+
+    Commands open one through :func:`decode.session.open_session`, which moves the models to this machine's kernels
+    first and hands the decoder the latency table its policies read. The decoder never measures one itself: a
+    generation whose policy reads root features needs ``latency`` (their pass times), and fails without it.
+    """
 
     def __init__(
         self,
@@ -112,7 +117,7 @@ class SpeculativeDecoder:
         self.eos_token_id = eos_token_id
         self.context_limit = min(target.context_limit, draft.context_limit)
         self.without_replacement = verifier.draft_regime == Regime.WITHOUT_REPLACEMENT
-        self.latency = latency  # measured on first use when a policy needs root features
+        self.latency = latency  # the pass times root features read; None: no policy here may read them
 
     # --- the loop -------------------------------------------------------------------------------------------
     def generate(
@@ -130,8 +135,8 @@ class SpeculativeDecoder:
         self._check_request(prompt_ids, max_new_tokens)
         request = Request.start(policy, rng, sampling)
         if request.features and self.latency is None:
-            # every block size up to the largest default tree (1 + 8 + 4·8); beyond it the table holds its edge
-            self.latency = measure_latency(self.target, self.draft, lengths=[32, 256], repeats=3)
+            raise ValueError(f"the policy '{request.policy.name}' reads root features, which need the decoder's "
+                             "latency table: open the decoder with decode.session, or give it one")
         start = time.perf_counter()
         self._prefill(request, prompt_ids)
         request.stats.seconds["prefill"] += time.perf_counter() - start

@@ -143,6 +143,19 @@ def test_a_selector_without_a_table_gets_one_measured_after_the_kernels(pair_yam
     assert generation.stats.new_tokens == 4
 
 
+def test_the_engine_never_measures_a_table_itself(pair_yaml, pair_selector):
+    from decode.engine import SpeculativeDecoder
+    from decode.policies.selector import OnnxSelectorPolicy
+    from decode.verifiers import get_verifier
+
+    pair = PairRequest(pair_yaml).load()
+    policy = OnnxSelectorPolicy.for_pair(pair_selector, "specinfer", pair)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier("specinfer"), pair.eos_token_id)
+    with pytest.raises(ValueError, match="reads root features"):
+        decoder.generate([5, 6, 7], 4, policy, TorchRandom(0), SamplingConfig(1.0))
+    assert decoder.latency is None
+
+
 def test_methods_of_one_verifier_and_draft_share_a_decoder_and_a_table_file_is_checked(pair_yaml, tmp_path, steps):
     pair = PairRequest(pair_yaml).load()
     table = tmp_path / "table.json"
