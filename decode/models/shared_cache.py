@@ -224,6 +224,7 @@ class SharedCache:
         draft's vocabulary (:func:`~decode.models.draft_vocab.support_logits`). ``last``: one block only, whose
         last ``last`` rows alone are returned (a prompt's; the head then skips the others).
         """
+        self._check_owned()
         if last is not None and len(blocks) != 1:
             raise ValueError("last= returns the last rows of a single block")
         owners, tokens, parents, offsets = [], [], [], []
@@ -268,8 +269,15 @@ class SharedCache:
         if dead and dead >= self.slots.length - dead:
             self._keep(np.flatnonzero(self.slots.owner != _NONE).tolist(), 0)
 
+    def _check_owned(self) -> None:
+        """A plain prefill or extend on the model (another decoder sharing it) replaced the layout: the cache no
+        longer holds the batch's sequences."""
+        if self.lm.slots is not self.slots:
+            raise ValueError("the model's cache was used outside the batch that owns it; its sequences are lost")
+
     def _keep(self, keep: list[int], first: int) -> None:
         """Move ``keep`` into the slots from ``first`` on and drop the rest (store, then layout)."""
+        self._check_owned()
         if keep != list(range(first, first + len(keep))):
             with torch.inference_mode():
                 self.lm._move_slots(torch.tensor(keep, dtype=torch.long, device=self.lm.device), first)
