@@ -28,6 +28,7 @@ from decode.models.shared_cache import SharedCache, SharedSlots
 from decode.policies.base import EntropyStopPolicy, Policy, StaticPolicy
 from decode.verifiers import get_verifier, verifier_names
 from tests.decode.exact.harness import enumerate_runs, outcome_law, recomputed_law
+from tests.decode.exact.test_draft_vocab_loop import reduced_pair
 from tests.decode.exact.test_expander_loop import PROMPT, TOKENS, TOL, VOCAB, law_error, pair
 
 NAMES = verifier_names()
@@ -153,6 +154,15 @@ def test_a_per_node_policy_in_a_batch_is_the_targets_law():
     got = outcome_law(enumerate_runs(run))
     assert len(depths) >= 2, f"the trunk never halted early: {depths}"
     assert law_error(got, recomputed_law(target, prompt, TOKENS, VOCAB, SamplingConfig(1.0))) < TOL
+
+
+@pytest.mark.parametrize("name", ["specinfer", "traversal"])
+def test_a_draft_vocabulary_in_a_batch_is_the_targets_law(name):
+    """A draft proposing tokens {0, 2} only, on HF's forward: the batch's drafting passes return its ``(n, Vs)``
+    logits, its pending passes the full ones, as the single loop's."""
+    target, draft = reduced_pair(fast=False)
+    got = watched_law(BatchDecoder(target, draft), beside_one(name))
+    assert law_error(got, recomputed_law(target, PROMPT, TOKENS, VOCAB, WATCHED)) < TOL
 
 
 # --- negative controls -------------------------------------------------------------------------------------------
