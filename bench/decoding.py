@@ -30,7 +30,7 @@ from decode.drafting.sampling import SamplingConfig
 from decode.engine import SpeculativeDecoder
 from decode.models.kernels import stock_kernels, use_kernel
 from decode.pair import LoadedPair
-from decode.policies.base import Policy
+from decode.policies.base import PolicySource
 from decode.session import Hooks, LatencyRequest, Session, open_sessions
 from decode.stats import GenerationStats
 
@@ -137,7 +137,7 @@ class _Runner:
     method: Method
     pair: LoadedPair
     decoder: SpeculativeDecoder | None = None
-    policy: Policy | None = None
+    policy: PolicySource | None = None
     assistant: nn.Module | None = None  # an HF assisted method's draft module
     notes: dict = field(default_factory=dict)  # what its rows say of how it ran
 

@@ -28,7 +28,7 @@ from decode.drafting.sampling import SamplingConfig, distributions
 from decode.drafting.tree import ROOT, Regime
 from decode.models.cached_lm import CachedLM, run_nodes
 from decode.models.loading import check_same_vocab
-from decode.policies.base import Policy, RootState, StepOutcome
+from decode.policies.base import Policy, PolicySource, RootState, StepOutcome
 from decode.policies.features import RootFeatures, root_features
 from decode.policies.latency import LatencyTable
 from decode.stats import GenerationStats
@@ -59,7 +59,7 @@ class Request:
     """The state of one generation between steps.
 
     Attributes:
-        policy: the policy serving this generation (what :meth:`Policy.start` returned for its sampling).
+        policy: the runner of this generation (what :meth:`PolicySource.start` returned for its sampling).
         sampling: how this generation turns logits into p and q.
         features: whether the policy reads root features (its declared ``needs_root_features``).
         draft_hidden: whether the draft's hidden states are kept (root features, or a policy that reads the draft's
@@ -87,7 +87,7 @@ class Request:
     draft_root_hidden: torch.Tensor | None = None
 
     @classmethod
-    def start(cls, policy: Policy, rng: RandomSource, sampling: SamplingConfig) -> Request:
+    def start(cls, policy: PolicySource, rng: RandomSource, sampling: SamplingConfig) -> Request:
         """A new generation at ``sampling``: the policy starts it; what it starts declares whether it reads features."""
         policy = policy.start(sampling)
         return cls(policy, rng, sampling, features=policy.needs_root_features,
@@ -121,13 +121,13 @@ class SpeculativeDecoder:
 
     # --- the loop -------------------------------------------------------------------------------------------
     def generate(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, policy: Policy, rng: RandomSource,
+        self, prompt_ids: Sequence[int], max_new_tokens: int, policy: PolicySource, rng: RandomSource,
         sampling: SamplingConfig, on_step: Callable[[list[int]], bool] | None = None,
     ) -> Generation:
         """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` at ``sampling`` (stops early at EOS).
 
-        ``policy`` may serve every call: the request runs what ``policy.start(sampling)`` returns (a fresh copy of a
-        stateful policy). ``on_step``, when given, receives each step's kept tokens as soon as the step ends (a
+        ``policy`` (a policy source) may serve every call: the request runs the runner ``policy.start(sampling)``
+        returns. ``on_step``, when given, receives each step's kept tokens as soon as the step ends (a
         server streams them); returning False ends the generation there (``stopped_by`` "caller": a stop string, a
         client gone). Whether to go on may depend on the tokens emitted so far only, which is what keeps a stop
         rule exact (tests/decode/exact/test_on_step.py).

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from decode.drafting.sampling import nearest_setting
+from decode.drafting.sampling import SamplingConfig
 from decode.policies.expander_file import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -32,6 +32,7 @@ from decode.policies.expander_file import (
 from decode.policies.halting import marginal_gain
 from decode.policies.machine_fit import FitSet
 from decode.policies.rule_fit import terminals
+from decode.policies.sampling_table import SamplingTable
 from selector.expansion import evaluate_expansion, load_episodes
 from selector.expansion_fit import (
     EpisodeData,
@@ -101,12 +102,12 @@ class AcceptanceFile:
                              f"{sorted(seen)[0]}); train it on others (ddte dense-labels --first-prompt) so the "
                              "offline figures are honest")
         self.temperatures = [float(t) for t in meta["temperatures"]]
+        self.columns = SamplingTable.of_temperatures(self.temperatures, str(self.path))
         self.width = draft_hidden + 3
 
     def column(self, temperature: float) -> int:
         """The output column of the temperature nearest ``temperature``."""
-        return nearest_setting(range(len(self.temperatures)), temperature,
-                               setting=lambda i: (self.temperatures[i], 1.0))
+        return self.columns.nearest(SamplingConfig(temperature))
 
     def beta(self, data: EpisodeData, temperature: float) -> np.ndarray:
         """``(N, s, D)`` β̂ at every trunk node of ``data``."""

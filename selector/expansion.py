@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from decode.drafting.actions import Action
+from decode.drafting.sampling import SamplingConfig
 from decode.policies.throughput import time_per_token
 from selector.expansion_fit import (
     EpisodeData,
@@ -287,9 +288,10 @@ def selector_root_choices(path, folder, verifier: str) -> np.ndarray:
     values = decision_values(session.run(None, feeds)[0], step, np.isfinite(be), meta.decision)
     config = table.column("sampling_index").to_numpy()
     chosen = np.zeros(table.num_rows, dtype=np.int64)
+    guards = meta.guard_table()
     for c, conf in enumerate(sampling):
         rows = config == c
-        guard = meta.fallback_for(conf["temperature"], conf["top_p"])
+        guard = guards.nearest(SamplingConfig(conf["temperature"], conf["top_p"]))
         fallback = np.full(int(rows.sum()), meta.actions.index(guard.action))
         chosen[rows] = guarded_choice(values[rows], fallback, guard.margin)
     seen = np.isin(np.asarray(table.column("prompt_id").to_pylist(), dtype=str), list(meta.fit_prompts))

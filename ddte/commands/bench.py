@@ -266,27 +266,18 @@ def _write(output, args: argparse.Namespace, methods, pair, which, rows, by_cate
 
 def _note_unmeasured_sampling(args: argparse.Namespace, methods, files) -> None:
     """Say once per method and temperature where a selector, expander or policy file has no choice measured there:
-    the nearest one stands in."""
-    from decode.drafting.sampling import SamplingConfig, nearest_note
-    from decode.policies.expander_file import read_expander_metadata
-    from decode.policies.selector_file import read_selector_metadata
+    the nearest one stands in (decode/policies/sampling_table.py)."""
+    from decode.drafting.sampling import SamplingConfig
+    from decode.policies.deployment import measured_table
 
-    readers = {"selector": (read_selector_metadata, "was trained for"),
-               "expander": (read_expander_metadata, "was fitted for")}
     for method in methods:
-        if method.kind in readers:
-            read, verb = readers[method.kind]
-            try:
-                measured = read(method.path).measured_sampling()
-            except Exception:  # an unreadable file: the run reports it when it loads the file
-                continue
-            what = f"{method.label} {verb}"
-        elif method.kind == "policy" and method.verifier in {c.verifier for c in files[method.path].choices}:
-            what = f"{method.label} has choices for"
-            measured = files[method.path].measured_sampling(method.verifier)
-        else:
+        if method.is_hf or not method.policy.reads_file:
             continue
-        for temperature in args.temperature:
-            note = nearest_note(what, measured, SamplingConfig(temperature, args.top_p))
+        try:
+            table = measured_table(method.policy, method.verifier, files.get(method.path))
+        except Exception:  # an unreadable file: the run reports it when it loads the file
+            continue
+        for temperature in args.temperature if table is not None else ():
+            note = table.note(SamplingConfig(temperature, args.top_p), noun=method.label)
             if note:
                 print(note, file=sys.stderr)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from bench.compare import SWITCH_LEVEL, choose_static, paired_ratio_interval
 from bench.method import Method, by_method, static_rows
-from decode.drafting.sampling import SamplingConfig, nearest_setting
+from decode.drafting.sampling import SamplingConfig
+from decode.policies.sampling_table import SamplingTable
 
 
 def static_candidates(metadata, sampling: list[SamplingConfig], ranking: dict[int, list[str]],
@@ -23,11 +24,12 @@ def static_candidates(metadata, sampling: list[SamplingConfig], ranking: dict[in
     from decode.drafting.actions import distinct_trees
 
     out = {}
+    configurations = SamplingTable(list(zip(sampling, range(len(sampling)), strict=True))) if sampling else None
     for temperature in temperatures:
-        nearest = nearest_setting(range(len(sampling)), temperature,
-                                  setting=lambda i: (sampling[i].temperature, sampling[i].top_p)) if sampling else None
+        at = SamplingConfig(temperature)
+        nearest = configurations.nearest(at) if configurations is not None else None
         runners_up = ranking.get(nearest, []) if nearest is not None else []
-        out[temperature] = distinct_trees([metadata.fallback_for(temperature, 1.0).action, *runners_up], count)
+        out[temperature] = distinct_trees([metadata.guard_table().nearest(at).action, *runners_up], count)
     return out
 
 
@@ -57,8 +59,9 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
             at_t = by_method(rows, temperature)
             static = at_t[Method.static(verifier, actions[index])]
             rivals = {}
+            guard = metadata[verifier].guard_table().nearest(SamplingConfig(temperature))
             selector = at_t.get(Method.selector(verifier, path))
-            if metadata[verifier].fallback_for(temperature, 1.0).margin is not None and selector is not None:
+            if guard.margin is not None and selector is not None:
                 rivals["selector"] = selector
             if verifier in expanders and Method.expander(verifier, expanders[verifier]) in at_t:
                 rivals["expander"] = at_t[Method.expander(verifier, expanders[verifier])]
@@ -78,7 +81,7 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
                 str(path.relative_to(out)) if policy == "selector" else None,
                 chosen["tokens_per_s"], static["tokens_per_s"], reason,
                 str(expanders[verifier].relative_to(out)) if policy == "expander" else None,
-                metadata[verifier].fallback_for(temperature, 1.0).profile if policy == "static" else None,
+                guard.profile if policy == "static" else None,
             ))
     return choices
 

@@ -11,14 +11,11 @@ verifier on one-hot p and q reproduces the target's greedy output exactly.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 import torch
 
-T = TypeVar("T")
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -41,29 +38,6 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
-
-
-def nearest_setting(items: Iterable[T], temperature: float, top_p: float = 1.0,
-                    setting: Callable[[T], tuple[float, float]] = lambda item: (item.temperature, item.top_p)) -> T:
-    """The item measured at the sampling setting nearest (``temperature``, ``top_p``): nearest temperature first,
-    then nearest top-p. ``setting`` reads an item's (temperature, top-p) (default: its attributes). The one rule by
-    which every policy file, guard and ranking measured at some settings serves the others."""
-    return min(items, key=lambda item: (abs(setting(item)[0] - temperature), abs(setting(item)[1] - top_p)))
-
-
-def nearest_note(what: str, measured: list[SamplingConfig], sampling: SamplingConfig) -> str | None:
-    """The line saying that a choice measured at other sampling settings (a selector's guard, a policy file's
-    choice; ``measured``) stands in for ``sampling``; None when one was measured there. ``what`` starts the line:
-    "the selector was trained for"."""
-    def at(m: SamplingConfig) -> bool:
-        return abs(m.temperature - sampling.temperature) < 1e-6 and abs(m.top_p - sampling.top_p) < 1e-6
-
-    if not measured or any(at(m) for m in measured):
-        return None
-    near = nearest_setting(measured, sampling.temperature, sampling.top_p)
-    listed = ", ".join(f"T={t:g} top-p={p:g}" for t, p in sorted({(m.temperature, m.top_p) for m in measured}))
-    return (f"note: {what} {listed}; T={sampling.temperature:g} top-p={sampling.top_p:g} uses the nearest, "
-            f"T={near.temperature:g} top-p={near.top_p:g}")
 
 
 def distributions(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:

@@ -1,19 +1,21 @@
-"""Policies choose the tree shape at the root of each step (two methods, after HF's CandidateGenerator).
+"""Policies choose the tree shape at the root of each step, as strategies (after HF's CandidateGenerator).
 
-``choose(root)`` returns the action from what is known at the root only; ``observe(outcome)`` sees how the
-step went. Choosing from root information only keeps every verifier lossless: the shape is independent of
-the draft samples of this step.
+A policy comes in two halves. A :class:`PolicySource` is what a spec or a file holds, built once (a loaded selector,
+an expander, a policy file's choices): it serves every generation, at any sampling configuration, through
+``start(sampling)``, which makes the :class:`Policy` that runs that one generation (its runner). A runner's
+``choose(root)`` returns the action from what is known at the root only; ``observe(outcome)`` sees how the step went.
+Choosing from root information only keeps every verifier lossless: the shape is independent of the draft samples of
+this step.
 
-A policy declares what it needs from the decoder on its class, so no caller guesses or tests a name:
+A runner declares what it needs from the decoder on its class, so no caller guesses or tests a name:
 ``needs_root_features`` (the root features of decode.policies.features, and with them the latency table),
 ``needs_draft_hidden`` (the draft's hidden state at the root and at each trunk node, nothing of the target's),
 ``stateful`` (it keeps state across the steps of a generation) and ``decides_per_node`` (it also decides while the
 trunk is drafted: the action ``choose`` returns is the widest tree of the step, and ``halts`` may end its trunk early
-at any node, from the draft's own state there; decode/drafting/delayed.py). Each generation begins with
-``start(sampling)``, which returns the policy that serves it: the policy itself, a fresh copy of a stateful one, or
-the simpler policy it amounts to at that sampling configuration; the decoder reads the capabilities of what ``start``
-returns. So one policy object serves every generation, at any temperature. :data:`POLICIES` names the built-in policies;
-decode/policies/deployment.py (``build_policy``) builds any policy from its spec (decode/policies/spec.py).
+at any node, from the draft's own state there; decode/drafting/delayed.py). The decoder reads the capabilities of
+what ``start`` returned. The built-in policies (static, adaptive, entropy) hold nothing to load: each is its own
+source, and starts itself (a fresh copy where it keeps state). :data:`POLICIES` names them;
+decode/policies/deployment.py (``build_policy``) builds any policy source from its spec (decode/policies/spec.py).
 """
 
 from __future__ import annotations
@@ -65,11 +67,11 @@ class StepOutcome:
 
 
 class Policy:
-    """The interface: ``start`` a generation, ``choose`` the action at a root, ``observe`` the step's outcome.
+    """The runner of one generation: ``choose`` the action at a root, ``observe`` the step's outcome.
 
     Capabilities, declared on the class: ``needs_root_features`` (``choose`` reads ``root.features`` and
     ``root.latency``), ``needs_draft_hidden`` (``halts`` reads ``node.hidden``), ``stateful`` (it keeps state across
-    steps, so ``start`` must give each generation a fresh copy) and ``decides_per_node`` (``halts`` is asked at every
+    steps: its source starts a fresh one per generation) and ``decides_per_node`` (``halts`` is asked at every
     trunk node).
     """
 
@@ -78,12 +80,6 @@ class Policy:
     needs_draft_hidden: bool = False
     stateful: bool = False
     decides_per_node: bool = False
-
-    def start(self, sampling: SamplingConfig) -> Policy:
-        """The policy that serves one generation at ``sampling``: this one, as it keeps no state across steps."""
-        if self.stateful:
-            raise NotImplementedError(f"{type(self).__name__} keeps state across steps: it must start a fresh copy")
-        return self
 
     def choose(self, root: RootState) -> Action:
         raise NotImplementedError
@@ -95,28 +91,40 @@ class Policy:
     def observe(self, outcome: StepOutcome) -> None:
         """Nothing to learn by default."""
 
-    def describe(self, sampling: SamplingConfig) -> str:
-        """One line on what serves a generation at ``sampling`` (for summaries)."""
-        return self.name
-
     def network_seconds(self) -> list[float]:
         """Wall time of each network call this policy made in its generation (none without a network)."""
         return []
 
+
+class PolicySource:
+    """What a spec or a file holds, built once: ``start(sampling)`` makes the :class:`Policy` of one generation."""
+
+    name: str = ""
+
+    def start(self, sampling: SamplingConfig) -> Policy:
+        raise NotImplementedError
+
+    def describe(self, sampling: SamplingConfig) -> str:
+        """One line on what serves a generation at ``sampling`` (for summaries)."""
+        return self.name
+
     def sampling_note(self, sampling: SamplingConfig) -> str | None:
-        """One line when this policy's choices were measured at other sampling settings than ``sampling``, so the
-        nearest stands in; None when they hold at any (the built-in policies) or were measured there."""
+        """One line when this source's choices were measured at other sampling settings than ``sampling``, so the
+        nearest stands in (decode/policies/sampling_table.py); None when they hold at any (the built-in policies) or
+        were measured there."""
         return None
 
 
-class StaticPolicy(Policy):
-    """The same action every step."""
+class StaticPolicy(Policy, PolicySource):
+    """The same action every step; its own source (it keeps no state)."""
 
     name = "static"
 
     def __init__(self, action: Action) -> None:
         self.action = action
 
+    def start(self, sampling: SamplingConfig) -> StaticPolicy:
+        return self
 
     def choose(self, root: RootState) -> Action:
         return self.action
@@ -125,8 +133,9 @@ class StaticPolicy(Policy):
         return f"static {self.action}"
 
 
-class AdaptiveLengthPolicy(Policy):
-    """HF assisted generation's heuristic schedule on a single path: +2 after a fully accepted draft, else -1."""
+class AdaptiveLengthPolicy(Policy, PolicySource):
+    """HF assisted generation's heuristic schedule on a single path: +2 after a fully accepted draft, else -1; its own
+    source, which starts a fresh schedule per generation."""
 
     name = "adaptive"
     stateful = True
@@ -136,7 +145,6 @@ class AdaptiveLengthPolicy(Policy):
             raise ValueError(f"need 1 <= minimum <= initial <= maximum, got {minimum}, {initial}, {maximum}")
         self.initial, self.minimum, self.maximum = initial, minimum, maximum
         self.length = initial
-
 
     def start(self, sampling: SamplingConfig) -> AdaptiveLengthPolicy:
         return AdaptiveLengthPolicy(self.initial, self.minimum, self.maximum)
@@ -151,7 +159,7 @@ class AdaptiveLengthPolicy(Policy):
             self.length = max(self.minimum, self.length - 1)
 
 
-class EntropyStopPolicy(Policy):
+class EntropyStopPolicy(Policy, PolicySource):
     """AdaEDL-style: draft a single path of up to ``max_length`` tokens, stopping at the first node whose draft
     entropy (nats) exceeds ``threshold``, where the draft is too unsure for its next token to be accepted.
 
@@ -169,6 +177,8 @@ class EntropyStopPolicy(Policy):
         self.action, self.threshold = Action(1, max_length, 0), threshold
         self.rule = HaltingRule(-threshold, 0, max_length, 1, 0)  # the expanders' rule on minus the entropy
 
+    def start(self, sampling: SamplingConfig) -> EntropyStopPolicy:
+        return self
 
     def choose(self, root: RootState) -> Action:
         return self.action

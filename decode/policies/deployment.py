@@ -4,14 +4,16 @@
 generate`` and ``ddte bench`` load it with one flag (``--policy-file``). Each choice is a static action, a selector
 file or an expander file (paths relative to the policy file), with the measured ratio that justified it. This module
 is the file's one reader and writer, and :func:`load_deployment` its one validator: every field is checked at load
-with the rules of the matching flag. :meth:`Deployment.policy_for` turns a verifier's choices into one policy that
-serves any sampling configuration: each generation starts the choice measured nearest to its own.
+with the rules of the matching flag. :meth:`Deployment.policy_for` turns a verifier's choices into one policy source
+(:class:`DeployedSource`) that serves any sampling configuration: each generation starts the choice measured nearest
+to its own (decode/policies/sampling_table.py).
 
 Every command builds its policy here, from a spec (decode/policies/spec.py), through the session builder
 (decode/session.py): :func:`load_policy_spec` checks it against the verifier and the pair (reading its file once),
 before any timing; :func:`needs_latency` says whether the machine's latency table is then measured, and
 :func:`reads_root_features` whether the decoder needs a table for root features; :func:`build_policy` builds the
-policy from what was read.
+policy source from what was read; :func:`measured_table` reads, without a session, the sampling settings a spec's
+file was measured at.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from pathlib import Path
 
 from ddte_core.paths import staged_file
 from decode.drafting.actions import Action, check_in_grid
-from decode.drafting.sampling import SamplingConfig, nearest_note, nearest_setting
-from decode.policies.base import AdaptiveLengthPolicy, EntropyStopPolicy, Policy, StaticPolicy
+from decode.drafting.sampling import SamplingConfig
+from decode.policies.base import AdaptiveLengthPolicy, EntropyStopPolicy, Policy, PolicySource, StaticPolicy
 from decode.policies.guard import StaticProfile
 from decode.policies.latency import LatencyTable
+from decode.policies.sampling_table import SamplingTable
 from decode.policies.spec import PolicySpec, check_spec_verifier
 from decode.verifiers import VERIFIERS, get_verifier, verifier_names
 
@@ -82,43 +85,40 @@ class Deployment:
             raise ValueError(f"no choice for verifier '{verifier}' ({held})")
         return mine
 
-    def measured_sampling(self, verifier: str) -> list[SamplingConfig]:
-        """The sampling configurations this verifier's choices were measured at (the others use the nearest)."""
-        return [SamplingConfig(c.temperature, c.top_p) for c in self.choices_of(verifier)]
+    def table(self, verifier: str) -> SamplingTable[Choice]:
+        """This verifier's choices by the sampling configuration they were measured at (the others use the
+        nearest), each static choice with its profile (:meth:`SamplingTable.statics`)."""
+        return SamplingTable.of(self.choices_of(verifier), "the policy file", "has choices for",
+                                static=lambda c: (c.action, c.profile if c.policy == "static" else None))
 
-    def choice_for(self, verifier: str, temperature: float, top_p: float) -> Choice:
-        """The choice of this verifier at the nearest measured sampling configuration."""
-        return nearest_setting(self.choices_of(verifier), temperature, top_p)
-
-    def policy_for(self, verifier: str, pair, machine: LatencyTable | None = None) -> DeployedPolicy:
-        """The policy this file chooses for ``verifier`` on ``pair``, at any sampling configuration; every choice's
-        selector is loaded (once per file) and checked against the pair here. ``machine``: the running machine's
-        latency table, which picks every static tree and fallback where the file carries profiles (a static tree
-        benched on this very machine, ``source["machine"]``, stays: a measurement beats the model)."""
-        from decode.policies.expander import ExpanderPolicy  # onnxruntime and numpy: only where a file names one
-        from decode.policies.selector import OnnxSelectorPolicy
+    def policy_for(self, verifier: str, pair, machine: LatencyTable | None = None) -> DeployedSource:
+        """The policy source this file chooses for ``verifier`` on ``pair``, at any sampling configuration; every
+        choice's selector or expander is loaded (once per file) and checked against the pair here. ``machine``: the
+        running machine's latency table, which picks every static tree and fallback where the file carries profiles
+        (a static tree benched on this very machine, ``source["machine"]``, stays: a measurement beats the model)."""
+        from decode.policies.expander import ExpanderSource  # onnxruntime and numpy: only where a file names one
+        from decode.policies.selector import SelectorSource
 
         if self.pair_fingerprint and self.pair_fingerprint != pair.fingerprint():
             raise ValueError(f"{self.path}: measured on another pair (fingerprint {self.pair_fingerprint[:12]}…)")
         base = self.path.parent if self.path is not None else Path.cwd()
-        loaded: dict[tuple[str, str], Policy] = {}  # each file once
-        policies: dict[tuple[float, float], Policy] = {}
-        for choice in self.choices_of(verifier):
-            if choice.policy in ("selector", "expander"):
-                name = choice.selector if choice.policy == "selector" else choice.expander
-                if not name:
-                    raise ValueError(f"{self.path}: a {choice.policy} choice without its file")
-                if (choice.policy, name) not in loaded:
-                    kind = OnnxSelectorPolicy if choice.policy == "selector" else ExpanderPolicy
-                    loaded[choice.policy, name] = kind.for_pair(base / name, verifier, pair, machine)
-                policies[choice.temperature, choice.top_p] = loaded[choice.policy, name]
-            elif machine is not None and choice.profile is not None and machine.machine != self.source.get("machine"):
-                # another machine than the one whose bench chose this tree: its own table re-picks it
-                best = StaticProfile.from_dict(choice.profile).best(machine)
-                policies[choice.temperature, choice.top_p] = StaticPolicy(best)
-            else:
-                policies[choice.temperature, choice.top_p] = StaticPolicy(Action.parse(choice.action))
-        return DeployedPolicy(self, verifier, policies)
+        table = self.table(verifier)
+        benched_here = machine is not None and machine.machine == self.source.get("machine")
+        statics = table.statics(None if benched_here else machine)
+        loaded: dict[tuple[str, str], PolicySource] = {}  # each file once
+        sources: list[PolicySource] = []
+        for choice, static in zip(table.entries, statics, strict=True):
+            if choice.policy == "static":
+                sources.append(StaticPolicy(static))
+                continue
+            name = choice.selector if choice.policy == "selector" else choice.expander
+            if not name:
+                raise ValueError(f"{self.path}: a {choice.policy} choice without its file")
+            if (choice.policy, name) not in loaded:
+                kind = SelectorSource if choice.policy == "selector" else ExpanderSource
+                loaded[choice.policy, name] = kind.for_pair(base / name, verifier, pair, machine)
+            sources.append(loaded[choice.policy, name])
+        return DeployedSource(self, table.with_entries(sources))
 
     def check(self) -> None:
         """ValueError where a choice holds what :func:`load_deployment` would refuse (a writer's check, before it
@@ -136,31 +136,27 @@ class Deployment:
         return path
 
 
-class DeployedPolicy(Policy):
-    """A policy file's choices for one verifier: a generation runs the choice measured nearest to its sampling.
-
-    It chooses no action itself: :meth:`start` hands each generation the chosen policy, started.
-    """
+class DeployedSource(PolicySource):
+    """A policy file's choices for one verifier: a generation runs the choice measured nearest to its sampling,
+    started (each choice's source by the sampling configuration it was measured at)."""
 
     name = "policy-file"
 
-    def __init__(self, deployment: Deployment, verifier: str, policies: dict[tuple[float, float], Policy]) -> None:
-        self.deployment, self.verifier, self._policies = deployment, verifier, policies
+    def __init__(self, deployment: Deployment, sources: SamplingTable[PolicySource]) -> None:
+        self.deployment, self.sources = deployment, sources
 
-    def chosen(self, sampling) -> Policy:
-        """The policy of the choice nearest ``sampling``."""
-        choice = self.deployment.choice_for(self.verifier, sampling.temperature, sampling.top_p)
-        return self._policies[choice.temperature, choice.top_p]
+    def chosen(self, sampling: SamplingConfig) -> PolicySource:
+        """The policy source of the choice nearest ``sampling``."""
+        return self.sources.nearest(sampling)
 
-    def start(self, sampling) -> Policy:
+    def start(self, sampling: SamplingConfig) -> Policy:
         return self.chosen(sampling).start(sampling)
 
-    def describe(self, sampling) -> str:
+    def describe(self, sampling: SamplingConfig) -> str:
         return f"{self.chosen(sampling).describe(sampling)}, from {self.deployment.path}"
 
     def sampling_note(self, sampling: SamplingConfig) -> str | None:
-        return nearest_note("the policy file has choices for", self.deployment.measured_sampling(self.verifier),
-                            sampling)
+        return self.sources.note(sampling)
 
 
 def load_deployment(path: str | Path) -> Deployment:
@@ -275,13 +271,13 @@ class LoadedPolicy:
     Attributes:
         spec: the policy spec (decode/policies/spec.py).
         verifier: the verifier's name.
-        checked: the policy as built without a latency table (what a ``--latency fitted`` run serves).
+        checked: the policy source as built without a latency table (what a ``--latency fitted`` run serves).
         deployment: the policy file a ``policy=FILE`` spec named, read and checked whole; None for the other kinds.
     """
 
     spec: PolicySpec
     verifier: str
-    checked: Policy
+    checked: PolicySource
     deployment: Deployment | None = None
 
 
@@ -329,8 +325,9 @@ def load_policy_spec(spec: PolicySpec, pair, verifier: str, deployment: Deployme
     return LoadedPolicy(spec, checker.name, _policy_of(spec, checker.name, pair, None))
 
 
-def build_policy(spec: PolicySpec | LoadedPolicy, pair, verifier: str, latency: LatencyTable | None = None) -> Policy:
-    """The one way a command turns a spec into the policy for ``verifier`` on ``pair``. ``latency``: the running
+def build_policy(spec: PolicySpec | LoadedPolicy, pair, verifier: str, latency: LatencyTable | None = None
+                 ) -> PolicySource:
+    """The one way a command turns a spec into the policy source for ``verifier`` on ``pair``. ``latency``: the running
     machine's table, which picks a file's fallbacks (None: each file as fitted). A :class:`LoadedPolicy` is built
     from what it read; a plain spec is checked first (:func:`load_policy_spec`)."""
     loaded = spec if isinstance(spec, LoadedPolicy) else load_policy_spec(spec, pair, verifier)
@@ -343,18 +340,35 @@ def build_policy(spec: PolicySpec | LoadedPolicy, pair, verifier: str, latency: 
     return _policy_of(loaded.spec, loaded.verifier, pair, latency)
 
 
-def _policy_of(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> Policy:
+def _policy_of(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
     """A built-in policy, or a selector or expander file loaded and checked against ``pair``."""
     if spec.kind == "selector":
-        from decode.policies.selector import OnnxSelectorPolicy  # onnxruntime and numpy: only where a file names one
+        from decode.policies.selector import SelectorSource  # onnxruntime and numpy: only where a file names one
 
-        return OnnxSelectorPolicy.for_pair(spec.path, verifier, pair, latency)
+        return SelectorSource.for_pair(spec.path, verifier, pair, latency)
     if spec.kind == "expander":
-        from decode.policies.expander import ExpanderPolicy
+        from decode.policies.expander import ExpanderSource
 
-        return ExpanderPolicy.for_pair(spec.path, verifier, pair, latency)
+        return ExpanderSource.for_pair(spec.path, verifier, pair, latency)
     if spec.kind == "static":
         return StaticPolicy(spec.action)
     if spec.kind == "adaptive":
         return AdaptiveLengthPolicy(initial=min(4, spec.max_draft), maximum=spec.max_draft)
     return EntropyStopPolicy(max_length=spec.max_draft, threshold=spec.entropy_threshold)
+
+
+def measured_table(spec: PolicySpec, verifier: str, deployment: Deployment | None = None) -> SamplingTable | None:
+    """The sampling settings the file of ``spec`` was measured at, read from its metadata without a session (a
+    selector's guards, an expander's rules, a policy file's choices for ``verifier``: ``deployment``, read already);
+    None for a built-in policy, which holds at any setting, or a policy file without choices for ``verifier``."""
+    if spec.kind == "selector":
+        from decode.policies.selector_file import read_selector_metadata
+
+        return read_selector_metadata(spec.path).guard_table()
+    if spec.kind == "expander":
+        from decode.policies.expander_file import read_expander_metadata
+
+        return read_expander_metadata(spec.path).rule_table()
+    if spec.kind == "policy" and deployment is not None and any(c.verifier == verifier for c in deployment.choices):
+        return deployment.table(verifier)
+    return None

@@ -2,10 +2,12 @@
 
 The file (decode/policies/expander_file.py) holds, per sampling configuration, a halting rule on one signal of the
 draft's state at each trunk node (its top probability, minus its entropy, β̂ from the acceptance head in the graph, or
-the marginal rule on β̂ and the machine's step times) and the static action to fall back on. :class:`ExpanderPolicy`
-is the loaded file; :meth:`ExpanderPolicy.start` gives each generation the policy of its configuration: the static
-fallback (no features, no network) where the file's guard says so, else a :class:`HaltingPolicy`, which returns the
-rule's widest tree at the root and answers the drafting loop's question at every trunk node.
+the marginal rule on β̂ and the machine's step times) and the static action to fall back on.
+:class:`ExpanderSource` is the loaded file, with one :class:`DeployedRule` per configuration (what this machine runs
+there, :func:`deploy_rule`), its entries in the file's sampling table; :meth:`ExpanderSource.start` gives each
+generation the runner of its configuration: the static fallback (no features, no network) where the deployed rule
+says so, else a :class:`HaltingPolicy`, which returns the rule's widest tree at
+the root and answers the drafting loop's question at every trunk node.
 
 The decision at a node reads only the draft's law and hidden state there and at the trunk's earlier nodes, its depth,
 the root scalars (computed before drafting from earlier steps) and the machine's step times: a stopping time of the
@@ -23,8 +25,8 @@ import torch
 
 from decode.drafting.actions import Action
 from decode.drafting.delayed import TrunkNode
-from decode.drafting.sampling import SamplingConfig, law_entropy, nearest_note
-from decode.policies.base import Policy, RootState, StaticPolicy
+from decode.drafting.sampling import SamplingConfig, law_entropy
+from decode.policies.base import Policy, PolicySource, RootState, StaticPolicy
 from decode.policies.expander_file import (
     HEAD_SIGNALS,
     INPUT_NAME,
@@ -39,6 +41,7 @@ from decode.policies.halting import marginal_gain
 from decode.policies.latency import LatencyTable
 from decode.policies.machine_fit import FitSet, MachineRule, refit
 from decode.policies.onnx_session import policy_session
+from decode.policies.sampling_table import SamplingTable
 from decode.policies.signals import SIGNALS as NODE_SIGNALS
 
 ExpanderError = ExpanderFileError  # the name callers catch
@@ -78,7 +81,7 @@ class AcceptanceHead:
         return head
 
 
-class ExpanderPolicy(Policy):
+class ExpanderSource(PolicySource):
     """A loaded expander file, checked against its verifier and pair; it serves every generation through
     :meth:`start`.
 
@@ -110,11 +113,12 @@ class ExpanderPolicy(Policy):
                                 f"{OUTPUT_NAME} [batch, {columns}]")
         self.head = AcceptanceHead(self.session, width, columns, reads_root=reads_root)
         # refitted here, not at the first generation: a bench times that one (about a second per configuration)
-        self._deployed = {index: deploy_rule(self.metadata, index, machine)
-                          for index in range(len(self.metadata.rules))}
+        table = self.metadata.rule_table()
+        self.rules: SamplingTable[DeployedRule] = table.with_entries(
+            [deploy_rule(self.metadata, index, machine) for index in range(len(table))])
 
     @classmethod
-    def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None) -> ExpanderPolicy:
+    def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None) -> ExpanderSource:
         """The expander checked against a loaded pair (draft hidden size, fingerprint); ``machine``: the running
         machine's latency table, which picks the fallback and whether the rule runs (decode/policies/guard.py)."""
         return cls(path, verifier=verifier, draft_hidden=int(pair.draft.config.hidden_size),
@@ -132,16 +136,13 @@ class ExpanderPolicy(Policy):
 
     def deployed(self, sampling: SamplingConfig) -> DeployedRule:
         """The rule this machine runs at the configuration nearest ``sampling``."""
-        return self._deployed[self.metadata.rule_index(sampling)]
-
-    def choose(self, root: RootState) -> Action:
-        raise RuntimeError("an expander serves a generation through the policy start() returns")
+        return self.rules.nearest(sampling)
 
     def describe(self, sampling: SamplingConfig) -> str:
         return f"expander {self.path} ({self.deployed(sampling).describe(self.machine)})"
 
     def sampling_note(self, sampling: SamplingConfig) -> str | None:
-        return nearest_note("the expander was fitted for", self.metadata.measured_sampling(), sampling)
+        return self.rules.note(sampling)
 
 
 @dataclass(frozen=True)
@@ -221,9 +222,6 @@ class HaltingPolicy(Policy):
         self._betas: list[float] = []
         self._chain_ms: np.ndarray | None = None
         self._chain_cache: dict[tuple[int, int], np.ndarray] = {}
-
-    def start(self, sampling: SamplingConfig) -> HaltingPolicy:
-        return HaltingPolicy(self.node_rule, self.head, self.machine)
 
     def choose(self, root: RootState) -> Action:
         if self.head is not None and self.head.reads_root:

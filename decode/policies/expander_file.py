@@ -35,12 +35,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from decode.drafting.actions import Action
-from decode.drafting.sampling import SamplingConfig, nearest_setting
+from decode.drafting.sampling import SamplingConfig
 from decode.policies.features import FEATURE_SCHEMA_VERSION, SCALAR_NAMES
 from decode.policies.guard import RuleProfile, StaticProfile
 from decode.policies.halting import HaltingRule
 from decode.policies.latency import LatencyTable
 from decode.policies.policy_file import PolicyFileMetadata, read_props
+from decode.policies.sampling_table import SamplingTable, static_on_machine
 from decode.policies.signals import SIGNALS as NODE_SIGNALS
 
 INPUT_NAME = "node"
@@ -115,14 +116,10 @@ class NodeRule:
         """(the static fallback, whether the rule runs) on the machine ``table`` measured: the profile's best static
         tree there, and the rule only where its profile beats it there. Without a table or profiles: the fitting
         machine's choice."""
-        fallback = Action.parse(self.fallback)
-        if table is None or self.profile is None:
+        fallback = static_on_machine(self.fallback, self.profile, table)
+        if table is None or self.profile is None or self.rule is None or self.rule_profile is None:
             return fallback, self.rule is not None
-        static = StaticProfile.from_dict(self.profile)
-        fallback = static.best(table)
-        if self.rule is None or self.rule_profile is None:
-            return fallback, self.rule is not None
-        return fallback, RuleProfile.from_dict(self.rule_profile).beats(static, table)
+        return fallback, RuleProfile.from_dict(self.rule_profile).beats(StaticProfile.from_dict(self.profile), table)
 
 
 @dataclass
@@ -157,12 +154,10 @@ class ExpanderMetadata(PolicyFileMetadata):
     def reads_root(self) -> bool:
         return self.head_inputs == "node+root"
 
-    def rule_for(self, sampling: SamplingConfig) -> NodeRule:
-        """The rule of the configuration nearest ``sampling``."""
-        return self.rules[self.rule_index(sampling)]
-
-    def measured_sampling(self) -> list[SamplingConfig]:
-        return [r.sampling for r in self.rules]
+    def rule_table(self) -> SamplingTable[NodeRule]:
+        """The rules by the sampling configuration they were fitted at (the others use the nearest), each with its
+        static fallback (:meth:`SamplingTable.statics`)."""
+        return SamplingTable.of(self.rules, "the expander", "was fitted for", static=lambda r: (r.fallback, r.profile))
 
     @classmethod
     def from_props(cls, props: dict[str, str], where: str = "expander") -> ExpanderMetadata:
@@ -185,11 +180,6 @@ class ExpanderMetadata(PolicyFileMetadata):
         if meta.fit_sets and len(meta.fit_sets) != len(meta.rules):
             raise ExpanderFileError(f"{where}: {len(meta.fit_sets)} fit sets for {len(meta.rules)} rules")
         return meta
-
-    def rule_index(self, sampling: SamplingConfig) -> int:
-        """The position of the rule of the configuration nearest ``sampling``."""
-        return nearest_setting(range(len(self.rules)), sampling.temperature, sampling.top_p,
-                               setting=lambda i: (self.rules[i].temperature, self.rules[i].top_p))
 
     def check_compatible(self, where: str, verifier: str, draft_hidden: int, pair_fingerprint: str | None) -> None:
         """Refuse an expander fitted for another feature schema, verifier, draft or pair."""

@@ -12,11 +12,13 @@ otherwise it drafts the fallback. Fallback and margin are those of the sampling 
 (``root.sampling``), so one loaded selector serves every temperature. Where the margin is ``None`` the selector
 never left its fallback on validation: a generation at that sampling starts as the static fallback policy, with no
 features and no network.
+
+:class:`SelectorSource` is the loaded file (network, metadata, one guard per configuration, its fallback picked
+once under the running machine's latency table); :class:`SelectorPolicy` runs one generation on it.
 """
 
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 from collections import deque
@@ -26,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from decode.drafting.actions import Action
-from decode.drafting.sampling import SamplingConfig, nearest_note
-from decode.policies.base import Policy, RootState, StaticPolicy, StepOutcome
-from decode.policies.guard import StaticProfile, machine_note
+from decode.drafting.sampling import SamplingConfig
+from decode.policies.base import Policy, PolicySource, RootState, StaticPolicy, StepOutcome
+from decode.policies.guard import machine_note
 from decode.policies.latency import LatencyTable, draft_passes
 from decode.policies.onnx_session import policy_session
 from decode.policies.selector_file import INPUT_NAMES, SelectorFileError, SelectorMetadata
@@ -52,11 +54,9 @@ class Guard:
     margin: float | None
 
 
-class OnnxSelectorPolicy(Policy):
-    """Chooses (K, L1, L2) per step from the root features with an exported selector.
-
-    Stateful: it calibrates the unmodelled step time over the steps of a generation, so :meth:`start` gives each
-    generation a fresh copy (sharing the loaded network).
+class SelectorSource(PolicySource):
+    """An exported selector, loaded and checked against its verifier and pair: it serves every generation through
+    :meth:`start`, the network shared.
 
     Args:
         path: the ``.onnx`` file.
@@ -64,16 +64,15 @@ class OnnxSelectorPolicy(Policy):
         target_hidden, draft_hidden: the pair's hidden sizes.
         pair_fingerprint: the pair's fingerprint; None skips that check.
         use_cuda: run on onnxruntime's CUDA provider when it is available.
+        machine: the running machine's latency table, which picks each guard's fallback (decode/policies/guard.py).
 
     Attributes:
         actions: the selector's action list (its output order).
         provider: the onnxruntime execution provider actually in use.
-        overhead_ms: this generation's calibrated step time beyond T̂ (see :meth:`observe`).
+        guards: the guard of each sampling configuration (decode/policies/sampling_table.py).
     """
 
     name = "selector"
-    needs_root_features = True
-    stateful = True
 
     def __init__(
         self,
@@ -109,23 +108,18 @@ class OnnxSelectorPolicy(Policy):
         except ValueError as err:
             raise SelectorError(f"{self.path}: bad action list ({err})") from err
         self.throughput = self.metadata.decision == "throughput"
-        self._guards: dict[SamplingConfig, Guard] = {}
+        table = self.metadata.guard_table()
+        statics = table.statics(machine, among=self.actions)
+        self.guards = table.with_entries([Guard(action, self.actions.index(action), fallback.margin)
+                                          for action, fallback in zip(statics, table.entries, strict=True)])
+        self._profiled = [fallback.profile is not None for fallback in table.entries]
         self._step_cache: dict[tuple[int, int], np.ndarray] = {}
-        self._index = {a: i for i, a in enumerate(self.actions)}
+        self.action_index = {a: i for i, a in enumerate(self.actions)}
         self._passes = draft_passes(self.actions)
-        self._bound = self._bind_buffers(ort) if self.provider == "CPUExecutionProvider" else None
-        self._begin()
-
-    def _begin(self) -> None:
-        """The state of one generation: the step-time calibration and the network's call times."""
-        self._latency = None
-        self._overheads: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
-        self.overhead_ms = 0.0
-        self._call_seconds: list[float] = []
+        self.bound = self._bind_buffers(ort) if self.provider == "CPUExecutionProvider" else None
 
     @classmethod
-    def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None
-                 ) -> OnnxSelectorPolicy:
+    def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None) -> SelectorSource:
         """The selector checked against a loaded pair (hidden sizes, fingerprint), on its device; ``machine``: the
         running machine's latency table, which picks the guard's fallback (decode/policies/guard.py)."""
         return cls(path, verifier=verifier, target_hidden=int(pair.target.config.hidden_size),
@@ -133,38 +127,26 @@ class OnnxSelectorPolicy(Policy):
                    use_cuda=pair.target.device.type == "cuda", machine=machine)
 
     def guard(self, sampling: SamplingConfig) -> Guard:
-        """The guard of the sampling configuration nearest ``sampling`` (looked up once per configuration)."""
-        guard = self._guards.get(sampling)
-        if guard is None:
-            nearest = self.metadata.fallback_for(sampling.temperature, sampling.top_p)
-            action = Action.parse(nearest.action)
-            if self.machine is not None and nearest.profile is not None:
-                action = StaticProfile.from_dict(nearest.profile).best(self.machine, among=self.actions)
-            guard = self._guards[sampling] = Guard(action, self.actions.index(action), nearest.margin)
-        return guard
+        """The guard of the sampling configuration nearest ``sampling``."""
+        return self.guards.nearest(sampling)
 
     def start(self, sampling: SamplingConfig) -> Policy:
-        """A fresh copy for one generation (the loaded network shared), or the static fallback where the guard at
+        """The runner of one generation (the loaded network shared), or the static fallback where the guard at
         ``sampling`` never leaves it: then the generation costs no features and no network call."""
         guard = self.guard(sampling)
         if guard.margin is None:
             return StaticPolicy(guard.action)
-        run = copy.copy(self)
-        run._begin()
-        return run
+        return SelectorPolicy(self, guard)
 
     def describe(self, sampling: SamplingConfig) -> str:
         guard = self.guard(sampling)
         margin = "never leaves it" if guard.margin is None else f"margin {guard.margin:g}"
-        profiled = self.metadata.fallback_for(sampling.temperature, sampling.top_p).profile is not None
+        profiled = self._profiled[self.guards.index(sampling)]
         return (f"selector {self.path} (fallback {guard.action.canonical()}"
                 f"{machine_note(self.machine, profiled)}, {margin})")
 
-    def network_seconds(self) -> list[float]:
-        return self._call_seconds
-
     def sampling_note(self, sampling: SamplingConfig) -> str | None:
-        return nearest_note("the selector was trained for", self.metadata.measured_sampling(), sampling)
+        return self.guards.note(sampling)
 
     def _bind_buffers(self, ort):
         """Fixed ``(1, ·)`` float32 input and output buffers bound once to the session (CPU only): a call then
@@ -180,38 +162,73 @@ class OnnxSelectorPolicy(Policy):
         binding.bind_ortvalue_output(self.session.get_outputs()[0].name, ort.OrtValue.ortvalue_from_numpy(output))
         return binding, inputs, output
 
+    def step_ms(self, latency, context_length: int) -> np.ndarray:
+        """T̂ of every action near this context length, cached per (table, 16-token bucket).
+
+        T̂ moves slowly with the length; one vectorised Eq. 11 over all actions costs about as much as the network.
+        """
+        bucket = context_length // 16 * 16
+        key = (id(latency), bucket)
+        if key not in self._step_cache:
+            self._step_cache[key] = latency.step_ms_many(bucket, self._passes)
+        return self._step_cache[key]
+
+
+class SelectorPolicy(Policy):
+    """One generation on a :class:`SelectorSource`: chooses (K, L1, L2) per step from the root features, behind the
+    guard of its sampling configuration.
+
+    Stateful: it calibrates the unmodelled step time over the steps of its generation.
+
+    Attributes:
+        overhead_ms: this generation's calibrated step time beyond T̂ (see :meth:`observe`).
+    """
+
+    name = "selector"
+    needs_root_features = True
+    stateful = True
+
+    def __init__(self, source: SelectorSource, guard: Guard) -> None:
+        self.source, self.guard, self.actions = source, guard, source.actions
+        self._latency = None
+        self._overheads: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
+        self.overhead_ms = 0.0
+        self._call_seconds: list[float] = []
+
+    def network_seconds(self) -> list[float]:
+        return self._call_seconds
+
     def scores(self, features) -> np.ndarray:
         """``(A,)`` float32 scores of one root's features (a view of the bound output buffer on CPU: valid until
         the next call)."""
-        if self._bound is not None:
-            binding, inputs, output = self._bound
+        source = self.source
+        if source.bound is not None:
+            binding, inputs, output = source.bound
             for name, buffer in inputs.items():  # (H,) tensors into (1, H) buffers: no intermediate arrays
                 np.copyto(buffer[0], getattr(features, name).numpy(), casting="same_kind")
             start = time.perf_counter()
-            self.session.run_with_iobinding(binding)
+            source.session.run_with_iobinding(binding)
             self._call_seconds.append(time.perf_counter() - start)
             return output[0]
         feeds = {name: getattr(features, name).numpy()[None].astype(np.float32, copy=False) for name in INPUT_NAMES}
         start = time.perf_counter()
-        out = self.session.run(None, feeds)[0][0]
+        out = source.session.run(None, feeds)[0][0]
         self._call_seconds.append(time.perf_counter() - start)
         return out
 
     def choose(self, root: RootState) -> Action:
-        guard = self.guard(root.sampling)
-        if guard.margin is None:
-            return guard.action
+        guard = self.guard
         if root.features is None:
             raise ValueError("the selector policy needs root features (the decoder computes them when asked)")
         value = self.scores(root.features)
         # Actions the graph masks score the floor of the output (0 for probabilities, -1e9 for Ê): a plain argmax,
         # even after dividing by a positive T̂, never picks one, so no mask pass is needed (two numpy passes over
         # the scores cost ~50 µs in the loop, where caches are cold).
-        if self.throughput:
+        if self.source.throughput:
             if root.latency is None:
                 raise ValueError("a 'throughput' selector needs the decoder's latency table")
             self._latency = root.latency
-            value = value / (self._step_ms(root.latency, root.context_length) + self.overhead_ms)
+            value = value / (self.source.step_ms(root.latency, root.context_length) + self.overhead_ms)
         best = int(np.argmax(value))
         if value[best] > (1.0 + guard.margin) * value[guard.index]:
             return self.actions[best]
@@ -224,20 +241,9 @@ class OnnxSelectorPolicy(Policy):
         every action's T̂."""
         if self._latency is None or outcome.seconds is None or outcome.context_length is None:
             return
-        index = self._index.get(outcome.action)
+        index = self.source.action_index.get(outcome.action)
         if index is None:  # clipped near the length budget: not one of the selector's actions
             return
-        modelled = float(self._step_ms(self._latency, outcome.context_length)[index])
+        modelled = float(self.source.step_ms(self._latency, outcome.context_length)[index])
         self._overheads.append(1e3 * outcome.seconds - modelled)
         self.overhead_ms = max(0.0, statistics.median(self._overheads))
-
-    def _step_ms(self, latency, context_length: int) -> np.ndarray:
-        """T̂ of every action near this context length, cached per (table, 16-token bucket).
-
-        T̂ moves slowly with the length; one vectorised Eq. 11 over all actions costs about as much as the network.
-        """
-        bucket = context_length // 16 * 16
-        key = (id(latency), bucket)
-        if key not in self._step_cache:
-            self._step_cache[key] = latency.step_ms_many(bucket, self._passes)
-        return self._step_cache[key]

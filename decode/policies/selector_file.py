@@ -23,10 +23,10 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
-from decode.drafting.sampling import SamplingConfig, nearest_setting
 from decode.policies.features import FEATURE_SCHEMA_VERSION, HIDDEN_NAMES, SCALAR_NAMES
 from decode.policies.guard import StaticProfile
 from decode.policies.policy_file import PolicyFileMetadata, read_props
+from decode.policies.sampling_table import SamplingTable
 
 INPUT_NAMES = (*HIDDEN_NAMES, "scalars")
 OUTPUT_NAME = "scores"
@@ -92,15 +92,13 @@ class SelectorMetadata(PolicyFileMetadata):
     def output(self) -> str:
         return OBJECTIVES[self.objective][1]
 
-    def fallback_for(self, temperature: float, top_p: float) -> Fallback:
-        """The guard of the sampling configuration nearest to (temperature, top_p)."""
+    def guard_table(self) -> SamplingTable[Fallback]:
+        """The guards by the sampling configuration they were fitted at (the others use the nearest), each with its
+        static fallback (:meth:`SamplingTable.statics`)."""
         if not self.fallbacks:
             raise SelectorFileError("the selector has no fallback action")
-        return nearest_setting(self.fallbacks, temperature, top_p)
-
-    def measured_sampling(self) -> list[SamplingConfig]:
-        """The sampling configurations the guards were fitted at (the others use the nearest)."""
-        return [SamplingConfig(f.temperature, f.top_p) for f in self.fallbacks]
+        return SamplingTable.of(self.fallbacks, "the selector", "was trained for",
+                                static=lambda f: (f.action, f.profile))
 
     def to_props(self) -> dict[str, str]:
         """ONNX ``metadata_props``, with the derived decision and output written for readers of the file."""

@@ -100,9 +100,10 @@ def _bench_row(method: str, temperature: float, seconds: float, prompts: int = 4
 
 
 def _selector_metadata(fallback: str, margin: float | None):
+    from decode.policies.sampling_table import SamplingTable
     from decode.policies.selector_file import Fallback
 
-    return SimpleNamespace(fallback_for=lambda t, p: Fallback(t, p, fallback, margin))
+    return SimpleNamespace(guard_table=lambda: SamplingTable.of([Fallback(1.0, 1.0, fallback, margin)]))
 
 
 def test_static_candidates_are_the_fallback_then_the_training_split_runners_up():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import onnx
 
-from decode.policies.selector import OnnxSelectorPolicy
+from decode.policies.selector import SelectorSource
 
 TINY_TRAIN = Path(__file__).resolve().parents[2] / "configs" / "train" / "tiny.yaml"
 HIDDEN = 32  # tiny_llama's hidden size, for both models
@@ -31,7 +31,7 @@ def train_selector_file(root: Path) -> Path:
 
 def selector_policy(path, **changes):
     kwargs = {"verifier": "specinfer", "target_hidden": HIDDEN, "draft_hidden": HIDDEN} | changes
-    return OnnxSelectorPolicy(path, **kwargs)
+    return SelectorSource(path, **kwargs)
 
 
 def with_metadata(path: Path, out: Path, key: str, value: str | None) -> Path:

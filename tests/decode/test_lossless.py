@@ -18,7 +18,7 @@ from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig, distributions
 from decode.engine import SpeculativeDecoder
 from decode.models.cached_lm import CachedLM
-from decode.policies.base import EntropyStopPolicy, Policy, StaticPolicy
+from decode.policies.base import EntropyStopPolicy, PolicySource, StaticPolicy
 from decode.verifiers import get_verifier
 from decode.verifiers.ot import SpecInferVerifier
 from tests.factories import tiny_llama
@@ -45,11 +45,11 @@ def exact_first_two(target, sampling: SamplingConfig) -> dict[tuple[int, int], f
     return {(a, b): float(first[a] * second[a, b]) for a, b in itertools.product(range(VOCAB), repeat=2)}
 
 
-def empirical_first_two(decoder: SpeculativeDecoder, action: Action | Policy, sampling: SamplingConfig
+def empirical_first_two(decoder: SpeculativeDecoder, action: Action | PolicySource, sampling: SamplingConfig
                         ) -> dict[tuple[int, int], int]:
     """Counts of the first two tokens over SAMPLES generations, each step drafting ``action`` (or what the policy
     chooses)."""
-    policy = action if isinstance(action, Policy) else StaticPolicy(action)
+    policy = action if isinstance(action, PolicySource) else StaticPolicy(action)
     counts: dict[tuple[int, int], int] = {}
     for seed in range(SAMPLES):
         tokens = decoder.generate(PROMPT, 2, policy, TorchRandom(seed), sampling).tokens

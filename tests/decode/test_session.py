@@ -145,11 +145,11 @@ def test_a_selector_without_a_table_gets_one_measured_after_the_kernels(pair_yam
 
 def test_the_engine_never_measures_a_table_itself(pair_yaml, pair_selector):
     from decode.engine import SpeculativeDecoder
-    from decode.policies.selector import OnnxSelectorPolicy
+    from decode.policies.selector import SelectorSource
     from decode.verifiers import get_verifier
 
     pair = PairRequest(pair_yaml).load()
-    policy = OnnxSelectorPolicy.for_pair(pair_selector, "specinfer", pair)
+    policy = SelectorSource.for_pair(pair_selector, "specinfer", pair)
     decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier("specinfer"), pair.eos_token_id)
     with pytest.raises(ValueError, match="reads root features"):
         decoder.generate([5, 6, 7], 4, policy, TorchRandom(0), SamplingConfig(1.0))

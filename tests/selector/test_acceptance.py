@@ -105,7 +105,7 @@ def test_an_expander_on_the_model_embeds_it_and_decodes_reading_draft_states_onl
     from decode.drafting.sampling import SamplingConfig
     from decode.engine import Request, SpeculativeDecoder
     from decode.pair import load_pair_config
-    from decode.policies.expander import ExpanderPolicy
+    from decode.policies.expander import ExpanderSource
     from decode.policies.expander_file import read_expander_metadata
     from decode.verifiers import get_verifier
     from selector.expander import fit_expander, write_expander
@@ -119,7 +119,7 @@ def test_an_expander_on_the_model_embeds_it_and_decodes_reading_draft_states_onl
     assert meta.head_inputs == "node" and [r.signal for r in meta.rules] == ["marginal", "marginal"]
     assert all({"acceptance", "marginal", "entropy"} <= set(r.offline) and r.chain_ms for r in meta.rules)
     pair = load_pair_config(tiny_pair / "pair.yaml")
-    policy = ExpanderPolicy.for_pair(path, "traversal", pair)
+    policy = ExpanderSource.for_pair(path, "traversal", pair)
     started = Request.start(policy, TorchRandom(0), SamplingConfig(0.7))
     assert started.draft_hidden and not started.features  # no root features, no target states
     decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier("traversal"), pair.eos_token_id)

@@ -64,7 +64,7 @@ def test_the_file_decodes_on_its_pair_and_halts_while_drafting(learned_file, tin
     session = open_session(PairRequest(tiny_pair / "pair.yaml"), f"traversal@expander={path}", latency="fitted")
     policy, decoder = session.policy, session.decoder
     assert session.latency is None and decoder.latency is not None
-    rule = fitted.metadata.rule_for(SamplingConfig(0.7)).rule
+    rule = fitted.metadata.rule_table().nearest(SamplingConfig(0.7)).rule
     generation = decoder.generate([5, 6, 7, 8], 24, policy, TorchRandom(0), SamplingConfig(0.7))
     allowed = {str(rule.tree_at(d)) for d in range(rule.cap + 1)}
     clipped = {a for a in generation.stats.action_counts if a not in allowed}
@@ -153,7 +153,7 @@ def test_the_file_carries_its_episodes_and_each_machine_refits_the_rule_on_them(
     """A decoder with a latency table chooses the rule and the fallback again on its own times (what the refit
     chooses per machine: tests/decode/policies/test_machine_fit.py); without a table it runs the file's rule."""
     from decode.drafting.sampling import SamplingConfig
-    from decode.policies.expander import ExpanderPolicy
+    from decode.policies.expander import ExpanderSource
     from decode.policies.machine_fit import FitSet, refit
     from tests.decode.policies.test_machine_fit import FLAT, STEEP
 
@@ -162,10 +162,10 @@ def test_the_file_carries_its_episodes_and_each_machine_refits_the_rule_on_them(
     assert len(fit_sets) == len(fitted.metadata.rules) and all("learned" in f.signals for f in fit_sets)
     hidden = fitted.metadata.draft_hidden
     sampling = SamplingConfig(fitted.metadata.rules[0].temperature)
-    as_fitted = ExpanderPolicy(path, verifier="traversal", draft_hidden=hidden).deployed(sampling)
+    as_fitted = ExpanderSource(path, verifier="traversal", draft_hidden=hidden).deployed(sampling)
     assert as_fitted.refit is None and as_fitted.node_rule == fitted.metadata.rules[0]
-    flat = ExpanderPolicy(path, verifier="traversal", draft_hidden=hidden, machine=FLAT)
-    steep = ExpanderPolicy(path, verifier="traversal", draft_hidden=hidden, machine=STEEP)
+    flat = ExpanderSource(path, verifier="traversal", draft_hidden=hidden, machine=FLAT)
+    steep = ExpanderSource(path, verifier="traversal", draft_hidden=hidden, machine=STEEP)
     for policy, table in ((flat, FLAT), (steep, STEEP)):
         deployed = policy.deployed(sampling)
         assert deployed.refit == refit(fit_sets[0], table, fitted.metadata.min_gain)

@@ -116,11 +116,11 @@ def test_the_shipped_expanders_fit_this_pair_and_halt_the_trunk_while_drafting(p
     from decode.drafting.rng import TorchRandom
     from decode.drafting.sampling import SamplingConfig
     from decode.engine import SpeculativeDecoder
-    from decode.policies.expander import ExpanderPolicy
+    from decode.policies.expander import ExpanderSource
     from decode.verifiers import get_verifier
     from tests.factories import REPO
 
-    policy = ExpanderPolicy.for_pair(REPO / "models" / "expanders" / f"smollm2-{verifier}.onnx", verifier, pair)
+    policy = ExpanderSource.for_pair(REPO / "models" / "expanders" / f"smollm2-{verifier}.onnx", verifier, pair)
     decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier(verifier), pair.eos_token_id)
     generation = decoder.generate(prompt, 12, policy, TorchRandom(0), SamplingConfig(0.6))
     started = policy.start(SamplingConfig(0.6))

@@ -52,8 +52,8 @@ def test_metadata_round_trips_and_picks_the_nearest_configuration():
     meta = metadata()
     back = ExpanderMetadata.from_props(meta.to_props(), "f")
     assert back == meta
-    assert back.rule_for(SamplingConfig(0.7)).signal == "learned"
-    assert back.rule_for(SamplingConfig(0.9)).rule is None
+    assert back.rule_table().nearest(SamplingConfig(0.7)).signal == "learned"
+    assert back.rule_table().nearest(SamplingConfig(0.9)).rule is None
 
 
 @pytest.mark.parametrize("change, message", [

@@ -13,7 +13,7 @@ from decode.drafting.sampling import SamplingConfig
 from decode.engine import SpeculativeDecoder
 from decode.models.cached_lm import CachedLM
 from decode.policies.latency import loop_table
-from decode.policies.selector import Guard, OnnxSelectorPolicy, SelectorError
+from decode.policies.selector import Guard, SelectorError, SelectorPolicy
 from decode.policies.selector_file import INPUT_NAMES
 from decode.verifiers import get_verifier
 from tests.decode.selectors import HIDDEN, selector_policy, with_guard, with_metadata
@@ -38,7 +38,8 @@ def test_bound_buffers_give_the_session_scores(selector_file):
     from decode.policies.features import SCALAR_NAMES, RootFeatures
 
     policy = selector_policy(selector_file)
-    assert policy._bound is not None
+    assert policy.bound is not None
+    run = SelectorPolicy(policy, policy.guard(T1))
     session = ort.InferenceSession(str(selector_file), providers=["CPUExecutionProvider"])
     generator = torch.Generator().manual_seed(0)
     for _ in range(3):
@@ -46,7 +47,7 @@ def test_bound_buffers_give_the_session_scores(selector_file):
                                 torch.rand(len(SCALAR_NAMES), generator=generator))
         feeds = {name: getattr(features, name).numpy()[None] for name in INPUT_NAMES}
         want = session.run(None, feeds)[0][0]
-        np.testing.assert_allclose(policy.scores(features), want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(run.scores(features), want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -139,7 +140,7 @@ def test_throughput_decision_calibrates_the_unmodelled_step_time(selector_file, 
     policy = selector_policy(path)
     scores = np.full(len(policy.actions), -1e9, dtype=np.float32)
     scores[policy.actions.index(small)], scores[policy.actions.index(large)] = 1.5, 2.0
-    monkeypatch.setattr(OnnxSelectorPolicy, "scores", lambda self, features: scores)
+    monkeypatch.setattr(SelectorPolicy, "scores", lambda self, features: scores)
     run = policy.start(T1)  # stateful: each generation calibrates its own copy
     root = RootState(64, None, 8, T1, features=object(), latency=_StubLatency())
     assert run.choose(root) == small  # 1.5/6 > 2.0/10
@@ -147,7 +148,7 @@ def test_throughput_decision_calibrates_the_unmodelled_step_time(selector_file, 
         run.observe(StepOutcome(large, 1, 2, context_length=64, seconds=(10.0 + 30.0) / 1e3))
     assert run.overhead_ms == pytest.approx(30.0)
     assert run.choose(root) == large  # 2.0/40 > 1.5/36
-    assert policy.start(T1).overhead_ms == 0.0 and policy.overhead_ms == 0.0  # the next generation starts afresh
+    assert policy.start(T1).overhead_ms == 0.0  # the next generation starts afresh
     for _ in range(200):  # steps faster than modelled never make the overhead negative
         run.observe(StepOutcome(small, 0, 1, context_length=64, seconds=1e-3))
     assert run.overhead_ms == 0.0
@@ -162,7 +163,7 @@ def test_the_guard_keeps_the_fallback_unless_the_margin_is_met(selector_file, tm
     policy = selector_policy(path)
     assert policy.guard(T1) == Guard(fallback, policy.actions.index(fallback), 0.25)
     run = policy.start(T1)
-    assert isinstance(run, OnnxSelectorPolicy) and run is not policy and run.needs_root_features
+    assert isinstance(run, SelectorPolicy) and run.needs_root_features
     scores = np.zeros(len(policy.actions), dtype=np.float32)
     monkeypatch.setattr(run, "scores", lambda features: scores)
     root = RootState(64, None, 8, T1, features=object())
@@ -182,11 +183,11 @@ def test_a_guard_that_never_leaves_the_fallback_costs_nothing(selector_file, tmp
     run = policy.start(T1)
     assert type(run) is StaticPolicy and run.action == Action(2, 1, 2) and not run.needs_root_features
 
-    def no_call(features):
+    def no_call(*_):
         raise AssertionError("the network must not run")
 
-    monkeypatch.setattr(policy, "scores", no_call)
-    assert policy.choose(RootState(64, None, 8, T1)) == Action(2, 1, 2)
+    monkeypatch.setattr(SelectorPolicy, "scores", no_call)
+    assert run.choose(RootState(64, None, 8, T1)) == Action(2, 1, 2)
 
 
 def test_one_selector_serves_every_temperature_with_its_own_guard(selector_file, tmp_path):
@@ -200,5 +201,5 @@ def test_one_selector_serves_every_temperature_with_its_own_guard(selector_file,
     policy = selector_policy(with_metadata(selector_file, tmp_path / "two.onnx", "ddte.fallbacks", json.dumps(guards)))
     cool, warm = policy.start(SamplingConfig(0.5)), policy.start(SamplingConfig(0.9))
     assert type(cool) is StaticPolicy and cool.action.canonical() == Action(1, 2, 0)
-    assert isinstance(warm, OnnxSelectorPolicy) and warm.guard(SamplingConfig(0.9)).action == Action(2, 1, 2)
+    assert isinstance(warm, SelectorPolicy) and warm.guard.action == Action(2, 1, 2)
     assert policy.describe(SamplingConfig(0.6)).endswith(f"(fallback {Action(1, 2, 0)}, never leaves it)")
