@@ -11,7 +11,7 @@ An expander decides at every trunk node from the draft's law there (decode/polic
   law at each node, and any signal of it, can be recomputed through the draft's output head and compared with the
   stored entropy and top probability (a check that the recomputation is the collector's law). The signals then go
   through the same cross-fitted rule fit as ``ddte analyze --expansion``
-  (:func:`selector.expansion.signal_ratios`).
+  (:func:`selector.expander.expansion.signal_ratios`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The neural expansion selector: data module, network, objectives, offline metrics, baselines, training, export.
+"""What ddte learns from collected data, by product: the root-time selector (``root/``), the expander fit
+(``expander/``) and the acceptance model (``acceptance/``).
 
-Nothing here runs a language model or decodes: the selector learns from the parquet data set that
-``ddte collect`` writes (docs/dataset.md) and ships one ONNX file that ``decode`` loads.
+Nothing here runs a language model or decodes: each learns from the parquet data sets that ``ddte collect`` and
+``ddte dense-labels`` write (docs/dataset.md) and ships one ONNX file that ``decode`` loads.
 """

@@ -46,7 +46,7 @@ def _lightning_logs_to_this_tests_stderr():
 @pytest.fixture(scope="session")
 def synthetic_dir(tmp_path_factory) -> Path:
     """20 prompts x 12 roots, labels for specinfer, traversal and gbv (NaN on delayed trees), 18 actions."""
-    from selector.synthetic import write_synthetic_dataset
+    from selector.root.synthetic import write_synthetic_dataset
 
     return write_synthetic_dataset(tmp_path_factory.mktemp("data") / "synthetic", n_prompts=20, roots_per_prompt=12,
                                    seed=0, verifiers=("specinfer", "traversal", "gbv"))
@@ -63,7 +63,7 @@ def trained(synthetic_dir, tracking_uri, tmp_path_factory):
 
     TRAINED_EPOCHS epochs: against the position-weighted best static action (decode/policies/throughput.py) the tiny net
     needs more than 8 to learn the synthetic task (8 epochs: 0.994x the static action, 20: 1.046x)."""
-    from selector.train import train_selector
+    from selector.root.train import train_selector
 
     out = tmp_path_factory.mktemp("runs")
     return train_selector(TINY_TRAIN_CONFIG, [f"data.data_dir={synthetic_dir}", f"run.output_dir={out}",

@@ -1,8 +1,8 @@
 """Train the acceptance model on a dense data set (Lightning, tracked in MLflow) and export it to ONNX.
 
 β̂ at a trunk node, from what a per-node policy may read there: the draft's hidden state, its entropy and top
-probability, the depth and the temperature (selector/acceptance.py). The model starts from the entropy and adds a
-residual on the hidden state; the best validation loss is kept. It prints the test prompts' R², cross-entropy and
+probability, the depth and the temperature (selector/acceptance/acceptance.py). The model starts from the entropy and
+adds a residual on the hidden state; the best validation loss is kept. It prints the test prompts' R², cross-entropy and
 calibration beside the entropy alone, overall and per category, and checks the ONNX file against torch.
 An expander fitted with `ddte expander --acceptance FILE` reads β̂ from it.
 
@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from selector.acceptance_data import read_dense_metadata
-    from selector.acceptance_train import format_acceptance, load_acceptance_config, train_acceptance
+    from selector.acceptance.acceptance_data import read_dense_metadata
+    from selector.acceptance.acceptance_train import format_acceptance, load_acceptance_config, train_acceptance
 
     overrides = [f"{key}={value}" for key, value in (("data.data_dir", args.data), ("run.output", args.output),
                                                      ("run.tracking_uri", args.tracking_uri)) if value is not None]

@@ -4,7 +4,7 @@ Prints, per sampling configuration: the mean ‖p − q‖₁ by trunk depth and
 rate by depth (with K_max draws at that depth), then per verifier the best static action (highest throughput
 Σ Ê[τ+1] / Σ T̂ over the roots) with its block efficiency. Writes analysis.json and PNG plots.
 
-With --expansion it also measures expansion decided while drafting (selector/expansion.py): per-node threshold
+With --expansion it also measures expansion decided while drafting (selector/expander/expansion.py): per-node threshold
 rules on the draft's confidence, a learned per-node acceptance head, a rule that knows each node's exact β, a
 root-time selector (--selector) and the per-tree oracle, all cross-fitted by prompt, as ratios to the best static
 action.
@@ -90,7 +90,7 @@ def check_options(args: argparse.Namespace, folder: Path) -> dict[str, str]:
     """The --selector files by verifier, each checked against the data set as the decoder checks it (its pair,
     hidden sizes and verifier), and the expansion options, before any work."""
     from data_gen.store import read_metadata
-    from selector.expansion import checked_root_selector
+    from selector.expander.expansion import checked_root_selector
 
     if (args.selector or args.acceptance) and not args.expansion:
         raise UserError("--selector and --acceptance score policies in the expansion table: give --expansion as well")
@@ -129,8 +129,8 @@ def expansion_report(folder: Path, metadata: dict, selectors: dict[str, str], fo
     (prompt id → category), a table per category and the share of episodes each rule takes off the static tree."""
     import numpy as np
 
-    from selector.expander import AcceptanceFile
-    from selector.expansion import evaluate_expansion, load_episodes, selector_root_choices
+    from selector.expander.expander import AcceptanceFile
+    from selector.expander.expansion import evaluate_expansion, load_episodes, selector_root_choices
 
     verifiers = list(selectors) or list(metadata["verifiers"])
     extra_names = ["acceptance", "marginal"] if acceptance else []

@@ -102,7 +102,7 @@ def _offline_table(pair, data: Path, verifiers: list[str] | None) -> str:
     from data_gen.store import read_metadata
     from decode.drafting.sampling import SamplingConfig
     from decode.policies.signals import SIGNALS, TrunkArrays
-    from selector.expansion import load_episodes, signal_ratios
+    from selector.expander.expansion import load_episodes, signal_ratios
 
     head = pair.draft.model.get_output_embeddings().weight  # (Vs, H), or (V, H) without a draft vocabulary
     lines = ["| T | verifier | top | entropy | collision Σq² | exact β (oracle) | max \\|ΔH\\| | max \\|Δtop\\| |",

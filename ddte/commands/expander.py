@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ddte_core.paths import staged_file
     from ddte_core.tracking import resolve_tracking_uri
-    from selector.expander import fit_expander, log_expander, write_expander
+    from selector.expander.expander import fit_expander, log_expander, write_expander
 
     if args.folds < 2:
         raise UserError("--folds must be >= 2")

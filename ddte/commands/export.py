@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from decode.drafting.actions import Action
-    from selector.export import export_selector
+    from selector.root.export import export_selector
 
     if args.parity_rows < 1:
         raise UserError("--parity-rows must be >= 1")

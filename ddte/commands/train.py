@@ -52,8 +52,8 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from selector.train import format_summary, train
-    from selector.train_config import config_yaml, load_train_config
+    from selector.root.train import format_summary, train
+    from selector.root.train_config import config_yaml, load_train_config
 
     with user_errors(ValueError, FileNotFoundError):
         config = load_train_config(args.config, overrides_from_args(args))

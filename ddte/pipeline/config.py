@@ -11,7 +11,7 @@ from pathlib import Path
 from data_gen.config import CollectConfig, load_collect_config
 from ddte_core.paths import refuse_file_in_the_way
 from ddte_core.yamlconfig import load_yaml_config
-from selector.train_config import TrainConfig, load_train_config
+from selector.root.train_config import TrainConfig, load_train_config
 
 
 @dataclass
@@ -110,7 +110,7 @@ def plan_pipeline(config: PipelineConfig, resume: bool = False) -> PipelinePlan:
     if bench.threads is not None and not 0 <= bench.threads <= cores:
         raise ValueError(f"bench.threads must be null or in [0, {cores}] (0: torch's choice), got {bench.threads}")
     if config.collect.reuse:  # every shard readable, with labels for every verifier to train, before stage 1
-        from selector.root_data import inspect_dataset
+        from selector.root.root_data import inspect_dataset
 
         for verifier in trained:
             inspect_dataset(config.collect.reuse, verifier)

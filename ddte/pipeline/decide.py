@@ -18,7 +18,7 @@ def static_candidates(metadata, sampling: list[SamplingConfig], ranking: dict[in
     trees in all, canonical keys.
 
     ``sampling`` and ``ranking``: the training run's sampling configurations and, per configuration index, its
-    static ranking (:class:`selector.info.DataFacts`); the ranking of the configuration nearest each temperature is
+    static ranking (:class:`selector.root.info.DataFacts`); the ranking of the configuration nearest each temperature is
     used. Without a ranking, the fallback alone.
     """
     from decode.drafting.actions import distinct_trees

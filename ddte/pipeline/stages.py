@@ -17,8 +17,8 @@ from ddte.pipeline.config import BenchStage, ExpanderStage, PipelineConfig, Pipe
 from ddte.pipeline.decide import decide, keep_statics, static_candidates
 from ddte.pipeline.results import results_markdown
 from decode.policies.selector_file import read_selector_metadata
-from selector.train import TrainResult, train
-from selector.train_config import TrainConfig
+from selector.root.train import TrainResult, train
+from selector.root.train_config import TrainConfig
 
 
 def _stage(number: int, title: str) -> float:
@@ -183,7 +183,7 @@ def _train(base: TrainConfig, out: Path, data_dir: Path, verifier: str, tracking
 
 
 def _export(out: Path, verifier: str, trained, data_dir: Path) -> Path:
-    from selector.export import export_selector
+    from selector.root.export import export_selector
 
     path = out / "selectors" / f"{verifier}.onnx"
     try:
@@ -274,7 +274,7 @@ def _fit_expanders(stage: ExpanderStage, out: Path, data_dir: Path, verifiers: l
                    tracking: _Tracking) -> dict[str, tuple[Path, object]]:
     """Per verifier, the expander fitted on the collection and its metadata, each tracked as a child run; none when
     the stage is off or the collection has no trunk states (said in one line)."""
-    from selector.expander import expander_metrics, expander_params, fit_expander, write_expander
+    from selector.expander.expander import expander_metrics, expander_params, fit_expander, write_expander
 
     if not stage.enabled:
         return {}

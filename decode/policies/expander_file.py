@@ -9,8 +9,8 @@ path (1, d, 0)) or K i.i.d. branches of L2 tokens (the tree (K, d, L2)). The sig
   ``entropy``, minus its entropy (nats), so that higher means surer for every signal; and the trunk's earlier draws
   (``draw_q``, ``draw_logq``, ``draw_rank``, ``draw_ratio``, ``path_logq``);
 * ``learned``: β̂, the acceptance head's prediction of 1 − TV(p, q) at the node from the draft's state alone;
-* ``acceptance``: β̂ from an acceptance model trained on dense labels (selector/acceptance.py), the graph's input
-  then the node's own features only (``head_inputs: node``);
+* ``acceptance``: β̂ from an acceptance model trained on dense labels (selector/acceptance/acceptance.py), the graph's
+  input then the node's own features only (``head_inputs: node``);
 * ``marginal``: the marginal rule on that β̂ (decode/policies/halting.py ``marginal_gain``): what one more trunk
   token adds in expected tokens per unit of the time it adds, relative to the step's tokens per unit time if the
   trunk stopped here, with the step times of the running machine's latency table (else the fit's, ``chain_ms``);
@@ -20,12 +20,13 @@ The graph is the acceptance head: input ``node`` ``[batch, F]`` float32, output 
 per sampling configuration (each rule names its ``column``), with the standardisation folded into its weights. A
 node's feature vector, in this order (:func:`node_feature_width`): the draft's final hidden state at the node
 (``H_d``), its entropy and top probability, the depth, then the root scalars of decode.policies.features
-(``SCALAR_NAMES``; the head's weights on the pass times are zero: selector/expansion.py ``acceptance_scalars``).
+(``SCALAR_NAMES``; the head's weights on the pass times are zero: selector/expander/expansion.py
+``acceptance_scalars``).
 The metadata holds one :class:`NodeRule` per sampling configuration it was fitted at, each with its fallback static
 action and the cross-fitted offline figures that chose it: the never-lose guard is ``signal: static`` wherever no
 rule beat the fallback offline.
 
-:class:`ExpanderMetadata` is the one owner of the ``ddte.expander.*`` keys: the exporter (selector/expander.py)
+:class:`ExpanderMetadata` is the one owner of the ``ddte.expander.*`` keys: the exporter (selector/expander/expander.py)
 fills it and the decoder reads it back.
 """
 

@@ -116,7 +116,8 @@ class RuleProfile:
         be: its Ê[τ+1] over the roots (harmonic mean of each root's mean over its trees: tokens per step).
         trees: the fraction of episodes that drafted each tree (``"K,L1,L2"`` → fraction, summing to 1).
         looked: the fraction of episodes that paid one draft pass more than their tree's T̂ (a chain stopped at
-            1 ≤ d < cap: the loop ran node d's forward to look at it; selector/expansion_fit.py ``rule_step_ms``).
+            1 ≤ d < cap: the loop ran node d's forward to look at it; selector/expander/expansion_fit.py
+            ``rule_step_ms``).
         lengths: the roots' context lengths (:func:`length_quantiles`).
         inverse_be: per tree, Σ over the episodes that drafted it of 1 / (N s Ē_i) (Ē_i: its root's Ê): the stream
             throughput under any table is then 1 / Σ_tree T(tree) · inverse_be[tree] (+ the looks), which keeps the

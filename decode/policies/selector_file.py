@@ -1,7 +1,7 @@
 """The exported selector's file contract: ONNX input and output names and the metadata, written and read here only.
 
 After nanoGPT's config-in-the-checkpoint: :class:`SelectorMetadata` is one dataclass that the exporter
-(``selector/export.py``) fills and serialises with :meth:`SelectorMetadata.to_props`, and that the decoder
+(``selector/root/export.py``) fills and serialises with :meth:`SelectorMetadata.to_props`, and that the decoder
 (``decode/policies/selector.py``) rebuilds with :meth:`SelectorMetadata.from_props` and checks against its pair. No
 other module spells a ``ddte.*`` key.
 

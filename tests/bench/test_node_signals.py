@@ -46,7 +46,7 @@ def test_laws_recomputed_from_stored_hidden_states_are_the_collectors(tiny_pair,
     """Through the draft's head the stored final hidden states give back the stored entropy and top probability;
     a hidden state off by a scale (taken before the final norm, say) would not."""
     from decode.pair import load_pair_config
-    from selector.expansion import evaluate_expansion, load_episodes, signal_ratios
+    from selector.expander.expansion import evaluate_expansion, load_episodes, signal_ratios
 
     draft = load_pair_config(tiny_pair / "pair.yaml").draft
     head = draft.model.get_output_embeddings().weight

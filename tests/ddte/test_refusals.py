@@ -46,9 +46,9 @@ def test_the_fingerprint_covers_the_weights(tmp_path):
 
 
 def test_a_selector_trained_for_another_pair_is_refused(tiny, tmp_path, capsys):
-    from selector.export import export_selector
-    from selector.synthetic import write_synthetic_dataset
-    from selector.train import train_selector
+    from selector.root.export import export_selector
+    from selector.root.synthetic import write_synthetic_dataset
+    from selector.root.train import train_selector
 
     data = write_synthetic_dataset(tmp_path / "data", n_prompts=8, roots_per_prompt=4, hidden=(32, 16))
     trained = train_selector(TINY_TRAIN_CONFIG, [f"data.data_dir={data}", f"run.output_dir={tmp_path / 'runs'}",

@@ -11,8 +11,8 @@ from data_gen.config import load_collect_config
 from ddte.pipeline import load_pipeline
 from ddte.train_pair.config import load_config as load_pair_recipe
 from distill.config import load_distill_config
-from selector.acceptance_train import load_acceptance_config
-from selector.train_config import load_train_config
+from selector.acceptance.acceptance_train import load_acceptance_config
+from selector.root.train_config import load_train_config
 
 REPO = Path(__file__).resolve().parents[2]
 LOADERS = {"collect": load_collect_config, "train": load_train_config, "distill": load_distill_config,

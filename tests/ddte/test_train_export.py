@@ -39,7 +39,7 @@ def test_train_bad_input(capsys, tmp_path, synthetic_dir, overrides, message):
 def test_train_too_few_prompts_fails_the_run(capsys, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from selector.synthetic import write_synthetic_dataset
+    from selector.root.synthetic import write_synthetic_dataset
 
     data = write_synthetic_dataset(tmp_path / "two", n_prompts=2, roots_per_prompt=4, n_shards=1)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -56,7 +56,7 @@ def test_train_too_few_prompts_fails_the_run(capsys, tmp_path):
 
 def test_override_forms():
     """The one override syntax of every command: dotted KEY=VALUE, the value as YAML, later ones win."""
-    from selector.train_config import load_train_config
+    from selector.root.train_config import load_train_config
 
     config = load_train_config(TINY_CONFIG, ["model.lr=0.1", "model.mlp_hidden=[8, 4]", "run.tracking_uri=null",
                                              "trainer.max_epochs=3", "trainer.max_epochs=5"])

@@ -36,7 +36,7 @@ def test_a_deprecation_warned_from_our_own_code_fails_the_suite():
         exec(source, {"__name__": "decode.drafting.rng"})
     with pytest.raises(FutureWarning):
         exec(compile("import warnings\nwarnings.warn('soon', FutureWarning)", "<x>", "exec"),
-             {"__name__": "selector.train"})
+             {"__name__": "selector.root.train"})
     with warnings.catch_warnings(record=True) as seen:
         exec(source, {"__name__": "transformers.modeling_utils"})
     assert [w.category for w in seen] == [DeprecationWarning]

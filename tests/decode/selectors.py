@@ -16,9 +16,9 @@ HIDDEN = 32  # tiny_llama's hidden size, for both models
 
 def train_selector_file(root: Path) -> Path:
     """A small selector trained on synthetic data with the tiny models' hidden sizes, exported to ONNX."""
-    from selector.export import export_selector
-    from selector.synthetic import write_synthetic_dataset
-    from selector.train import train_selector
+    from selector.root.export import export_selector
+    from selector.root.synthetic import write_synthetic_dataset
+    from selector.root.train import train_selector
 
     data = write_synthetic_dataset(root / "data", n_prompts=10, roots_per_prompt=6, seed=1,
                                    verifiers=("specinfer",), k_max=4, l_max=2, hidden=(HIDDEN, HIDDEN))

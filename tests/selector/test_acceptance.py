@@ -36,7 +36,7 @@ def dense_after_collection(tiny_pair, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def acceptance_file(dense_after_collection, tmp_path_factory):
-    from selector.acceptance_train import load_acceptance_config, train_acceptance
+    from selector.acceptance.acceptance_train import load_acceptance_config, train_acceptance
 
     folder = tmp_path_factory.mktemp("acceptance")
     config = load_acceptance_config(None, [f"data.data_dir={dense_after_collection}", "trainer.max_epochs=3",
@@ -50,8 +50,8 @@ def test_the_model_is_trained_scored_and_exported_with_its_parity(acceptance_fil
     import onnx
     import onnxruntime as ort
 
-    from selector.acceptance_data import load_dense
-    from selector.acceptance_train import format_acceptance, node_vectors
+    from selector.acceptance.acceptance_data import load_dense
+    from selector.acceptance.acceptance_train import format_acceptance, node_vectors
 
     result, folder = acceptance_file
     assert result.parity < 1e-4 and result.call_us > 0
@@ -76,7 +76,7 @@ def test_the_model_is_trained_scored_and_exported_with_its_parity(acceptance_fil
 
 
 def test_an_untrained_net_is_the_scalar_model_the_hidden_state_adds_to():
-    from selector.acceptance import AcceptanceNet
+    from selector.acceptance.acceptance import AcceptanceNet
 
     net = AcceptanceNet(16, width=8).eval()
     scalars = torch.tensor([[1.2, 0.6, 2.0, 1.0]]).expand(5, 4)
@@ -87,8 +87,8 @@ def test_an_untrained_net_is_the_scalar_model_the_hidden_state_adds_to():
 def test_the_onnx_file_is_an_ordinary_shared_file_written_over_the_old_one(tmp_path):
     """The export goes through ddte_core.paths.staged_file: 0644 over an existing 0644 file (mkstemp's 0600 was
     renamed onto it before), and no temporary file is left beside it."""
-    from selector.acceptance import AcceptanceNet
-    from selector.acceptance_train import export_acceptance
+    from selector.acceptance.acceptance import AcceptanceNet
+    from selector.acceptance.acceptance_train import export_acceptance
 
     path = tmp_path / "a.onnx"
     path.write_text("old")
@@ -108,7 +108,7 @@ def test_an_expander_on_the_model_embeds_it_and_decodes_reading_draft_states_onl
     from decode.policies.expander import ExpanderSource
     from decode.policies.expander_file import read_expander_metadata
     from decode.verifiers import get_verifier
-    from selector.expander import fit_expander, write_expander
+    from selector.expander.expander import fit_expander, write_expander
 
     result, _ = acceptance_file
     fitted = fit_expander(tiny_collected, "traversal", folds=2, min_gain=-1.0, signals=["marginal"],
@@ -129,7 +129,7 @@ def test_an_expander_on_the_model_embeds_it_and_decodes_reading_draft_states_onl
 
 def test_a_model_trained_on_the_collections_prompts_is_refused(acceptance_file, tiny_collected, tiny_pair,
                                                                 tmp_path, capsys):
-    from selector.acceptance_train import load_acceptance_config, train_acceptance
+    from selector.acceptance.acceptance_train import load_acceptance_config, train_acceptance
 
     seen = _dense(tiny_pair, tmp_path, 0, 4)  # ids 0..3: the collection's own prompts
     config = load_acceptance_config(None, [f"data.data_dir={seen}", "trainer.max_epochs=1", "model.width=4",

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from decode.drafting.actions import Action
-from selector.data import SelectorDataModule, best_static_actions, split_prompts, transform_scalars
-from selector.root_data import inspect_dataset
-from selector.synthetic import write_synthetic_dataset
+from selector.root.data import SelectorDataModule, best_static_actions, split_prompts, transform_scalars
+from selector.root.root_data import inspect_dataset
+from selector.root.synthetic import write_synthetic_dataset
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_nan_labels_are_masked_in_batches(dm):
 
 
 def test_the_facts_carry_what_export_needs(dm):
-    from selector.info import DataFacts
+    from selector.root.info import DataFacts
 
     facts = dm.facts()
     assert facts.verifier == "gbv" and len(facts.actions) == 18

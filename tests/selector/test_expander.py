@@ -1,13 +1,13 @@
-"""Fitting and exporting an expander (selector/expander.py, `ddte expander`): the graph computes the ridge head it
-was fitted as, the never-lose guard falls back where no rule wins, and the file decodes on its pair (generate) and
-is refused on another verifier with one line."""
+"""Fitting and exporting an expander (selector/expander/expander.py, `ddte expander`): the graph computes the ridge
+head it was fitted as, the never-lose guard falls back where no rule wins, and the file decodes on its pair (generate)
+and is refused on another verifier with one line."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from selector.expander import choose_signal, fit_expander, write_expander
+from selector.expander.expander import choose_signal, fit_expander, write_expander
 
 
 def test_a_signal_is_kept_only_where_it_beats_the_static_tree_by_the_gain():
@@ -31,8 +31,8 @@ def test_the_graph_is_the_fitted_head_and_the_metadata_says_what_chose_it(learne
     import onnxruntime as ort
 
     from decode.policies.expander_file import read_expander_metadata
-    from selector.expansion import load_episodes
-    from selector.expansion_fit import fit_beta_head, predict_beta
+    from selector.expander.expansion import load_episodes
+    from selector.expander.expansion_fit import fit_beta_head, predict_beta
 
     fitted, path = learned_file
     _, episodes, _ = load_episodes(tiny_collected, "traversal")
@@ -43,7 +43,7 @@ def test_the_graph_is_the_fitted_head_and_the_metadata_says_what_chose_it(learne
         want = predict_beta(fit_beta_head(data), data).reshape(-1)
         assert np.abs(graph - want).max() < 1e-3 * max(1.0, np.abs(want).max())
     from decode.policies.features import SCALAR_NAMES
-    from selector.expansion import PASS_TIME_SCALARS
+    from selector.expander.expansion import PASS_TIME_SCALARS
 
     root = fitted.weight.shape[0] - len(SCALAR_NAMES)
     for name in PASS_TIME_SCALARS:  # the machine's pass times never move β̂
@@ -132,7 +132,7 @@ def test_each_rule_carries_machine_free_profiles_of_its_fitting_roots(learned_fi
     """What lets the running machine's table re-pick the fallback (decode/policies/guard.py): the static profile is the
     mean Ê of every labelled action over the fitting episodes, and the rule profile's tree shares sum to one."""
     from decode.policies.guard import RuleProfile, StaticProfile
-    from selector.expansion import load_episodes
+    from selector.expander.expansion import load_episodes
 
     fitted, _ = learned_file
     _, episodes, _ = load_episodes(tiny_collected, "traversal")

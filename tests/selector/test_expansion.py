@@ -11,8 +11,8 @@ import pytest
 from decode.drafting.actions import action_grid
 from decode.policies.halting import halting_depth
 from decode.policies.rule_fit import rule_step_ms
-from selector.expansion import evaluate_expansion
-from selector.expansion_fit import (
+from selector.expander.expansion import evaluate_expansion
+from selector.expander.expansion_fit import (
     EpisodeData,
     Rule,
     _Index,
@@ -77,7 +77,7 @@ def test_rules_are_scored_per_group_and_count_the_episodes_that_leave_the_static
 
 def test_the_marginal_rule_on_an_exact_beta_halts_where_the_oracle_does():
     from decode.policies.halting import marginal_gain
-    from selector.expander import chain_times
+    from selector.expander.expander import chain_times
 
     data = _episodes(True)
     marginal = marginal_gain(data.beta, chain_times(data)[:, None, :])

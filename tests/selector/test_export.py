@@ -12,7 +12,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from decode.policies.selector_file import INPUT_NAMES, SelectorMetadata
-from selector.export import export_selector, load_selector, random_inputs
+from selector.root.export import export_selector, load_selector, random_inputs
 
 KEYS = {
     "ddte.feature_schema", "ddte.metadata_version", "ddte.actions", "ddte.scalar_names", "ddte.hidden_sizes",

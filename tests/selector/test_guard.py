@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from selector.guard import MIN_GAIN, fit_margin, guarded_choice
+from selector.root.guard import MIN_GAIN, fit_margin, guarded_choice
 
 
 def _roots(gain: float, n: int = 200, seed: int = 0):

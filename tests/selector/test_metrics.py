@@ -6,15 +6,15 @@ import matplotlib.figure
 import numpy as np
 import pytest
 
-from selector.data import best_static_actions, ranked_static_actions
-from selector.metrics import (
+from selector.root.data import best_static_actions, ranked_static_actions
+from selector.root.metrics import (
     action_histogram_figure,
     offline_metrics,
     oracle_actions,
     predicted_vs_true_figure,
     stream_throughput,
 )
-from selector.root_data import RootArrays
+from selector.root.root_data import RootArrays
 
 NAN = float("nan")
 # Config 0: two roots, three actions. Per-root throughput be/step: row 0 [1, 1, 1.5], row 1 [1, 1.5, 2]; ms per

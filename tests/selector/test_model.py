@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from selector.model import INVALID_SCORE, SelectorModule, SelectorNet, be_loss, choose_actions, policy_loss
+from selector.root.model import INVALID_SCORE, SelectorModule, SelectorNet, be_loss, choose_actions, policy_loss
 
 SIZES = {"target_hidden_prev": 6, "draft_hidden_prev": 4, "draft_hidden_root": 4}
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from selector.train import format_summary
+from selector.root.train import format_summary
 from tests.factories import TINY_TRAIN_CONFIG as TINY_CONFIG
 from tests.factories import TRAINED_EPOCHS
 
@@ -77,7 +77,7 @@ def test_summary_and_checkpoint(trained):
 @pytest.fixture(scope="module")
 def trained_be_gbv(synthetic_dir, tracking_uri, tmp_path_factory):
     """The other objective on the verifier with NaN labels (gbv on delayed trees), 3 epochs."""
-    from selector.train import train_selector
+    from selector.root.train import train_selector
 
     out = tmp_path_factory.mktemp("runs-be")
     return train_selector(TINY_CONFIG, [f"data.data_dir={synthetic_dir}", f"run.output_dir={out}",
@@ -86,8 +86,8 @@ def trained_be_gbv(synthetic_dir, tracking_uri, tmp_path_factory):
 
 
 def test_be_objective_on_gbv_never_picks_unlabelled_actions(trained_be_gbv, tmp_path):
-    from selector.export import export_selector, load_selector, random_inputs
-    from selector.model import INVALID_SCORE
+    from selector.root.export import export_selector, load_selector, random_inputs
+    from selector.root.model import INVALID_SCORE
 
     # offline_metrics raises on a NaN action, so finished test metrics mean no unlabelled action was chosen
     assert trained_be_gbv.info.data.verifier == "gbv" and trained_be_gbv.info.decision == "throughput"
@@ -113,7 +113,7 @@ def test_the_config_is_typed_and_its_yaml_reads_back(tmp_path):
 
     import yaml
 
-    from selector.train_config import TrainConfig, config_yaml, load_train_config
+    from selector.root.train_config import TrainConfig, config_yaml, load_train_config
 
     for path in (TINY_CONFIG, TINY_CONFIG.parent / "default.yaml"):
         written = yaml.safe_load(path.read_text())
@@ -131,8 +131,8 @@ def test_the_config_is_typed_and_its_yaml_reads_back(tmp_path):
 def test_schema_1_data_trains_and_says_cross_fitting_is_unavailable(tmp_path):
     """A data set written before per-tree labels (schema 1) still trains a selector; its head-room figures that need
     per-tree labels are reported as unavailable, never as a number."""
-    from selector.synthetic import write_synthetic_dataset
-    from selector.train import format_summary, train_selector
+    from selector.root.synthetic import write_synthetic_dataset
+    from selector.root.train import format_summary, train_selector
 
     data = write_synthetic_dataset(tmp_path / "v1", n_prompts=10, roots_per_prompt=6, schema_version=1)
     result = train_selector(TINY_CONFIG, [f"data.data_dir={data}", f"run.output_dir={tmp_path / 'runs'}",
@@ -157,7 +157,7 @@ def test_schema_2_training_logs_the_cross_fitted_head_room(trained):
                                                  ("trainer.accelerator=gpu", "no CUDA device")])
 def test_a_bad_setting_is_refused_before_any_mlflow_run(tmp_path, override, words):
     """Refused while the config is read: no MLflow database, experiment or FAILED run is left behind."""
-    from selector.train_config import load_train_config
+    from selector.root.train_config import load_train_config
 
     if "gpu" in override and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from decode.policies.features import HIDDEN_NAMES
-from selector.data import Normalisation
-from selector.metrics import OfflineMetrics, offline_metrics
-from selector.root_data import RootArrays
+from selector.root.data import Normalisation
+from selector.root.metrics import OfflineMetrics, offline_metrics
+from selector.root.root_data import RootArrays
 
 BASELINES = ("ridge", "hgb")
 

@@ -25,7 +25,7 @@ from data_gen.schema import METADATA_FILE, SCHEMA_VERSION, acceptance_column, la
 from decode.drafting.actions import action_grid, action_key
 from decode.policies.features import HIDDEN_NAMES, SCALAR_NAMES
 from decode.verifiers import get_verifier
-from selector.root_data import quiet_datasets
+from selector.root.root_data import quiet_datasets
 
 SAMPLING = ({"temperature": 0.6, "top_p": 1.0}, {"temperature": 1.0, "top_p": 0.9})
 # How much of a second, third... branch counts: traversal-like verifiers use every branch fully.
@@ -215,10 +215,10 @@ def write_synthetic_dataset(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m selector.synthetic OUT``: write a synthetic data set for smoke runs of ``ddte train``."""
+    """``python -m selector.root.synthetic OUT``: write a synthetic data set for smoke runs of ``ddte train``."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m selector.synthetic", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m selector.root.synthetic", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("output", help="folder to write (dataset.json + shard-*.parquet)")
     parser.add_argument("--prompts", type=int, default=20)

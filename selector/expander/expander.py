@@ -1,26 +1,25 @@
 """Fit and export an expander: per sampling configuration, the per-node halting rule that wins offline, cross-fitted.
 
-For each sampling configuration of a schema-2 data set with trunk states, :func:`selector.expansion.evaluate_expansion`
-scores every signal's best rule on prompts it was not fitted on (cross-fitted by prompt) against the best static
-action. The signal with the highest such ratio is kept if it beats the static action by ``min_gain``; otherwise the
-configuration falls back to the static action (the never-lose guard). The kept rule and the acceptance head are then
-refitted on every prompt, since the cross-fitted figure is the estimate of what that procedure delivers on new ones.
+For each sampling configuration of a schema-2 data set with trunk states,
+:func:`selector.expander.expansion.evaluate_expansion` scores every signal's best rule on prompts it was not fitted on
+(cross-fitted by prompt) against the best static action. The signal with the highest such ratio is kept if it beats the
+static action by ``min_gain``; otherwise the configuration falls back to the static action (the never-lose guard). The
+kept rule and the acceptance head are then refitted on every prompt, since the cross-fitted figure is the estimate of
+what that procedure delivers on new ones.
 
-The acceptance head is the ridge regression of selector/expansion_fit.py (standardised features, closed form: a gradient
-loop would only approximate it). Its graph is one affine map ``[batch, F] → [batch, C]``, with the standardisation
-folded into the weights, written with ``onnx.helper``; decode/policies/expander_file.py owns the file's names and
-metadata.
+The acceptance head is the ridge regression of selector/expander/expansion_fit.py (standardised features, closed form:
+a gradient loop would only approximate it). Its graph is one affine map ``[batch, F] → [batch, C]``, with the
+standardisation folded into the weights, written with ``onnx.helper``; decode/policies/expander_file.py owns the file's
+names and metadata.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from decode.drafting.sampling import SamplingConfig
 from decode.policies.expander_file import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -32,9 +31,9 @@ from decode.policies.expander_file import (
 from decode.policies.halting import marginal_gain
 from decode.policies.machine_fit import FitSet
 from decode.policies.rule_fit import terminals
-from decode.policies.sampling_table import SamplingTable
-from selector.expansion import evaluate_expansion, load_episodes
-from selector.expansion_fit import (
+from selector.acceptance.acceptance_file import AcceptanceMetadata
+from selector.expander.expansion import evaluate_expansion, load_episodes
+from selector.expander.expansion_fit import (
     EpisodeData,
     _Index,
     best_rule,
@@ -46,14 +45,13 @@ from selector.expansion_fit import (
     static_profile,
 )
 
-ACCEPTANCE_SIGNALS = ("acceptance", "marginal")  # with an acceptance model (selector/acceptance.py)
+ACCEPTANCE_SIGNALS = ("acceptance", "marginal")  # with an acceptance model (selector/acceptance/acceptance.py)
 
 
 def rule_signals(data: EpisodeData, acceptance: bool) -> tuple[str, ...]:
     """The signals a rule may halt on over ``data``: every registered per-node signal it stores
     (decode/policies/signals.py), then the ridge head's ``learned`` β̂, or with an acceptance model its two."""
     return (*data.node_signals(), *(ACCEPTANCE_SIGNALS if acceptance else ("learned",)))
-ACCEPTANCE_PREFIX = "ddte.acceptance."
 
 
 @dataclass
@@ -74,8 +72,8 @@ class FittedExpander:
 
 
 class AcceptanceFile:
-    """An exported acceptance model (selector/acceptance_train.py) read for the offline fit: β̂ on a collection's
-    trunk nodes, checked against the collection's pair and prompts.
+    """An exported acceptance model (selector/acceptance/acceptance_train.py) read for the offline fit: β̂ on a
+    collection's trunk nodes, checked against the collection's pair and prompts.
 
     Raises:
         ValueError: not an acceptance model, another pair or draft, or one that saw the collection's prompts (its
@@ -88,26 +86,13 @@ class AcceptanceFile:
         self.path = Path(path)
         self.session = policy_session(self.path, "acceptance model")
         props = dict(self.session.get_modelmeta().custom_metadata_map)
-        if ACCEPTANCE_PREFIX + "temperatures" not in props:
-            raise ValueError(f"{self.path}: not an acceptance model (ddte acceptance writes one)")
-        meta = {key[len(ACCEPTANCE_PREFIX):]: json.loads(value) for key, value in props.items()
-                if key.startswith(ACCEPTANCE_PREFIX)}
-        if meta["pair_fingerprint"] != pair_fingerprint:
-            raise ValueError(f"{self.path}: trained on another pair than the collection's")
-        if int(meta["hidden_size"]) != draft_hidden:
-            raise ValueError(f"{self.path}: reads a draft hidden state of {meta['hidden_size']}, not {draft_hidden}")
-        seen = prompts & {str(p) for p in meta["fit_prompts"]}
-        if seen:
-            raise ValueError(f"{self.path}: trained on {len(seen)} of the collection's prompts (e.g. "
-                             f"{sorted(seen)[0]}); train it on others (ddte dense-labels --first-prompt) so the "
-                             "offline figures are honest")
-        self.temperatures = [float(t) for t in meta["temperatures"]]
-        self.columns = SamplingTable.of_temperatures(self.temperatures, str(self.path))
+        self.metadata = AcceptanceMetadata.from_props(props, str(self.path))
+        self.metadata.check_for(str(self.path), pair_fingerprint, draft_hidden, prompts)
         self.width = draft_hidden + 3
 
     def column(self, temperature: float) -> int:
         """The output column of the temperature nearest ``temperature``."""
-        return self.columns.nearest(SamplingConfig(temperature))
+        return self.metadata.column(temperature)
 
     def beta(self, data: EpisodeData, temperature: float) -> np.ndarray:
         """``(N, s, D)`` β̂ at every trunk node of ``data``."""
@@ -166,9 +151,9 @@ def fit_expander(folder: str | Path, verifier: str, folds: int = 5, min_gain: fl
 
     ``signals``: the signals it may choose among (default: every one available; ``learned``, the ridge head, only
     without ``acceptance``, whose graph then is the file's); ``acceptance``: an acceptance model trained on other
-    prompts (selector/acceptance_train.py), which adds the ``acceptance`` and ``marginal`` signals;
+    prompts (selector/acceptance/acceptance_train.py), which adds the ``acceptance`` and ``marginal`` signals;
     ``progress``: called with a line per sampling configuration."""
-    from selector.root_data import data_fingerprint, inspect_dataset
+    from selector.root.root_data import data_fingerprint, inspect_dataset
 
     folder = Path(folder)
     metadata, episodes, _ = load_episodes(folder, verifier)

@@ -14,7 +14,7 @@ d < cap and signal_d ≥ θ; at the halting depth d* draft the terminal. The sig
 * ``beta``: the exact β_d (an oracle: it needs the target's law, which a policy may not see while drafting).
 
 This module holds the episodes and what is fitted on them: the rules and their search, the machine-free
-profiles, the learned head and the prompt folds. selector/expansion.py scores them offline, cross-fitted.
+profiles, the learned head and the prompt folds. selector/expander/expansion.py scores them offline, cross-fitted.
 """
 
 from __future__ import annotations

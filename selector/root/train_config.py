@@ -4,9 +4,9 @@
   seed_everything   the seed of everything (splits have their own data.split_seed)
   trainer           lightning.pytorch.Trainer arguments (max_epochs, accelerator, devices, num_nodes, strategy,
                     ...): TrainerOptions
-  model             selector.model.SelectorModule: objective (policy | be), d_proj, mlp_hidden, dropout, lr,
+  model             selector.root.model.SelectorModule: objective (policy | be), d_proj, mlp_hidden, dropout, lr,
                     weight_decay, lam (λ), alpha (α) of Eq. 12, min_lr_ratio: ModelOptions
-  data              selector.data.SelectorDataModule: data_dir, verifier (one selector per verifier), val_fraction,
+  data              selector.root.data.SelectorDataModule: data_dir, verifier (one selector per verifier), val_fraction,
                     test_fraction, split_seed, batch_size, log1p_scalars, num_workers: DataOptions
   run               output_dir (checkpoints + summary.json), tracking_uri (default: $MLFLOW_TRACKING_URI, else
                     sqlite:///mlflow.db resolved to an absolute path, artifacts in mlartifacts/ beside it),
@@ -14,7 +14,7 @@
                     threads: RunOptions
 
 Any key is overridden as KEY=VALUE (lists take YAML: model.mlp_hidden=[256,32]); an unknown key is an error.
-:func:`load_train_config` reads and checks one; the job (selector/train.py) runs it.
+:func:`load_train_config` reads and checks one; the job (selector/root/train.py) runs it.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class TrainerOptions:
 
 @dataclass
 class ModelOptions:
-    """:class:`selector.model.SelectorModule`'s arguments (the ``model`` section). The network's input and output
+    """:class:`selector.root.model.SelectorModule`'s arguments (the ``model`` section). The network's input and output
     widths come from the data set, never from the config."""
 
     objective: str = "policy"
@@ -68,7 +68,7 @@ class ModelOptions:
 
 @dataclass
 class DataOptions:
-    """:class:`selector.data.SelectorDataModule`'s arguments (the ``data`` section)."""
+    """:class:`selector.root.data.SelectorDataModule`'s arguments (the ``data`` section)."""
 
     data_dir: str = "data/collect/default"
     verifier: str = "specinfer"
@@ -76,7 +76,7 @@ class DataOptions:
     test_fraction: float = 0.15
     split_seed: int = 0
     batch_size: int = 64
-    log1p_scalars: list[str] | None = None  # null: selector.data.DEFAULT_LOG1P_SCALARS
+    log1p_scalars: list[str] | None = None  # null: selector.root.data.DEFAULT_LOG1P_SCALARS
     num_workers: int = 0
 
 

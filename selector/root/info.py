@@ -1,6 +1,6 @@
 """What a trained selector knows besides its weights, typed from the data module to the exported file.
 
-:class:`DataFacts` is what the data module (selector/data.py) tells the model about the data set and its splits;
+:class:`DataFacts` is what the data module (selector/root/data.py) tells the model about the data set and its splits;
 :class:`SelectorInfo` adds how the network was trained and its never-lose guard. The model carries one in its
 checkpoint (a plain JSON-ready dict under ``checkpoint["ddte"]``: :meth:`SelectorInfo.to_dict` and
 :meth:`SelectorInfo.from_dict`, the keys written before these types), the training run reports from it, and the
@@ -72,7 +72,7 @@ class SelectorInfo:
     """The data facts, the objective and standardisation the network was trained with, and its guard.
 
     ``fallbacks``: per sampling configuration, the static action the guard falls back to and its margin; None until
-    the guard is fitted after training (selector/evaluation.py).
+    the guard is fitted after training (selector/root/evaluation.py).
     """
 
     data: DataFacts

@@ -1,6 +1,6 @@
 """Expansion decided while drafting, measured offline: per-node rules and a learned per-node model, cross-fitted.
 
-The rules, their signals and their fitting are selector/expansion_fit.py's; this module reads the episodes of a
+The rules, their signals and their fitting are selector/expander/expansion_fit.py's; this module reads the episodes of a
 data set and scores the rules on them.
 
 Each union tree of the data set is one drafting episode: its trunk is a real draw of the draft, so the action a rule
@@ -18,7 +18,7 @@ import numpy as np
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.throughput import time_per_token
-from selector.expansion_fit import (
+from selector.expander.expansion_fit import (
     EpisodeData,
     Rule,
     _Index,
@@ -186,7 +186,7 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
     from data_gen.schema import TRUNK_COLUMNS, TRUNK_DRAW_COLUMNS, TRUNK_STATE_COLUMNS, trees_column
     from data_gen.store import read_metadata
     from decode.policies.features import SCALAR_NAMES
-    from selector.root_data import list_column
+    from selector.root.root_data import list_column
 
     metadata = read_metadata(folder)
     if verifier not in metadata.get("verifiers", []):
@@ -275,8 +275,8 @@ def selector_root_choices(path, folder, verifier: str) -> np.ndarray:
     from data_gen.schema import label_column
     from data_gen.store import read_metadata
     from decode.policies.features import HIDDEN_NAMES
-    from selector.guard import decision_values, guarded_choice
-    from selector.root_data import list_column
+    from selector.root.guard import decision_values, guarded_choice
+    from selector.root.root_data import list_column
 
     collected = read_metadata(folder)
     session, meta = checked_root_selector(path, collected, verifier)

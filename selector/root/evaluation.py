@@ -1,6 +1,6 @@
 """The best checkpoint evaluated after the fit: the never-lose guard fitted on the validation split (with its
 curve), the honest head-room of the test split, and the test split's plots. Each logs to the run's MLflow record;
-``selector/train.py`` calls them in that order.
+``selector/root/train.py`` calls them in that order.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def log_plots(logger, model, test) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from selector.metrics import action_histogram_figure, oracle_actions, predicted_vs_true_figure, row_throughput
-    from selector.model import choose_actions
+    from selector.root.metrics import action_histogram_figure, oracle_actions, predicted_vs_true_figure, row_throughput
+    from selector.root.model import choose_actions
 
     scores = predict(model, test)
     valid = test.valid
@@ -67,8 +67,8 @@ def deployed_scores(model, arrays) -> Any:
 
 
 def fit_guard(logger, model, dm) -> dict[str, float]:
-    """The never-lose guard (selector/guard.py): per sampling configuration, the fallback (best static action of the
-    training split), the training split's static profile (so the running machine's latency table can re-pick the
+    """The never-lose guard (selector/root/guard.py): per sampling configuration, the fallback (best static action of
+    the training split), the training split's static profile (so the running machine's latency table can re-pick the
     fallback: decode/policies/guard.py) and the margin fitted on the validation split, stored in
     ``model.info.fallbacks``. Logs each margin's validation curve and returns the test metrics of the guarded rule."""
     import matplotlib.pyplot as plt
@@ -77,8 +77,8 @@ def fit_guard(logger, model, dm) -> dict[str, float]:
     from decode.policies.features import SCALAR_NAMES
     from decode.policies.guard import StaticProfile
     from decode.policies.selector_file import Fallback
-    from selector.guard import MarginFit, decision_values, fit_margin, guarded_choice, margin_figure
-    from selector.metrics import offline_metrics
+    from selector.root.guard import MarginFit, decision_values, fit_margin, guarded_choice, margin_figure
+    from selector.root.metrics import offline_metrics
 
     facts = model.info.data
     train, val, test = dm.splits["train"], dm.splits["val"], dm.splits["test"]

@@ -1,6 +1,6 @@
 """The selector's data: parquet shards of a collected data set (docs/dataset.md) as a LightningDataModule.
 
-One row per root, read by selector/root_data.py. The module
+One row per root, read by selector/root/root_data.py. The module
 
 * checks the folder when it is built (metadata, schema version, feature names, verifier, columns), so a bad
   config fails before any training starts, with a ``ValueError`` that says what is wrong;
@@ -29,8 +29,8 @@ from torch.utils.data import DataLoader, Dataset
 from decode.drafting.actions import distinct_trees
 from decode.policies.features import HIDDEN_NAMES, SCALAR_NAMES
 from decode.policies.throughput import static_throughputs
-from selector.info import DataFacts, sampling_configs
-from selector.root_data import RootArrays, data_fingerprint, inspect_dataset, load_rows
+from selector.root.info import DataFacts, sampling_configs
+from selector.root.root_data import RootArrays, data_fingerprint, inspect_dataset, load_rows
 
 # KL divergences have a long right tail (probabilities clamped at 1e-9 under top-p give values of 10-20 nats):
 # log1p keeps a few extreme roots from dominating the standardised scale.
@@ -210,7 +210,7 @@ class SelectorDataModule(pl.LightningDataModule):
         self.fallback_static = 0
         self.valid_actions: np.ndarray | None = None
 
-    # Shapes the model is built with (selector/train.py passes them to SelectorModule).
+    # Shapes the model is built with (selector/root/train.py passes them to SelectorModule).
     @property
     def hidden_sizes(self) -> dict[str, int]:
         return self.info.hidden_sizes

@@ -28,7 +28,7 @@ from torch import nn
 
 from decode.policies.features import HIDDEN_NAMES, SCALAR_NAMES
 from decode.policies.selector_file import OBJECTIVES
-from selector.info import SelectorInfo
+from selector.root.info import SelectorInfo
 
 # Score given to actions that never had a label for this verifier: finite (ONNX parity compares it exactly, and
 # −inf would turn be/step_ms decisions into NaN arithmetic) yet below any real score.
@@ -275,8 +275,8 @@ class SelectorModule(pl.LightningModule):
 
     def _log_offline_metrics(self, split: str) -> None:
         """Offline metrics over the whole split (ratios of sums). Every rank evaluates every row of the split
-        (selector/train.py shares out only the training loader), so each holds the same figures."""
-        from selector.metrics import offline_metrics
+        (selector/root/train.py shares out only the training loader), so each holds the same figures."""
+        from selector.root.metrics import offline_metrics
 
         parts = self._outputs.pop(split, [])
         if not parts:

@@ -3,7 +3,7 @@
 :func:`inspect_dataset` checks the folder without reading its rows (metadata, schema version, feature names,
 verifier, columns), so a bad config fails before any training starts, with a ``ValueError`` that says what is wrong;
 :func:`load_rows` reads the rows as :class:`RootArrays`; :func:`data_fingerprint` names the data set. The splits,
-the scalar standardisation and the batches are selector/data.py's.
+the scalar standardisation and the batches are selector/root/data.py's.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Trained with Lightning on dense per-node labels (data_gen/dense.py: β = 1 − TV(p, q) at every position of sampled
 continuations), tracked in MLflow, exported to one ONNX file whose graph an expander embeds
-(selector/expander.py, decode/policies/expander.py).
+(selector/expander/expander.py, decode/policies/expander.py).
 
 The model starts from the entropy. On the Qwen pair the draft's entropy alone explains about 0.6 of β's variance held
 out by prompt, while a network on the hidden state alone does worse until it has tens of thousands of nodes. So

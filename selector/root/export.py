@@ -44,7 +44,7 @@ def load_selector(checkpoint: str | Path):
 
     Raises FileNotFoundError if the file is missing, ValueError if it is not a selector checkpoint.
     """
-    from selector.model import SelectorModule
+    from selector.root.model import SelectorModule
 
     path = Path(checkpoint)
     if not path.is_file():
@@ -60,7 +60,7 @@ def load_selector(checkpoint: str | Path):
 
 
 def selector_metadata(module, run_id: str | None = None) -> SelectorMetadata:
-    """The metadata of the exported file, from what the checkpoint carries (:class:`selector.info.SelectorInfo`).
+    """The metadata of the exported file, from what the checkpoint carries (:class:`selector.root.info.SelectorInfo`).
 
     Raises ValueError for a checkpoint trained before the never-lose guard (no fallbacks): retrain it.
     """
@@ -92,7 +92,7 @@ def real_inputs(module, data_dir: str | Path | None, n: int) -> dict[str, Any] |
     """The first n rows of the data set (the checkpoint's own, unless ``data_dir`` is given); None if absent."""
     from data_gen.schema import METADATA_FILE, SHARD_GLOB
     from data_gen.store import read_shards
-    from selector.root_data import list_column
+    from selector.root.root_data import list_column
 
     folder = Path(data_dir or module.info.data.data_dir or "")
     shards = sorted(folder.glob(SHARD_GLOB)) if (folder / METADATA_FILE).is_file() else []

@@ -1,6 +1,7 @@
 """Train a selector on a collected data set (Lightning), tracked in MLflow.
 
-The config (:class:`~selector.train_config.TrainConfig`, its sections and checks) lives in selector/train_config.py.
+The config (:class:`~selector.root.train_config.TrainConfig`, its sections and checks) lives in
+selector/root/train_config.py.
 :func:`train` takes a :class:`TrainConfig` and returns a
 :class:`TrainResult`; :func:`train_selector` reads the YAML first.
 
@@ -11,7 +12,7 @@ the figures are those of one device's evaluation.
 
 Logged to MLflow: the resolved config (artifact config.yaml and params config/...), the data fingerprint, the git
 commit, per epoch the offline metrics of the validation split (throughput ratio vs the best static action per
-sampling config, vs the per-root oracle, regret; selector/metrics.py), the test metrics of the best checkpoint,
+sampling config, vs the per-root oracle, regret; selector/root/metrics.py), the test metrics of the best checkpoint,
 plots, the best checkpoint and summary.json. At the end a table of the test metrics and the run id are printed.
 """
 
@@ -29,9 +30,9 @@ from typing import Any
 
 from ddte_core.distributed import is_rank_zero
 from ddte_core.tracking import flatten_params, git_commit, lightning_logger, quiet_lightning, resolve_tracking_uri
-from selector.evaluation import fit_guard, log_head_room, log_plots
-from selector.info import DataFacts, SelectorInfo
-from selector.train_config import DEFAULT_CONFIG, TrainConfig, check_train_config, config_yaml, load_train_config
+from selector.root.evaluation import fit_guard, log_head_room, log_plots
+from selector.root.info import DataFacts, SelectorInfo
+from selector.root.train_config import DEFAULT_CONFIG, TrainConfig, check_train_config, config_yaml, load_train_config
 
 
 @dataclass
@@ -107,8 +108,8 @@ def _data_and_model(config: TrainConfig):
     MLflow run or output folder exists."""
     import lightning.pytorch as pl
 
-    from selector.data import SelectorDataModule
-    from selector.model import SelectorModule
+    from selector.root.data import SelectorDataModule
+    from selector.root.model import SelectorModule
 
     pl.seed_everything(config.seed_everything, workers=True, verbose=False)
     dm = SelectorDataModule(**dataclasses.asdict(config.data))
@@ -191,7 +192,7 @@ def _log_run_facts(run: _Run, facts: DataFacts, commit: str | None) -> None:
 
 
 def _run_baselines(run: _Run) -> dict[str, dict[str, float]]:
-    from selector.baselines import run_baselines
+    from selector.root.baselines import run_baselines
 
     logger = run.logger
     results = run_baselines(run.datamodule, tracking_uri=run.tracking_uri, experiment_id=logger.experiment_id,
@@ -205,7 +206,7 @@ def train(config: TrainConfig, verbose: bool = True) -> TrainResult | None:
     processes (``trainer.strategy``) it returns None on every rank but 0, which writes and returns the result.
 
     Args:
-        config: the run (:func:`selector.train_config.load_train_config` reads one from YAML).
+        config: the run (:func:`selector.root.train_config.load_train_config` reads one from YAML).
         verbose: let Lightning print its progress (model summary, epochs); False for quiet library use.
 
     Raises:

@@ -1,5 +1,5 @@
-"""Train the acceptance model (selector/acceptance.py) on a dense data set with Lightning, tracked in MLflow, and export
-it to ONNX with its parity checked.
+"""Train the acceptance model (selector/acceptance/acceptance.py) on a dense data set with Lightning, tracked in
+MLflow, and export it to ONNX with its parity checked.
 
 The config is typed YAML with ``KEY=VALUE`` overrides (ddte_core/yamlconfig.py; default
 configs/acceptance/default.yaml): :class:`AcceptanceConfig`. Prompts are split three ways (every node of a prompt in
@@ -12,7 +12,6 @@ the ONNX file and its parity.
 from __future__ import annotations
 
 import dataclasses
-import json
 import tempfile
 import time
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ddte_core.yamlconfig import load_yaml_config
-from selector.acceptance import (
+from selector.acceptance.acceptance import (
     AcceptanceGraph,
     AcceptanceNet,
     basis_statistics,
@@ -32,10 +31,10 @@ from selector.acceptance import (
     r_squared,
     soft_cross_entropy,
 )
-from selector.acceptance_data import DenseArrays, load_dense, split_by_prompt
+from selector.acceptance.acceptance_data import DenseArrays, load_dense, split_by_prompt
+from selector.acceptance.acceptance_file import AcceptanceMetadata
 
 DEFAULT_CONFIG = "configs/acceptance/default.yaml"
-PREFIX = "ddte.acceptance."
 
 
 @dataclass
@@ -209,7 +208,7 @@ def fit_base(net: AcceptanceNet, train: DenseArrays, steps: int = 100) -> None:
     initialisation), so that training starts at the entropy's model and the hidden state only adds to it."""
     import torch
 
-    from selector.acceptance import scalar_basis
+    from selector.acceptance.acceptance import scalar_basis
 
     basis = (scalar_basis(torch.as_tensor(train.scalars)) - net.basis_mean) / net.basis_std
     beta = torch.as_tensor(train.beta)
@@ -258,7 +257,7 @@ def export_acceptance(net: AcceptanceNet, path: Path, temperatures: list[float],
     import torch
 
     from ddte_core.paths import staged_file
-    from selector.export import attach_metadata, export_onnx
+    from selector.root.export import attach_metadata, export_onnx
 
     graph = AcceptanceGraph(net, net.norm.normalized_shape[0], temperatures).eval()
     with staged_file(path) as tmp:
@@ -344,8 +343,9 @@ def _score_export_log(net: AcceptanceNet, config: AcceptanceConfig, metadata: di
 
 
 def dense_fingerprint(folder: str | Path) -> str:
-    """sha256 over dense.json's bytes and every shard's name and size (selector/root_data.py ``folder_fingerprint``)."""
-    from selector.root_data import folder_fingerprint
+    """sha256 over dense.json's bytes and every shard's name and size (selector/root/root_data.py
+    ``folder_fingerprint``)."""
+    from selector.root.root_data import folder_fingerprint
 
     return folder_fingerprint(Path(folder) / "dense.json", sorted(Path(folder).glob("dense-*.parquet")))
 
@@ -353,11 +353,9 @@ def dense_fingerprint(folder: str | Path) -> str:
 def acceptance_props(metadata: dict, config: AcceptanceConfig, arrays: DenseArrays, temperatures: list[float]
                      ) -> dict[str, str]:
     """The file's ``metadata_props``: what it reads, which pair and data fitted it, which prompts it saw."""
-    values = {"hidden_size": arrays.hidden.shape[1], "temperatures": temperatures,
-              "inputs": ["draft_hidden", "entropy", "top1", "depth"], "pair_fingerprint": metadata["pair"],
-              "data_fingerprint": dense_fingerprint(config.data.data_dir),
-              "fit_prompts": sorted(set(arrays.prompts.tolist()), key=str), "prompts": metadata["prompts"]}
-    return {PREFIX + key: json.dumps(value) for key, value in values.items()}
+    return AcceptanceMetadata(int(arrays.hidden.shape[1]), temperatures, metadata["pair"],
+                              dense_fingerprint(config.data.data_dir),
+                              sorted(set(arrays.prompts.tolist()), key=str), metadata["prompts"]).to_props()
 
 
 def format_acceptance(result: AcceptanceResult) -> str:
