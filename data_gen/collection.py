@@ -37,12 +37,13 @@ from data_gen.schema import (
     trees_column,
 )
 from data_gen.store import (
+    Shards,
     check_same_collection,
     check_writable,
     legacy_shards,
     read_metadata,
     remove_stale_temporaries,
-    shard_path,
+    shard_chunks,
     write_metadata_once,
 )
 from data_gen.workers import InProcess, Processes, WorkPlan, run_plan
@@ -109,8 +110,8 @@ def collect(
     prompts = tokenize_prompts(tokenizer, texts, config)
     chunks = [list(range(j, min(j + config.prompts_per_shard, len(prompts))))
               for j in range(0, len(prompts), config.prompts_per_shard)]
-    mine = [c for c in range(len(chunks)) if c % num_shards == shard]
-    todo = [c for c in mine if not shard_path(out, c).exists()]
+    mine = shard_chunks(len(prompts), config.prompts_per_shard, (shard, num_shards))
+    todo = Shards(out).todo(mine)
     if not resume and len(todo) < len(mine):
         raise ValueError(f"{out} already holds shards: pass --resume to continue that run, or choose another --output")
     if existing is not None and not todo:  # all done: no pair to load, no worker to start
@@ -125,7 +126,7 @@ def collect(
         check_context(config, facts["context_limit"])
         create_output(out)  # only now: a refused collection leaves no folder behind
         stack.enter_context(shard_lock(out, shard, num_shards))
-        if not resume and any(shard_path(out, c).exists() for c in todo):  # the holder before us finished them
+        if not resume and Shards(out).written(todo):  # the holder before us finished them
             raise ValueError(f"{out} already holds shards: pass --resume to continue that run, or choose another "
                              "--output")
         if latency is None and existing is None and not measure:

@@ -8,22 +8,21 @@ Chunks are global (chunk c: prompts c·prompts_per_shard onwards) and ``shard=(i
 c % N == i, as ``ddte collect --shard`` does, so a SLURM array or several processes share one folder: the shards of
 one data set may create or enter it in any order (the first to link ``dense.json`` into place writes it and the card;
 every other one must have the same row settings, :data:`ROW_KEYS`), and a stopped run resumes chunk by chunk
-(``resume``). Every check runs before the first byte is written; a shard with no chunks writes nothing.
+(``resume``). Every check runs before the first byte is written; a shard with no chunks writes nothing. The shards,
+their chunks, the metadata's link and every write are data_gen/store.py's, as for ``ddte collect``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from data_gen.dense import DenseSpec, acceptance_column, prompt_nodes
-from data_gen.store import write_parquet
+from data_gen.store import Shards, link_json_once, shard_chunks, write_rows, write_text
 from decode.drafting.sampling import SamplingConfig
 from decode.verifiers import Verifier
 
@@ -91,12 +90,6 @@ def sampling_settings(temperatures: Sequence[float], top_p: float) -> list[Sampl
     return settings
 
 
-def shard_chunks(num_prompts: int, prompts_per_shard: int, shard: tuple[int, int]) -> list[int]:
-    """The chunks shard ``(i, N)`` labels: those c of the ⌈num_prompts / prompts_per_shard⌉ with c % N == i."""
-    index, count = shard
-    return [c for c in range(-(-num_prompts // prompts_per_shard)) if c % count == index]
-
-
 def _row_seed(seed: int, prompt: int, sampling: int) -> int:
     return (seed * 1_000_003 + prompt * 101 + sampling) % (2**63 - 1)
 
@@ -131,9 +124,10 @@ def collect_dense(target, draft, prompts: Sequence[list[int]], categories: Seque
     _enter_output(out, metadata)
     label_columns = [acceptance_column(v.name, k) for v in verifiers for k in range(1, spec.k_max + 1)]
     nodes = written = skipped = 0
+    shards = Shards(out, SHARD)
     for number in mine:
         first = number * prompts_per_shard
-        path = out / SHARD.format(number)
+        path = shards.path(number)
         if path.exists():  # resumed: done by an earlier run
             skipped += 1
             if progress is not None:
@@ -161,7 +155,7 @@ def check_dense_output(out: Path, metadata: dict, chunks: Sequence[int], resume:
     if not check_dense_folder(out):
         return
     check_same_dense(read_dense_metadata(out), metadata, out)
-    done = [c for c in chunks if (out / SHARD.format(c)).exists()]
+    done = Shards(out, SHARD).written(chunks)
     if done and not resume:
         raise ValueError(f"--output {out} holds this dense data set already, with {len(done)} of this shard's "
                          f"{len(chunks)} chunks written; --resume continues it")
@@ -238,42 +232,20 @@ def _enter_output(out: Path, metadata: dict) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"cannot create --output {out} ({err.strerror or err})") from err
-    path = out / METADATA
-    fd, tmp = tempfile.mkstemp(prefix=TEMPORARY, suffix=".json", dir=out)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(metadata, handle, indent=1)
-        os.chmod(tmp, 0o644)
-        os.link(tmp, path)  # fails where it exists: the first shard's metadata wins, whole
-    except FileExistsError:
-        pass
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    link_json_once(out / METADATA, metadata)  # the first shard's metadata wins, whole
     on_disk = read_dense_metadata(out)
     check_same_dense(on_disk, metadata, out)
     if not (out / CARD).exists():
-        _atomic_text(out / CARD, dataset_card(on_disk))
+        write_text(out / CARD, dataset_card(on_disk))
+
+
+DENSE_COLUMNS = {"prompt_id": "string", "category": "string", "temperature": "float32", "top_p": "float32",
+                 "seed": "int64", "continuation": "int32", "position": "int32", "depth": "int32",
+                 "context_length": "int32", "token": "int64", "draft_hidden": ["float32"]}
+
 
 def _write(rows: list[dict], path: Path, label_columns: list[str]) -> None:
-    from datasets import Dataset, Features, List, Value
-    from datasets.utils import disable_progress_bars
-
-    disable_progress_bars()
-    features = {"prompt_id": Value("string"), "category": Value("string"), "temperature": Value("float32"),
-                "top_p": Value("float32"), "seed": Value("int64"), "continuation": Value("int32"),
-                "position": Value("int32"), "depth": Value("int32"), "context_length": Value("int32"),
-                "token": Value("int64"), "draft_hidden": List(Value("float32"))}
-    for name in (*SCALAR_COLUMNS, *label_columns):
-        features[name] = Value("float32")
-    write_parquet(Dataset.from_list(rows, features=Features(features)), path)
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_rows(rows, {**DENSE_COLUMNS, **dict.fromkeys((*SCALAR_COLUMNS, *label_columns), "float32")}, path)
 
 
 def dataset_card(metadata: dict) -> str:

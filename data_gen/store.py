@@ -1,10 +1,14 @@
-"""The on-disk data set: shard names, atomic parquet writes through ``datasets``, and ``dataset.json``.
+"""The on-disk data sets: shard names, atomic parquet writes through ``datasets``, and the metadata file.
 
-A shard is the rows of one chunk of prompts (chunk c: prompts c·prompts_per_shard onwards), whichever worker
-collected it. Its name holds only the chunk's number, so ``--resume`` skips the chunks whose shard exists with any
+The one shard and resume writer of both collectors: ``ddte collect`` (data_gen/collection.py, ``dataset.json``,
+``shard-NNNNN.parquet``) and ``ddte dense-labels`` (data_gen/dense_collection.py, ``dense.json``,
+``dense-NNNNN.parquet``). A shard is the rows of one chunk of prompts (chunk c: prompts c·prompts_per_shard onwards),
+whichever worker collected it, and ``shard=(i, N)`` takes the chunks with c % N == i (:func:`shard_chunks`). Its
+name holds only the chunk's number (:class:`Shards`), so a resumed run skips the chunks whose shard exists with any
 number of workers or ``--shard`` splits. It is written to a temporary file of its own (``.tmp-`` + a unique suffix)
 in the output folder and renamed, so a shard on disk is always complete, and workers sharing the folder never touch
-each other's temporaries.
+each other's temporaries. The metadata file is linked into place whole by the first worker (:func:`link_json_once`):
+every other one reads that one.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from data_gen.schema import METADATA_FILE, READABLE_VERSIONS, SHARD_GLOB
@@ -31,9 +37,34 @@ STALE_TEMPORARY_S = 3600.0
 LEGACY_SHARD_NAME = re.compile(r"shard-\d+-of-\d+-\d+\.parquet")
 
 
+def shard_chunks(num_prompts: int, prompts_per_shard: int, shard: tuple[int, int] = (0, 1)) -> list[int]:
+    """The chunks shard ``(i, N)`` writes: those c of the ⌈num_prompts / prompts_per_shard⌉ with c % N == i."""
+    index, count = shard
+    return [c for c in range(-(-num_prompts // prompts_per_shard)) if c % count == index]
+
+
+@dataclass(frozen=True)
+class Shards:
+    """A data set's shard files in ``out``: chunk c's file (``pattern``), which are written, which remain."""
+
+    out: Path
+    pattern: str = "shard-{:05d}.parquet"
+
+    def path(self, chunk: int) -> Path:
+        """The shard of chunk ``chunk`` (a name that does not depend on how many workers share the collection)."""
+        return self.out / self.pattern.format(chunk)
+
+    def written(self, chunks: Sequence[int]) -> list[int]:
+        return [c for c in chunks if self.path(c).exists()]
+
+    def todo(self, chunks: Sequence[int]) -> list[int]:
+        """The chunks whose shard is not written yet (a resumed run's work)."""
+        return [c for c in chunks if not self.path(c).exists()]
+
+
 def shard_path(out: Path, chunk: int) -> Path:
-    """The shard of chunk ``chunk`` (a name that does not depend on how many workers share the collection)."""
-    return out / f"shard-{chunk:05d}.parquet"
+    """The collector's shard of chunk ``chunk``."""
+    return Shards(out).path(chunk)
 
 
 def legacy_shards(out: Path) -> list[Path]:
@@ -73,24 +104,24 @@ def read_shards(shards: list[Path], columns: list[str] | None = None):
     return pa.concat_tables(tables)
 
 
+ROOT_COLUMNS = {"prompt_id": "string", "sampling_index": "int32", "temperature": "float32", "top_p": "float32",
+                "trajectory": "int32", "root_position": "int32", "seed": "int64"}
+
+
 def write_shard(rows: list[dict], path: Path, label_columns: list[str]) -> None:
-    """Write rows as one parquet file through ``datasets``, atomically (temporary name, then rename)."""
+    """Write the collector's rows as one shard (:func:`write_rows`)."""
+    lists = (*HIDDEN_NAMES, "scalars", "step_ms", "l1_by_depth", *label_columns)
+    write_rows(rows, {**ROOT_COLUMNS, **{name: ["float32"] for name in lists}}, path)
+
+
+def write_rows(rows: list[dict], columns: dict[str, str | list[str]], path: Path) -> None:
+    """Write rows as one parquet file through ``datasets``, atomically (temporary name, then rename). ``columns``:
+    each column's type, ``"float32"`` or ``["float32"]`` for a list of them."""
     from datasets import Dataset, Features, List, Value
     from datasets.utils import disable_progress_bars
 
     disable_progress_bars()  # one bar per shard write would interleave with (or defeat --no-progress of) ours
-
-    features = {
-        "prompt_id": Value("string"),
-        "sampling_index": Value("int32"),
-        "temperature": Value("float32"),
-        "top_p": Value("float32"),
-        "trajectory": Value("int32"),
-        "root_position": Value("int32"),
-        "seed": Value("int64"),
-    }
-    for name in (*HIDDEN_NAMES, "scalars", "step_ms", "l1_by_depth", *label_columns):
-        features[name] = List(Value("float32"))
+    features = {name: List(Value(kind[0])) if isinstance(kind, list) else Value(kind) for name, kind in columns.items()}
     write_parquet(Dataset.from_list(rows, features=Features(features)), path)
 
 
@@ -128,19 +159,33 @@ def check_writable(out: Path) -> None:
     os.unlink(probe)
 
 
-def write_metadata_once(out: Path, metadata: dict) -> dict:
-    """Create ``dataset.json`` unless it exists; return the metadata on disk (another worker's if it won)."""
-    path = out / METADATA_FILE
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=out)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(metadata, handle, indent=1)
+def link_json_once(path: Path, payload: dict) -> None:
+    """Create the JSON file ``path`` whole unless it exists: the first worker's wins, whole (a hard link of a
+    complete temporary, never a half-written file)."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
     try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=1)
         os.chmod(tmp, 0o644)
         os.link(tmp, path)  # fails if the file exists: the first worker's metadata wins
     except FileExistsError:
         pass
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a text file whole (a temporary beside it, then a rename)."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def write_metadata_once(out: Path, metadata: dict) -> dict:
+    """Create ``dataset.json`` unless it exists; return the metadata on disk (another worker's if it won)."""
+    link_json_once(out / METADATA_FILE, metadata)
     return read_metadata(out)
 
 

@@ -120,7 +120,8 @@ def _prompts(args: argparse.Namespace, pair, spec) -> tuple[list[list[int]], lis
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from data_gen.dense_collection import collect_dense, dense_metadata, shard_chunks
+    from data_gen.dense_collection import collect_dense, dense_metadata
+    from data_gen.store import shard_chunks
 
     spec, verifiers, shard, output = _check(args)
     apply_threads(args.threads)
