@@ -219,7 +219,7 @@ def _bench(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dic
 def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates: dict[str, dict[float, list[str]]],
                 selectors: dict[str, Path], expanders: dict[str, Path]) -> dict:
     """The bench itself: its rows, printed and written to bench.json and bench.png; the payload of bench.json."""
-    from decode.models.kernel_choice import machine_identity
+    from decode.models.machine_cache import machine_identity
     from decode.pair import load_pair_config
     from decode.session import Hooks
 
@@ -235,7 +235,7 @@ def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates
                          hooks=Hooks(progress=True))
     print(session.kernel_choice.line())
     prompts = encode_prompts(pair, bench_prompts(None, "prompt", stage.num_prompts, tokenizer=pair.tokenizer,
-                                                 default=pair.heldout_prompts), stage.max_new_tokens)
+                                                 default=pair.spec.heldout_prompts), stage.max_new_tokens)
     settings = BenchSettings(stage.max_new_tokens, stage.repeats, stage.seed)
     rows = []
     for temperature in stage.temperatures:

@@ -29,7 +29,7 @@ import torch
 
 from decode.models.cached_lm import CachedLM
 from decode.models.kernels import DEFAULT, KERNEL_PATHS, kernel_path
-from decode.models.machine_cache import cache_file, read_cached, read_or_measure
+from decode.models.machine_cache import cached_measurement, cached_value, machine_identity
 
 ROLES = ("target", "draft")
 AUTO = "auto"
@@ -211,25 +211,6 @@ def choose_path(times: PathTimes, role: str) -> str:
     return best if score(best) < math.log(1.0 - DEFAULT_MARGIN) else base_name
 
 
-def machine_identity(target: CachedLM, draft: CachedLM, kernels: bool = True) -> str:
-    """What a measured time depends on besides the pair: the processor (its model name and a digest of its flags, as a
-    hypervisor may give every Xeon one name; or the GPU's name), torch's threads, both models' dtypes and, with
-    ``kernels``, the path each runs. A kernel choice is cached under it without the paths (it chooses them), a latency
-    table (:mod:`decode.policies.latency`) with them."""
-    from ddte_core.machine import cpu_flags_digest, cpu_model
-
-    processor = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else \
-        f"{cpu_model()} flags {cpu_flags_digest()}"
-    threads = torch.get_num_threads()
-
-    def model(lm: CachedLM) -> str:
-        dtype = str(lm.dtype).removeprefix("torch.")
-        return dtype if not kernels or lm.kernel == DEFAULT else f"{dtype} {lm.kernel}"
-
-    return (f"{processor}; {threads} torch thread{'' if threads == 1 else 's'}; "
-            f"target {model(target)}, draft {model(draft)}")
-
-
 def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fingerprint: str,
                    cache: Path | None, announce: Callable[[str], None] | None = None,
                    progress: bool = False) -> KernelChoice:
@@ -252,22 +233,12 @@ def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fi
     wanted = tuple(role for role in ROLES if getattr(request, role) == AUTO)
     measured = KernelChoice(DEFAULT, DEFAULT, machine=identity, pair=fingerprint)
     if wanted:
-        path = None if cache is None else choice_path(cache, fingerprint, identity)
-
-        def read(text: str) -> KernelChoice | None:
-            choice = KernelChoice.from_json(text)
-            covers = (choice.pair, choice.machine) == (fingerprint, identity) and set(wanted) <= set(choice.times)
-            return choice if covers else None
-
         def measure() -> KernelChoice:
-            return _measure_roles(models, wanted, _earlier_choice(path, fingerprint, identity), progress)
+            earlier = cached_value(cache, "kernels", fingerprint, identity, KernelChoice.from_json)
+            return _measure_roles(models, wanted, earlier or measured, progress)
 
-        def say() -> None:
-            if announce is not None:
-                announce(f"measuring this machine's kernels once ({identity})" + (f"; cached in {cache}" if cache
-                                                                                  else ""))
-
-        measured = read_or_measure(path, read, measure, KernelChoice.to_json, say)
+        measured, _ = cached_measurement(cache, "kernels", fingerprint, identity, KernelChoice.from_json, measure,
+                                         KernelChoice.to_json, announce, covers=lambda c: set(wanted) <= set(c.times))
     choice = KernelChoice(*(getattr(measured, role) if role in wanted else getattr(request, role) for role in ROLES),
                           times={r: t for r, t in measured.times.items() if r in wanted}, machine=identity,
                           pair=fingerprint, skipped={r: s for r, s in measured.skipped.items() if r in wanted})
@@ -295,18 +266,3 @@ def _measure_roles(models: dict[str, CachedLM], wanted: tuple[str, ...], earlier
             earlier.skipped[role] = skipped
             setattr(earlier, role, choose_path(times, role))
     return earlier
-
-
-def _earlier_choice(path: Path | None, fingerprint: str, identity: str) -> KernelChoice:
-    """The cached choice of this pair and machine at ``path`` (some roles measured), else an empty one."""
-
-    def read(text: str) -> KernelChoice | None:
-        choice = KernelChoice.from_json(text)
-        return choice if (choice.pair, choice.machine) == (fingerprint, identity) else None
-
-    return read_cached(path, read) or KernelChoice(DEFAULT, DEFAULT, machine=identity, pair=fingerprint)
-
-
-def choice_path(cache: Path, fingerprint: str, identity: str) -> Path:
-    """Where the kernel choice of this pair on this machine is cached: ``<cache>/kernels-<digest>.json``."""
-    return cache_file(cache, fingerprint, identity, prefix="kernels-")

@@ -6,6 +6,12 @@ both cores (a one-token pass 29.5 ms against 10.5 alone), they chose different k
 contended timings stayed cached for every later run. So every measurement holds the cache's one lock
 (:func:`measurement_lock`), and :func:`read_or_measure` reads the cache again once it holds it: a command that waited
 for another's measurement of the same thing takes that one instead of measuring beside it.
+
+One cache, keyed by the pair's fingerprint and the machine's identity (:func:`machine_identity`), holds every kind of
+measurement (:data:`KINDS`: the kernel choice, decode/models/kernel_choice.py; the latency table,
+decode/policies/latency.py), each read or measured once through :func:`cached_measurement`. A cached file that does
+not read as this kind's measurement of this pair and machine (an older ddte's, say) is measured again once, and the
+line announcing that measurement says so.
 """
 
 from __future__ import annotations
@@ -15,21 +21,96 @@ import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ddte_core.paths import staged_file
 
-__all__ = ["cache_file", "measurement_lock", "read_cached", "read_or_measure"]
+if TYPE_CHECKING:
+    from decode.models.cached_lm import CachedLM
+
+__all__ = ["KINDS", "cache_file", "cached_measurement", "cached_value", "machine_identity", "measurement_lock",
+           "read_or_measure"]
 
 LOCK_NAME = ".measure.lock"
-Value = TypeVar("Value")
+# each kind of measurement and the prefix of its files (the names every cache written so far holds)
+KINDS = {"kernels": "kernels-", "latency table": ""}
 
 
-def cache_file(cache: Path, fingerprint: str, identity: str, prefix: str = "") -> Path:
-    """Where one measurement of a pair (``fingerprint``) on a machine (``identity``) lives:
+class Measured(Protocol):
+    """A cached measurement records the pair and the machine it measured."""
+
+    pair: str
+    machine: str
+
+
+Value = TypeVar("Value", bound=Measured)
+
+
+def machine_identity(target: CachedLM, draft: CachedLM, kernels: bool = True) -> str:
+    """What a measured time depends on besides the pair: the processor (its model name and a digest of its flags, as a
+    hypervisor may give every Xeon one name; or the GPU's name), torch's threads, both models' dtypes and, with
+    ``kernels``, the path each runs. A kernel choice is cached under it without the paths (it chooses them), a latency
+    table with them."""
+    import torch
+
+    from ddte_core.machine import cpu_flags_digest, cpu_model
+    from decode.models.kernels import DEFAULT
+
+    processor = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else \
+        f"{cpu_model()} flags {cpu_flags_digest()}"
+    threads = torch.get_num_threads()
+
+    def model(lm: CachedLM) -> str:
+        dtype = str(lm.dtype).removeprefix("torch.")
+        return dtype if not kernels or lm.kernel == DEFAULT else f"{dtype} {lm.kernel}"
+
+    return (f"{processor}; {threads} torch thread{'' if threads == 1 else 's'}; "
+            f"target {model(target)}, draft {model(draft)}")
+
+
+def cache_file(cache: Path, kind: str, fingerprint: str, identity: str) -> Path:
+    """Where the ``kind`` measurement (:data:`KINDS`) of a pair (``fingerprint``) on a machine (``identity``) lives:
     ``<cache>/<prefix><digest>.json``."""
     digest = hashlib.sha256(f"{fingerprint}\n{identity}".encode()).hexdigest()[:20]
-    return cache / f"{prefix}{digest}.json"
+    return cache / f"{KINDS[kind]}{digest}.json"
+
+
+def cached_value(cache: Path | None, kind: str, fingerprint: str, identity: str,
+                 parse: Callable[[str], Value]) -> Value | None:
+    """The ``kind`` measurement of this pair and machine cached in ``cache`` (``parse`` of its text), else None."""
+    path = None if cache is None else cache_file(cache, kind, fingerprint, identity)
+    return read_cached(path, _reader(parse, fingerprint, identity))
+
+
+def cached_measurement(cache: Path | None, kind: str, fingerprint: str, identity: str, parse: Callable[[str], Value],
+                       measure: Callable[[], Value], dump: Callable[[Value], str],
+                       announce: Callable[[str], None] | None = None,
+                       covers: Callable[[Value], bool] | None = None) -> tuple[Value, Path | None]:
+    """The ``kind`` measurement of this pair and machine, and where it is cached: read from ``cache`` where a file
+    there parses (``parse``) as one of this pair and machine that ``covers`` what is asked, else measured once under
+    the cache's lock and written whole (:func:`read_or_measure`). ``announce`` hears one line before a measurement,
+    which says when a cached file was there but could not serve (measured again). ``cache`` None: measure, keep
+    nothing."""
+    path = None if cache is None else cache_file(cache, kind, fingerprint, identity)
+
+    def say() -> None:
+        if announce is None:
+            return
+        again = " (the file there is an older ddte's or another measurement's: measured again)" if \
+            path is not None and path.is_file() else ""
+        announce(f"measuring this machine's {kind} once ({identity})" + (f"; cached at {path}{again}" if path else ""))
+
+    return read_or_measure(path, _reader(parse, fingerprint, identity, covers), measure, dump, say), path
+
+
+def _reader(parse: Callable[[str], Value], fingerprint: str, identity: str,
+            covers: Callable[[Value], bool] | None = None) -> Callable[[str], Value | None]:
+    def read(text: str) -> Value | None:
+        value = parse(text)
+        mine = (value.pair, value.machine) == (fingerprint, identity)
+        return value if mine and (covers is None or covers(value)) else None
+
+    return read
 
 
 @contextmanager

@@ -38,8 +38,7 @@ from decode.drafting.actions import Action
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig, distributions
 from decode.models.cached_lm import CachedLM
-from decode.models.kernel_choice import machine_identity
-from decode.models.machine_cache import cache_file, read_or_measure
+from decode.models.machine_cache import cached_measurement, machine_identity
 
 
 @dataclass
@@ -308,24 +307,12 @@ MACHINE_LENGTHS = (64, 512)
 MACHINE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 25, 32, 41)
 
 
-def machine_table_path(fingerprint: str, identity: str, cache: Path) -> Path:
-    """Where the table of this pair on this machine is cached: ``<cache>/<digest>.json``."""
-    return cache_file(cache, fingerprint, identity)
-
-
 def machine_table(target: CachedLM, draft: CachedLM, fingerprint: str, cache: Path,
                   announce: Callable[[str], None] | None = None, progress: bool = False) -> tuple[LatencyTable, Path]:
     """The latency table of this pair on the running machine: read from ``cache`` or measured once, under the cache's
     lock, and written there whole (:mod:`decode.models.machine_cache`). ``announce`` hears one line before a
     measurement (it takes minutes for a 1.5B target on a CPU), during which ``progress`` shows a bar on stderr. A
     cached file that does not read as a table of this pair and machine is measured again."""
-    identity = machine_identity(target, draft)
-    path = machine_table_path(fingerprint, identity, cache)
-
-    def read(text: str) -> LatencyTable | None:
-        table = LatencyTable.from_json(text)
-        return table if (table.pair, table.machine) == (fingerprint, identity) else None
-
     def measure() -> LatencyTable:
         from tqdm import tqdm
 
@@ -335,11 +322,8 @@ def machine_table(target: CachedLM, draft: CachedLM, fingerprint: str, cache: Pa
             return measure_latency(target, draft, lengths=list(MACHINE_LENGTHS), sizes=list(MACHINE_SIZES),
                                    repeats=repeats, warmup=warmup, pair=fingerprint, tick=bar.update)
 
-    def say() -> None:
-        if announce is not None:
-            announce(f"measuring this machine's latency table once ({identity}); cached at {path}")
-
-    return read_or_measure(path, read, measure, LatencyTable.to_json, say), path
+    return cached_measurement(cache, "latency table", fingerprint, machine_identity(target, draft),
+                              LatencyTable.from_json, measure, LatencyTable.to_json, announce)
 
 
 _TIMING_LAW = SamplingConfig(temperature=1.0)  # the temperature only rescales logits: the cost is the same at any T

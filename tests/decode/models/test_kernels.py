@@ -22,6 +22,7 @@ from decode.models.cached_lm import CachedLM
 from decode.models.fast_llama import FastCachedLM, cached_lm
 from decode.models.kernel_choice import KernelChoice, KernelRequest, PathTimes, choose_kernels, choose_path
 from decode.models.kernels import KERNEL_PATHS, KernelLinear, release_stock_weights, stock_kernels, use_kernel
+from decode.models.machine_cache import cache_file
 from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier
 from tests.decode.architectures import arch_model
@@ -195,7 +196,7 @@ def test_a_choice_measured_elsewhere_is_measured_again(tmp_path, monkeypatch) ->
     again = choose_kernels(target, draft, KernelRequest(), "pair-a", tmp_path)  # cached: no measurement
     assert calls == ["target", "draft"] and (again.target, again.draft) == (first.target, first.draft)
     # the same file, recording another processor: measured anew, not used
-    path = kernel_choice.choice_path(tmp_path, "pair-a", first.machine)
+    path = cache_file(tmp_path, "kernels", "pair-a", first.machine)
     forged = KernelChoice.from_json(path.read_text())
     forged.machine = forged.machine.replace("flags", "flags 0000")
     path.write_text(forged.to_json())

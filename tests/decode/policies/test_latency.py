@@ -225,7 +225,7 @@ def test_a_table_that_cannot_be_read_is_refused_in_user_terms(change, words):
 def test_the_machines_table_is_measured_once_per_pair_and_machine(monkeypatch, tmp_path):
     """`--latency machine`: the first call measures and caches (saying so first), the next reads the cache; another
     pair, or a cached file that is not a table of this pair and machine, is measured anew."""
-    from decode.models.kernel_choice import machine_identity
+    from decode.models.machine_cache import machine_identity
     from decode.policies.latency import MACHINE_SIZES, machine_table
 
     target, draft = _recording_pair(monkeypatch)
@@ -242,3 +242,4 @@ def test_the_machines_table_is_measured_once_per_pair_and_machine(monkeypatch, t
     path.write_text("{not json", encoding="utf-8")
     machine_table(target, draft, "f" * 64, tmp_path, heard.append)
     assert len(heard) == 3 and LatencyTable.from_json(path.read_text(encoding="utf-8")).pair == "f" * 64
+    assert "measured again" in heard[2] and "measured again" not in heard[0]  # one line says why it measures
