@@ -26,10 +26,14 @@ DEFAULT_TOKENIZER = MODELS_DIR / "tokenizer"
 
 @dataclass
 class LoadedPair:
-    """Both models, cached for decoding, with what identifies the pair.
+    """Both models, cached for decoding, with what identifies the pair: one record, whole when loaded.
 
     Attributes:
         paths: ``target``, ``draft`` and (when found) ``tokenizer`` directories the pair was loaded from.
+        spec: the pair as its YAML names it (decode/pair_spec.py: its prompt sources, kernel request and
+            ``target_quant``); a pair loaded from two folders holds :meth:`PairSpec.folders`' defaults.
+        kernel_choice: the KernelChoice :meth:`use_kernels` applied (None: both on the default path), the one thing
+            that moves after load, with the models' kernel paths.
     """
 
     target: CachedLM
@@ -37,16 +41,13 @@ class LoadedPair:
     tokenizer: object | None  # a transformers tokenizer, when one was found
     eos_token_id: int | None
     paths: dict[str, Path]
-    train_prompts: str = "builtin:train"  # the prompt sources that fit this pair (PairSpec): collect's default
-    heldout_prompts: str = "builtin:heldout"  # and bench's
-    kernels: str = "auto"  # the pair's kernel request (PairSpec.kernels), what use_kernels takes by default
-    kernel_choice: object | None = None  # the KernelChoice use_kernels applied (None: both on the default path)
-    target_quant: str | None = None  # a quantized kernel path the pair opts its target into: another model
+    spec: PairSpec
+    kernel_choice: object | None = None
 
     @property
     def chat(self) -> bool:
         """Whether the pair's prompts are chat conversations (rendered with the tokenizer's chat template)."""
-        return self.heldout_prompts.startswith(("chat:", "mixed:"))
+        return self.spec.heldout_prompts.startswith(("chat:", "mixed:"))
 
     @property
     def context_limit(self) -> int:
@@ -76,14 +77,15 @@ class LoadedPair:
         """
         from decode.models.kernel_choice import AUTO, KernelRequest, choose_kernels
 
-        parsed = KernelRequest.parse(self.kernels if request is None else request)
-        if self.target_quant is not None:  # the user's opt-in to another target model (PairSpec.target_quant)
-            if parsed.target not in (AUTO, self.target_quant):
+        parsed = KernelRequest.parse(self.spec.kernels if request is None else request)
+        target_quant = self.spec.target_quant
+        if target_quant is not None:  # the user's opt-in to another target model (PairSpec.target_quant)
+            if parsed.target not in (AUTO, target_quant):
                 source = "--kernels" if request is not None else "the pair's kernels:"
                 raise ValueError(f"{source} asks the target for {parsed.target}, but this pair's target_quant runs "
-                                 f"its target on {self.target_quant}: leave the target out of it "
+                                 f"its target on {target_quant}: leave the target out of it "
                                  f"(draft={parsed.draft}) or use the pair without target_quant")
-            parsed = KernelRequest(self.target_quant, parsed.draft)
+            parsed = KernelRequest(target_quant, parsed.draft)
         self.kernel_choice = choose_kernels(self.target, self.draft, parsed, self.fingerprint(), cache, announce,
                                             progress)
         return self.kernel_choice
@@ -131,6 +133,7 @@ def load_pair(
     dtype: str | None = None,
     fast_draft: bool = True,
     draft_dtype: str | None = None,
+    spec: PairSpec | None = None,
 ) -> LoadedPair:
     """Load both models (safetensors or GGUF only, no remote code) and a tokenizer if one is available.
 
@@ -139,7 +142,8 @@ def load_pair(
     error: token ids still work. ``dtype`` is the target's (and the draft's, unless ``draft_dtype`` is given). The
     draft runs through the fast forward of :mod:`decode.models.fast_llama` when it supports the model (and
     ``fast_draft``), the target always through HF's, both on the default kernels
-    (:func:`decode.models.kernel_choice.choose_kernels` moves them to this machine's fastest).
+    (:func:`decode.models.kernel_choice.choose_kernels` moves them to this machine's fastest). ``spec``: the pair spec
+    it was loaded from (None: :meth:`PairSpec.folders` of the two folders).
 
     Raises:
         ValueError: a missing directory, weights that are not safetensors or GGUF, an unknown device or dtype, or
@@ -165,7 +169,8 @@ def load_pair(
     paths = {"target": Path(target), "draft": Path(draft)}
     if tokenizer_dir is not None:
         paths["tokenizer"] = tokenizer_dir
-    return LoadedPair(target_lm, draft_lm, tok, eos, paths)
+    spec = spec if spec is not None else PairSpec.folders(Path(target), Path(draft), tokenizer)
+    return LoadedPair(target_lm, draft_lm, tok, eos, paths, spec)
 
 
 def load_draft_model(path: str | Path, device: torch.device, dtype: torch.dtype | None):
@@ -228,12 +233,9 @@ def load_pair_spec(spec: PairSpec, device: str = "cpu", dtype: str | None = None
     """
     spec.check_available()
     override = dtype not in (None, "auto")
-    pair = load_pair(spec.target, spec.draft, tokenizer or spec.tokenizer, device,
+    return load_pair(spec.target, spec.draft, tokenizer or spec.tokenizer, device,
                      dtype if override else spec.target_dtype, fast_draft,
-                     draft_dtype=dtype if override else spec.draft_dtype)
-    pair.train_prompts, pair.heldout_prompts, pair.kernels = spec.train_prompts, spec.heldout_prompts, spec.kernels
-    pair.target_quant = spec.target_quant
-    return pair
+                     draft_dtype=dtype if override else spec.draft_dtype, spec=spec)
 
 
 def load_pair_config(path: str | Path, device: str = "cpu", dtype: str | None = None, fast_draft: bool = True,

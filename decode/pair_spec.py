@@ -66,6 +66,11 @@ class PairSpec:
     heldout_prompts: str = "builtin:heldout"
     fetch: tuple[str, ...] = ()
 
+    @classmethod
+    def folders(cls, target: Path, draft: Path, tokenizer: str | Path | None = None) -> PairSpec:
+        """The spec of a pair given as two folders (``--target``/``--draft``): every other key its default."""
+        return cls(target, target, draft, None if tokenizer is None else Path(tokenizer))
+
     def check_available(self) -> None:
         """ValueError naming the command that makes a missing fetched model available."""
         from decode.models.registry import require_fetched

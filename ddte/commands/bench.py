@@ -195,9 +195,10 @@ def _prompts(args: argparse.Namespace, pair) -> tuple[list, list | None]:
     truncated: list[int] = []
     with user_errors():
         prompts = encode_prompts(pair, bench_prompts(args.prompts, args.field, args.num_prompts, args.skip_prompts,
-                                                    pair.tokenizer, pair.heldout_prompts), args.max_new_tokens,
+                                                    pair.tokenizer, pair.spec.heldout_prompts), args.max_new_tokens,
                                  truncated)
-        categories = bench_prompt_categories(args.prompts, args.num_prompts, args.skip_prompts, pair.heldout_prompts)
+        categories = bench_prompt_categories(args.prompts, args.num_prompts, args.skip_prompts,
+                                             pair.spec.heldout_prompts)
     if truncated:
         print(f"warning: {len(truncated)} of {len(prompts)} prompts are longer than the "
               f"{pair.context_limit}-token context leaves beside --max-new-tokens {args.max_new_tokens}: their "
@@ -229,7 +230,7 @@ def _report(args: argparse.Namespace, pair, rows: list[dict], count: int, catego
 
     temps = ", ".join(f"{t:g}" for t in args.temperature)
     skipped = f" (after the first {args.skip_prompts})" if args.skip_prompts else ""
-    heldout = args.prompts in (None, pair.heldout_prompts) or str(args.prompts).endswith(":heldout")
+    heldout = args.prompts in (None, pair.spec.heldout_prompts) or str(args.prompts).endswith(":heldout")
     which = "held-out prompts" if heldout else f"prompts from {args.prompts}"
     title = (f"{count} {which}{skipped} × {args.repeats} repeat(s), {args.max_new_tokens} new tokens, "
              f"T = {temps}, top-p {args.top_p:g}")

@@ -101,7 +101,7 @@ def _prompts(args: argparse.Namespace, pair, spec) -> tuple[list[list[int]], lis
     from bench.decoding import bench_prompt_categories
     from data_gen.prompts import load_prompt_texts
 
-    source = args.prompts or pair.train_prompts
+    source = args.prompts or pair.spec.train_prompts
     if pair.tokenizer is None:
         raise UserError("the pair has no tokenizer: prompts are text")
     with user_errors():
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     command = "ddte " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     with user_errors(ValueError):
         metadata = dense_metadata(pair.fingerprint(), kernels, spec, args.temperature, args.top_p,
-                                  verifiers, args.prompts or pair.train_prompts, len(prompts), args.seed, command,
+                                  verifiers, args.prompts or pair.spec.train_prompts, len(prompts), args.seed, command,
                                   first_prompt=args.first_prompt, max_prompt_tokens=room,
                                   prompts_per_shard=args.prompts_per_shard)
     mine = shard_chunks(len(prompts), args.prompts_per_shard, shard)

@@ -44,7 +44,7 @@ def test_the_pair_runs_both_models_in_the_cpus_dtype(pair):
     want = torch.bfloat16 if native_bf16_cpu() else torch.float32
     assert pair.target.dtype == want and pair.draft.dtype == want
     assert pair.target.vocab_size == pair.draft.vocab_size == 151936
-    assert pair.draft.forward_name == "fast" and pair.kernels == "auto"
+    assert pair.draft.forward_name == "fast" and pair.spec.kernels == "auto"
     assert pair.target.kernel == pair.draft.kernel == "default"
     assert pair.tokenizer.chat_template and pair.chat
 
