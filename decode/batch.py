@@ -29,8 +29,8 @@ within rounding of a boundary; its law is the same either way.
 
 Policies: any that reads no root features (static trees, the adaptive schedule, the per-node entropy stop and
 expanders on the draft's own state, which run inside the shared drafting rule); a policy that reads root features (a
-selector) is refused at join, as is a steered pair. A token budget shared across requests, a scheduler and the
-server (issue 62, items 2 and 3) are not here.
+selector) is refused at join, as is a steered pair. ``ddte serve --max-batch N`` schedules requests onto a
+decoder opened by decode/session.py (``batch=True``); a token budget shared across requests is not here.
 """
 
 from __future__ import annotations
@@ -129,6 +129,7 @@ class BatchDecoder:
         self.context_limit = min(target.context_limit, draft.context_limit)
         self.requests: dict[int, _Live] = {}
         self._ids = itertools.count()
+        self.pass_tokens = 0  # tokens in the last step's shared target pass (every root and tree node), for metrics
 
     def join(self, job: Job) -> int:
         """Add a request between steps: its prompt runs through both models now (the target all but its last
@@ -259,6 +260,7 @@ class BatchDecoder:
             tree = drafted[rid].tree
             parents = [None] + [-(tree.parents[v] + 1) for v in range(1, tree.num_nodes)]
             blocks.append(Block(r.target_seq, r.target_pending + list(tree.tokens[1:]), parents))
+        self.pass_tokens = sum(len(block.tokens) for block in blocks)
         return dict(zip(live, self.target.run(blocks), strict=True))
 
     def _verify(self, live: dict[int, _Live], drafted: dict[int, DraftedTree],

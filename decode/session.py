@@ -1,7 +1,7 @@
 """The one door into decoding: a pair, its policies and its decoders opened in one order (after litgpt's
 ``LLM.load``).
 
-Every command that decodes (generate, bench, serve, the serve load script, the pipeline's bench) opens its models with
+Every command that decodes (generate, bench, serve, the serve load bench, the pipeline's bench) opens its models with
 :func:`open_session` (one method) or :func:`open_sessions` (several on one pair); every one that runs the pair's
 models itself (collect, dense-labels, bench-signals, pair-card) with :func:`open_pair`. The steps run in one order:
 
@@ -17,7 +17,9 @@ models itself (collect, dense-labels, bench-signals, pair-card) with :func:`open
    kernel paths, and the machine's is cached under them, so it comes after step 4. A decoder whose policies may read
    root features without such a table gets one measured now on its own models (decode/policies/latency.py
    ``loop_table``); the decoder never measures one itself;
-7. ``build``: each policy built on that table, one decoder per verifier and draft.
+7. ``build``: each policy built on that table, one decoder per verifier and draft; with ``batch=True`` one
+   :class:`~decode.batch.BatchDecoder` per draft instead (each request brings its verifier; a policy that reads root
+   features is refused at step 3 then, since a batch computes none).
 
 Libraries never print. What a shell prints comes back as :attr:`Session.lines`; :class:`Hooks` lets the shell hear
 a line before a long measurement (``announce``) and each result line as its step ends (``report``, so the lines come
@@ -37,6 +39,7 @@ from decode.pair_spec import PairSpec
 from decode.policies.spec import PolicySpec, parse_verifier_spec
 
 if TYPE_CHECKING:  # the requests stay light: a command parses them before torch loads
+    from decode.batch import BatchDecoder
     from decode.engine import SpeculativeDecoder
     from decode.models.cached_lm import CachedLM
     from decode.models.kernel_choice import KernelChoice
@@ -177,7 +180,7 @@ class Decoding:
     any policy and sampling) and its policy (started afresh by the decoder for every generation)."""
 
     method: MethodRequest
-    decoder: SpeculativeDecoder
+    decoder: SpeculativeDecoder | BatchDecoder  # a BatchDecoder in a session opened with batch=True
     policy: Policy
 
 
@@ -209,7 +212,7 @@ class Session:
         return next(iter(self.decodings.values()))
 
     @property
-    def decoder(self) -> SpeculativeDecoder:
+    def decoder(self) -> SpeculativeDecoder | BatchDecoder:
         return self.decoding.decoder
 
     @property
@@ -226,7 +229,7 @@ def open_pair(pair: PairRequest | LoadedPair, kernels: str | None = None, hooks:
 
 def open_session(pair: PairRequest | LoadedPair, method: str | MethodRequest, kernels: str | None = None,
                  latency: str | LatencyRequest | None = None, *, deployment: Deployment | None = None,
-                 hooks: Hooks | None = None) -> Session:
+                 hooks: Hooks | None = None, batch: bool = False) -> Session:
     """One method's session: ``session.decoder`` runs ``session.policy``. ``deployment``: the policy file of a
     ``policy=FILE`` spec when the caller read it already (to name its verifier before the pair loaded). The rest
     as :func:`open_sessions`."""
@@ -234,18 +237,20 @@ def open_session(pair: PairRequest | LoadedPair, method: str | MethodRequest, ke
     with hooks.step("method"):
         request = _method(method)
     files = {request.spec.path: deployment} if deployment is not None else {}
-    return open_sessions(pair, [request], kernels, latency, deployments=files, hooks=hooks)
+    return open_sessions(pair, [request], kernels, latency, deployments=files, hooks=hooks, batch=batch)
 
 
 def open_sessions(pair: PairRequest | LoadedPair, methods: Sequence[str | MethodRequest], kernels: str | None = None,
                   latency: str | LatencyRequest | None = None, *, deployments: Mapping[str, Deployment] | None = None,
-                  hooks: Hooks | None = None) -> Session:
+                  hooks: Hooks | None = None, batch: bool = False) -> Session:
     """Every method's decoder and policy on one pair, the steps in their one order (module docstring).
 
     ``pair``: a request, or a pair the caller loaded (through :meth:`PairRequest.load`) and checked; ``methods``:
     ``VERIFIER@SPEC`` texts or requests (a repeat is opened once); ``kernels``: as :func:`open_pair`; ``latency``:
     a :class:`LatencyRequest` or its text (None: ``machine``), read only where a method's policy reads a table;
-    ``deployments``: policy files read already, by the path their spec names.
+    ``deployments``: policy files read already, by the path their spec names; ``batch``: each method's decoder a
+    :class:`~decode.batch.BatchDecoder` (one per draft; it owns its models' caches from then on, so the pair's models
+    decode only through it).
 
     Raises:
         ValueError, KeyError, OSError: what the failing step raised, inside ``hooks.errors`` of that step; no later
@@ -258,7 +263,7 @@ def open_sessions(pair: PairRequest | LoadedPair, methods: Sequence[str | Method
     if not isinstance(pair, LoadedPair):
         with hooks.step("pair"):
             pair = pair.load()
-    checked = _check_policies(pair, requests, deployments or {}, hooks)
+    checked = _check_policies(pair, requests, deployments or {}, hooks, batch)
     with hooks.step("kernels"):
         choice = _apply_kernels(pair, kernels, hooks)
     hooks.tell(choice.line())
@@ -269,7 +274,8 @@ def open_sessions(pair: PairRequest | LoadedPair, methods: Sequence[str | Method
             table, line = latency.read(pair, hooks)
         hooks.tell(line)
     tables = _decoder_tables(pair, checked, drafts, table, hooks)
-    decodings = _build(pair, checked, drafts, table, tables, hooks)
+    build = _build_batch if batch else _build
+    decodings = build(pair, checked, drafts, table, tables, hooks)
     return Session(pair, choice, table, (choice.line(), line) if line else (choice.line(),), line, decodings)
 
 
@@ -284,15 +290,19 @@ def _needs_latency(requests: Sequence[MethodRequest]) -> bool:
 
 
 def _check_policies(pair: LoadedPair, requests: Sequence[MethodRequest], deployments: Mapping[str, Deployment],
-                    hooks: Hooks) -> dict[MethodRequest, LoadedPolicy]:
-    """Step ``policy``: each spec checked against its verifier and the pair, its file read once."""
-    from decode.policies.deployment import load_policy_spec
+                    hooks: Hooks, batch: bool = False) -> dict[MethodRequest, LoadedPolicy]:
+    """Step ``policy``: each spec checked against its verifier and the pair, its file read once; for a batch, one
+    that reads root features refused (a batch computes none), before anything is timed."""
+    from decode.policies.deployment import load_policy_spec, reads_root_features
 
     checked = {}
     for request in requests:
         with hooks.step("policy", request):
             checked[request] = load_policy_spec(request.spec, pair, request.verifier,
                                                 deployments.get(request.spec.path))
+            if batch and reads_root_features(checked[request]):
+                raise ValueError(f"{request.text} reads root features, which a batch does not compute: decode it "
+                                 "one request at a time")
     return checked
 
 
@@ -350,4 +360,23 @@ def _build(pair: LoadedPair, checked: Mapping[MethodRequest, LoadedPolicy], draf
                 decoders[key] = SpeculativeDecoder(pair.target, drafts[request.draft], get_verifier(request.verifier),
                                                    pair.eos_token_id, latency=tables[request.draft])
         decodings[request] = Decoding(request, decoders[key], policy)
+    return decodings
+
+
+def _build_batch(pair: LoadedPair, checked: Mapping[MethodRequest, LoadedPolicy],
+                 drafts: Mapping[str | None, CachedLM], table: LatencyTable | None,
+                 tables: Mapping[str | None, LatencyTable | None], hooks: Hooks) -> dict[MethodRequest, Decoding]:
+    """Step ``build`` of a batched session: each policy built on ``table``, one batch decoder per draft (a request
+    brings its own verifier there; step ``policy`` refused the policies a batch cannot run)."""
+    from decode.batch import BatchDecoder
+    from decode.policies.deployment import build_policy
+
+    decoders: dict[str | None, BatchDecoder] = {}
+    decodings = {}
+    for request, loaded in checked.items():
+        with hooks.step("build", request):
+            policy = build_policy(loaded, pair, request.verifier, table)
+            if request.draft not in decoders:
+                decoders[request.draft] = BatchDecoder(pair.target, drafts[request.draft], pair.eos_token_id)
+        decodings[request] = Decoding(request, decoders[request.draft], policy)
     return decodings

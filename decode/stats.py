@@ -23,6 +23,7 @@ class GenerationStats:
     drafted_depth: int = 0
     action_counts: Counter = field(default_factory=Counter)
     accepted_counts: Counter = field(default_factory=Counter)
+    depth_counts: Counter = field(default_factory=Counter)  # steps by drafted depth (per-position acceptance)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     wall_seconds: float = 0.0
     network_seconds: list[float] = field(default_factory=list)  # each network call or per-node decision
@@ -34,6 +35,7 @@ class GenerationStats:
         self.drafted_depth += depth
         self.action_counts[action] += 1
         self.accepted_counts[accepted] += 1
+        self.depth_counts[depth] += 1
 
     @property
     def block_efficiency(self) -> float:
@@ -56,6 +58,7 @@ class GenerationStats:
         self.drafted_depth += other.drafted_depth
         self.action_counts.update(other.action_counts)
         self.accepted_counts.update(other.accepted_counts)
+        self.depth_counts.update(other.depth_counts)
         for phase in PHASES:
             self.seconds[phase] += other.seconds[phase]
         self.wall_seconds += other.wall_seconds
