@@ -8,8 +8,11 @@ decisions by action, queue depth). Every response's usage comes with a "ddte" ob
 the actions the policy chose. Sampling settings are per request; each request is exactly the target's law at its own
 settings, and a request with a seed gives what `ddte generate --seed` gives.
 
-One pair is loaded and requests run one at a time, in arrival order (batch size one, the regime speculative decoding
-is for); at most --max-queue wait, and one more gets 429 at once. A body over --max-body-kib gets 413; a bad one
+One pair is loaded. By default requests run one at a time, in arrival order (--max-batch 1: the single loop); with
+--max-batch N up to N decode together in one batch (continuous batching: a request joins the running batch between
+steps as a slot frees, and leaves when done or cancelled; one target pass per step over every request's tree), each
+still exactly the target's law at its own settings, a seeded one giving the same tokens as alone. At most --max-queue
+wait beyond the batch, and one more gets 429 at once. A body over --max-body-kib gets 413; a bad one
 400, with an OpenAI error object. A client that disconnects ends its generation at the next step. Ctrl-C or SIGTERM
 stops accepting, answers the queued requests 503 at once, lets the running request finish (for at most 30 s, then
 cuts it), and exits 0. Built on FastAPI and uvicorn; it listens on 127.0.0.1 unless --host says otherwise, and prints
@@ -44,7 +47,12 @@ from ddte.commands.common import (
 from ddte.serve.server import DEFAULT_MAX_BODY_BYTES, listen_socket, url_of
 
 DEFAULT_METHOD = "traversal@1,3,0"
-
+DEFAULT_MAX_BATCH = 1
+MAX_BATCH_HELP = ("requests decoded together (continuous batching on one shared KV cache); 1 runs one at a time on "
+                  "the single loop. Default 1: on the 2-core Xeon it was measured on (docs/results.md, 'Serving "
+                  "several users'), batching 4 raised aggregate tokens/s but made each request slower; raise it "
+                  "where throughput over many users matters more than each one's latency. A selector policy reads "
+                  "root features, which a batch does not compute: it needs 1")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_pair_arguments(parser)
@@ -59,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
     parser.add_argument("--max-queue", type=int, default=16, help="requests that may wait; one more gets 429")
+    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N",
+                        help=MAX_BATCH_HELP)
     parser.add_argument("--default-max-tokens", type=int, default=256,
                         help="max_tokens of a request that gives none (capped by the context)")
     parser.add_argument("--max-body-kib", type=_positive_kib, default=DEFAULT_MAX_BODY_BYTES // 1024,
@@ -74,8 +84,8 @@ def check_arguments(args: argparse.Namespace):
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")
-    if args.max_queue < 1 or args.default_max_tokens < 1:
-        raise UserError("--max-queue and --default-max-tokens must be >= 1")
+    if args.max_queue < 1 or args.default_max_tokens < 1 or args.max_batch < 1:
+        raise UserError("--max-queue, --max-batch and --default-max-tokens must be >= 1")
     if not args.model_name.strip():
         raise UserError("--model-name must not be empty")
     check_port(args.host, args.port)
@@ -112,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     from ddte.serve.app import Served, create_app
     from ddte.serve.server import serve
     from decode.session import MethodRequest, open_session
+    from decode.verifiers import get_verifier
 
     verifier, spec, deployment = check_arguments(args)
     apply_threads(args.threads)
@@ -120,16 +131,17 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("the pair has no tokenizer: pass --tokenizer DIR")
     # the policy checked against the pair before any timing, then this machine's kernels and latency table
     session = open_session(pair, MethodRequest(verifier, spec), args.kernels, args.latency, deployment=deployment,
-                           hooks=shell_hooks(args))
+                           hooks=shell_hooks(args), batch=args.max_batch > 1)
     policy, decoder = session.policy, session.decoder
     method = f"{verifier}@{spec.text}"
     served = Served(args.model_name, pair, decoder, policy, method, args.max_queue, args.default_max_tokens,
-                    args.max_body_kib * 1024)
+                    args.max_body_kib * 1024, args.max_batch, get_verifier(verifier))
     with user_errors(OSError):
         sock = listen_socket(args.host, args.port)
     app = create_app(served)
-    print(f"serving {method} as model {args.model_name!r} on {url_of(sock)} (Ctrl-C stops)", file=sys.stderr,
-          flush=True)
+    batching = f", batches of up to {args.max_batch}" if args.max_batch > 1 else ""
+    print(f"serving {method} as model {args.model_name!r}{batching} on {url_of(sock)} (Ctrl-C stops)",
+          file=sys.stderr, flush=True)
     serve(app, sock, app.state.worker)
     return 0
 

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from ddte.serve.batching import BatchRunner
 from ddte.serve.body import ClientLeft, decode_json, read_body
 from ddte.serve.metrics import ServerMetrics
+from ddte.serve.outcome import answer, empty_stats, record
 from ddte.serve.requests import CompletionRequest, RequestError, parse_request
 from ddte.serve.server import DEFAULT_MAX_BODY_BYTES
 from ddte.serve.worker import Job, Worker, new_seed
@@ -40,16 +42,20 @@ class Served:
     Attributes:
         model: the name clients give as ``model`` (``GET /v1/models`` lists it).
         method: the decoding method as ``ddte bench`` spells it (reported in every response's ``ddte`` object).
+        max_batch: 1, requests one at a time on a ``SpeculativeDecoder``; more, up to that many decoded together on a
+            ``decode.batch.BatchDecoder`` (``decoder``), each request with ``verifier`` (a ``Verifier``).
     """
 
     model: str
     pair: object  # decode.pair.LoadedPair
-    decoder: object  # decode.engine.SpeculativeDecoder
+    decoder: object  # decode.engine.SpeculativeDecoder, or decode.batch.BatchDecoder where max_batch > 1
     policy: object  # decode.policies.base.Policy
     method: str
     max_queue: int = 16
     default_max_tokens: int = 256
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_batch: int = 1
+    verifier: object = None  # decode.verifiers.base.Verifier, what each request of a batch verifies with
 
 
 def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:
@@ -61,7 +67,8 @@ def create_app(served: Served):
     """The FastAPI app. Its lifespan starts the worker thread; at shutdown it fails what is still queued (503),
     cancels the running generation and waits for the thread at most :data:`WORKER_JOIN_SECONDS`."""
     metrics = ServerMetrics(lambda: worker.depth())
-    worker = Worker(functools.partial(_run_job, served, metrics), served.max_queue)
+    batch = BatchRunner(served, metrics, served.max_batch) if served.max_batch > 1 else None
+    worker = Worker(functools.partial(_run_job, served, metrics), served.max_queue, batch)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -143,7 +150,7 @@ def _checked_request(raw: bytes, chat: bool, served: Served) -> CompletionReques
 
 
 def _run_job(served: Served, metrics: ServerMetrics, job: Job) -> None:
-    """The worker thread's work for one job: generate, then report."""
+    """The worker thread's work for one job, one at a time (``--max-batch 1``): generate, then report."""
     from decode.drafting.rng import TorchRandom
 
     request = job.request
@@ -154,17 +161,8 @@ def _run_job(served: Served, metrics: ServerMetrics, job: Job) -> None:
         generation = served.decoder.generate(request.prompt_ids, request.max_tokens, served.policy,
                                              TorchRandom(seed), request.sampling, on_step=job.on_step)
     finally:
-        stats = generation.stats if generation is not None else _empty_stats()
-        ttft = job.first_token_at - job.enqueued if job.first_token_at is not None else None
-        done = time.perf_counter()
-        tpot = ((done - job.first_token_at) / (stats.new_tokens - 1)
-                if job.first_token_at is not None and stats.new_tokens > 1 else None)
-        metrics.finished(len(request.prompt_ids), stats, ttft, tpot)
-    if job.cancelled.is_set() and not job.stop_hit:
-        return  # nobody is listening
-    reason = "stop" if job.stop_hit or generation.stopped_by == "eos" else "length"
-    job.finish({"finish_reason": reason, "completion_tokens": len(generation.tokens),
-                "ddte": _ddte_object(generation, served.method, seed)})
+        record(metrics, job, generation.stats if generation is not None else empty_stats())
+    answer(job, generation, served.method, seed)
 
 
 @dataclass
@@ -189,22 +187,6 @@ class _Reply:
         """The handler was cancelled: by uvicorn, when an answer outlasts a stop (503), or as its client left (499)."""
         self.job.cancel()
         self.count("503" if self.closing() else "499")
-
-
-def _empty_stats():
-    from decode.stats import GenerationStats
-
-    return GenerationStats()
-
-
-def _ddte_object(generation, method: str, seed: int) -> dict:
-    """What ddte adds to OpenAI's response: the method, the seed (a request sent again with it gets the same answer),
-    steps, mean acceptance length, draft and accepted tokens, the actions the policy chose, and the token ids."""
-    stats = generation.stats
-    return {"method": method, "seed": seed, "steps": stats.steps,
-            "mean_acceptance_length": stats.new_tokens / stats.steps if stats.steps else None,
-            "draft_tokens": stats.drafted_depth, "accepted_tokens": stats.accepted_tokens,
-            "actions": dict(stats.action_counts), "token_ids": list(generation.tokens)}
 
 
 def _usage(request: CompletionRequest, completion_tokens: int) -> dict:

@@ -11,6 +11,8 @@ from collections import Counter
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+PASS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 class Histogram:
@@ -44,6 +46,16 @@ class ServerMetrics:
         self.running = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tpot = Histogram(TPOT_BUCKETS)
+        self.batch_size = Histogram(BATCH_BUCKETS)  # requests per step (--max-batch > 1)
+        self.pass_tokens = Histogram(PASS_BUCKETS)  # tokens in the step's shared target pass (--max-batch > 1)
+        self.drafted_at: Counter = Counter()  # position i -> steps that drafted a token at depth i
+        self.accepted_at: Counter = Counter()  # position i -> steps that accepted the draft token at depth i
+
+    def batch_step(self, size: int, pass_tokens: int) -> None:
+        """One step of a batch: how many requests it advanced and the tokens of its one target pass."""
+        with self._lock:
+            self.batch_size.observe(size)
+            self.pass_tokens.observe(pass_tokens)
 
     def request(self, endpoint: str, outcome: str) -> None:
         with self._lock:
@@ -63,6 +75,10 @@ class ServerMetrics:
             self.accepted_tokens += stats.accepted_tokens
             self.steps += stats.steps
             self.actions.update(stats.action_counts)
+            for depth, steps in stats.depth_counts.items():  # a step of depth d drafted positions 1..d
+                self.drafted_at.update(dict.fromkeys(range(1, depth + 1), steps))
+            for accepted, steps in stats.accepted_counts.items():
+                self.accepted_at.update(dict.fromkeys(range(1, accepted + 1), steps))
             if ttft is not None:
                 self.ttft.observe(ttft)
             if tpot is not None:
@@ -92,5 +108,25 @@ class ServerMetrics:
                       "# TYPE ddte_time_to_first_token_seconds histogram",
                       *self.ttft.lines("ddte_time_to_first_token_seconds"),
                       "# TYPE ddte_time_per_output_token_seconds histogram",
-                      *self.tpot.lines("ddte_time_per_output_token_seconds")]
-            return "\n".join(lines) + "\n"
+                      *self.tpot.lines("ddte_time_per_output_token_seconds"),
+                      "# HELP ddte_batch_size requests advanced by one step of the batch (--max-batch > 1)",
+                      "# TYPE ddte_batch_size histogram", *self.batch_size.lines("ddte_batch_size"),
+                      "# HELP ddte_target_pass_tokens tokens in one step's shared target pass (--max-batch > 1)",
+                      "# TYPE ddte_target_pass_tokens histogram", *self.pass_tokens.lines("ddte_target_pass_tokens")]
+            return "\n".join(lines + self._per_position()) + "\n"
+
+    def _per_position(self) -> list[str]:
+        """Per-position acceptance (vLLM's ``spec_decode_num_accepted_tokens_per_pos``): at each depth of the drafted
+        path, the steps that drafted there, those that accepted there, and their ratio. Called under the lock."""
+        lines = ["# HELP ddte_spec_decode_num_drafts_per_pos steps that drafted a token at this position",
+                 "# TYPE ddte_spec_decode_num_drafts_per_pos counter"]
+        drafted = sorted(self.drafted_at.items())
+        lines += [f'ddte_spec_decode_num_drafts_per_pos{{position="{i}"}} {n}' for i, n in drafted]
+        lines += ["# HELP ddte_spec_decode_num_accepted_tokens_per_pos steps that accepted the token at this position",
+                  "# TYPE ddte_spec_decode_num_accepted_tokens_per_pos counter"]
+        lines += [f'ddte_spec_decode_num_accepted_tokens_per_pos{{position="{i}"}} {self.accepted_at[i]}'
+                  for i in sorted(self.drafted_at)]
+        lines += ["# HELP ddte_spec_decode_acceptance_rate_per_pos accepted over drafted at this position",
+                  "# TYPE ddte_spec_decode_acceptance_rate_per_pos gauge"]
+        return lines + [f'ddte_spec_decode_acceptance_rate_per_pos{{position="{i}"}} {self.accepted_at[i] / n:.6f}'
+                        for i, n in drafted]

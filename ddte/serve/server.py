@@ -1,8 +1,8 @@
 """How ``ddte serve`` listens and stops: the socket bound before uvicorn starts (so the URL printed is the one bound,
 ``--port 0`` included, and a taken port is one line), uvicorn run on it, and a bounded drain.
 
-A stop (Ctrl-C or SIGTERM) stops accepting, fails the queued requests at once (503), lets the running one finish for
-at most :data:`DRAIN_SECONDS` (then cuts it: 503, or an error event for a stream), and returns once the answers are
+A stop (Ctrl-C or SIGTERM) stops accepting, fails the queued requests at once (503), lets the running ones finish for
+at most :data:`DRAIN_SECONDS` (then cuts them: 503, or an error event for a stream), and returns once the answers are
 sent: the signal is how a server is asked to stop, so the command exits 0.
 """
 
@@ -57,7 +57,7 @@ def serve(app, sock: socket.socket, worker: Worker, drain_seconds: float = DRAIN
 
 
 async def drain(worker: Worker, seconds: float) -> None:
-    """Fail the queued requests (503) at once, wait up to ``seconds`` for the running one, then cut it (503)."""
+    """Fail the queued requests (503) at once, wait up to ``seconds`` for the running ones, then cut them (503)."""
     worker.close()
     deadline = time.monotonic() + seconds
     while worker.running is not None and time.monotonic() < deadline:

@@ -1,6 +1,8 @@
-"""One decoding worker: requests queue in arrival order and one thread runs them, one at a time, on the loaded pair.
+"""One decoding worker: requests queue in arrival order and one thread decodes them on the loaded pair: one at a time
+(``--max-batch 1``, the single loop), or up to N together in one batch (a :class:`Batch`: requests join the running
+batch between its steps, as slots free, and leave it when done or cancelled; continuous batching).
 
-Batch size one is the regime speculative decoding is for. The queue is bounded: a full queue refuses at once
+The queue is bounded: a full queue refuses at once
 (the app answers 429) instead of letting a client hang. Each :class:`Job` turns the decoder's steps into text as
 they come (``SpeculativeDecoder.generate``'s ``on_step``): it decodes the tokens so far, holds back what could still
 become a stop string or is half a character, sends the rest to the client's event queue on the event loop, and asks
@@ -15,6 +17,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ddte.serve.requests import CompletionRequest
 
@@ -91,21 +94,45 @@ class Job:
         self._put(Event("error", text=message, status=status))
 
 
-class Worker:
-    """The queue and the one thread that decodes. ``run_job(job)`` does the work (the app's decoder call).
+class Batch(Protocol):
+    """What the worker drives in batch mode (the app's :class:`ddte.serve.batching.BatchRunner`): ``admit`` starts a
+    job in the batch (False: it failed alone, answered already), ``step`` advances every admitted job once and
+    returns those that ended (answered, or cancelled), ``fail_all`` answers every admitted job with an error and
+    empties the batch (a step that raised)."""
 
-    The queue holds at most ``max_queue`` jobs whose clients are still there: a job whose client left is dropped from
-    the queue (and from its depth) when the next job is queued or taken.
+    size: int
+
+    def admit(self, job: Job) -> bool: ...
+
+    def step(self) -> list[Job]: ...
+
+    def fail_all(self, message: str) -> None: ...
+
+
+class Worker:
+    """The queue and the one thread that decodes. ``run_job(job)`` does one job's work (the app's decoder call);
+    ``batch``: decode up to ``batch.size`` jobs together instead (None: one at a time through ``run_job``).
+
+    The queue holds at most ``max_queue`` jobs whose clients are still there (jobs in the running batch do not
+    count): a job whose client left is dropped from the queue (and from its depth) when the next job is queued or
+    taken.
     """
 
-    def __init__(self, run_job, max_queue: int) -> None:
-        self._run_job = run_job
+    def __init__(self, run_job, max_queue: int, batch: Batch | None = None) -> None:
+        self._run_job, self._batch = run_job, batch
         self.max_queue = max_queue
         self._queued: collections.deque[Job] = collections.deque()
         self._ready = threading.Condition()
-        self.running: Job | None = None
+        self.active: list[Job] = []  # the jobs decoding now (one at most without a batch)
         self.closing = False
-        self.thread = threading.Thread(target=self._loop, name="ddte-serve-worker", daemon=True)
+        loop = self._loop if batch is None else self._batch_loop
+        self.thread = threading.Thread(target=loop, name="ddte-serve-worker", daemon=True)
+
+    @property
+    def running(self) -> Job | None:
+        """A job decoding now (None: the worker is idle)."""
+        active = self.active
+        return active[0] if active else None
 
     def start(self) -> None:
         self.thread.start()
@@ -136,18 +163,16 @@ class Worker:
             job.fail("the server is shutting down", status=503)
 
     def cut_running(self) -> None:
-        """Cancel the running job (its generation ends at its next step) and answer it 503."""
-        running = self.running
-        if running is not None:
+        """Cancel the running jobs (each generation ends at its next step) and answer them 503."""
+        for running in list(self.active):
             running.cancel()
             running.fail("the server stopped before this request finished", status=503)
 
     def stop(self, timeout: float) -> None:
-        """:meth:`close`, cancel the running job (its generation ends at its next step), and wait up to ``timeout``
+        """:meth:`close`, cancel the running jobs (each generation ends at its next step), and wait up to ``timeout``
         seconds for the thread to end."""
         self.close()
-        running = self.running
-        if running is not None:
+        for running in list(self.active):
             running.cancel()
         self.thread.join(timeout)
 
@@ -162,8 +187,9 @@ class Worker:
                 if self.closing:
                     return None
                 if self._queued:
-                    self.running = self._queued.popleft()
-                    return self.running
+                    job = self._queued.popleft()
+                    self.active = [job]
+                    return job
                 self._ready.wait()
 
     def _loop(self) -> None:
@@ -171,9 +197,41 @@ class Worker:
             try:
                 self._run_job(job)
             except Exception as err:  # a request must fail alone, never the worker
-                job.fail(f"generation failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+                job.fail(f"generation failed: {_first_line(err)}")
             finally:
-                self.running = None
+                self.active = []
+
+    def _take(self, free: int, wait: bool) -> list[Job] | None:
+        """Up to ``free`` queued jobs whose clients are still there, waiting for one when ``wait`` (the batch is
+        empty); None once the worker is closing and ``wait``: nothing is left to decode."""
+        with self._ready:
+            while True:
+                self._drop_left()
+                if self.closing:
+                    return None if wait else []
+                if self._queued or not wait:
+                    return [self._queued.popleft() for _ in range(min(free, len(self._queued)))]
+                self._ready.wait()
+
+    def _batch_loop(self) -> None:
+        """Continuous batching: between steps, queued jobs join while the batch has room; each step advances every
+        job in it; a job leaves when it ends or its client left. Closing admits no one, and the batch decodes on
+        until its jobs end (a stop's drain cuts them after its deadline)."""
+        batch = self._batch
+        while (jobs := self._take(batch.size - len(self.active), wait=not self.active)) is not None:
+            self.active = self.active + [job for job in jobs if batch.admit(job)]
+            if not self.active:
+                continue
+            try:
+                ended = batch.step()
+            except Exception as err:  # one step serves every job in it: they fail together, never the worker
+                batch.fail_all(f"generation failed: {_first_line(err)}")
+                ended = list(self.active)
+            self.active = [job for job in self.active if job not in ended]
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 def new_seed() -> int:

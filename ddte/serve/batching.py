@@ -1,0 +1,79 @@
+"""Continuous batching for ``ddte serve --max-batch N``: the worker's jobs decoded together on one
+``decode.batch.BatchDecoder`` (opened by decode/session.py with ``batch=True``).
+
+Each job joins the batch with its own prompt, sampling settings, seed, verifier and policy, so it stays exactly the
+target's law at its own settings whatever else is in the batch (tests/decode/exact/test_batch.py). After each step
+every job hears its tokens through the same ``Job.on_step`` the one-request path streams with; a job leaves the batch
+when it ends (EOS, its budget), when a stop string appears, or when its client left (checked before each step).
+"""
+
+from __future__ import annotations
+
+from ddte.serve.metrics import ServerMetrics
+from ddte.serve.outcome import answer, empty_stats, record
+from ddte.serve.worker import Job, new_seed
+
+
+class BatchRunner:
+    """The jobs in the running batch of ``served.decoder`` (a ``BatchDecoder``), at most ``size``; the worker's
+    :class:`~ddte.serve.worker.Batch`."""
+
+    def __init__(self, served, metrics: ServerMetrics, size: int) -> None:
+        if size < 2:
+            raise ValueError(f"a batch holds at least 2 requests, got {size}")
+        self.served, self.metrics, self.size = served, metrics, size
+        self._ids: dict[Job, tuple[int, int]] = {}  # job -> (its id in the decoder, its seed)
+
+    def admit(self, job: Job) -> bool:
+        """Start ``job`` in the batch (its prompt runs through both models now); False when it failed, answered."""
+        from decode.batch import Job as BatchJob
+        from decode.drafting.rng import TorchRandom
+
+        request, served = job.request, self.served
+        seed = request.seed if request.seed is not None else new_seed()
+        self.metrics.started()
+        try:
+            rid = served.decoder.join(BatchJob(request.prompt_ids, request.max_tokens, served.policy,
+                                               TorchRandom(seed), request.sampling, served.verifier))
+        except Exception as err:  # this request fails alone; the batch is as it was
+            record(self.metrics, job, empty_stats())
+            job.fail(f"generation failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+            return False
+        self._ids[job] = (rid, seed)
+        return True
+
+    def step(self) -> list[Job]:
+        """Jobs whose clients left leave; one step of the rest; the jobs that ended (each answered, or cancelled)."""
+        decoder = self.served.decoder
+        ended = [self._end(job, decoder.leave(self._ids[job][0])) for job in list(self._ids)
+                 if job.cancelled.is_set()]
+        if not self._ids:
+            return ended
+        reports = decoder.step()
+        self.metrics.batch_step(len(reports), decoder.pass_tokens)
+        jobs = {rid: job for job, (rid, _) in self._ids.items()}
+        for rid, report in reports.items():
+            job = jobs[rid]
+            go_on = job.on_step(report.tokens)
+            if report.finished is not None:
+                ended.append(self._end(job, report.finished))
+            elif not go_on:  # a stop string, or the client left
+                ended.append(self._end(job, decoder.leave(rid)))
+        return ended
+
+    def fail_all(self, message: str) -> None:
+        """A step raised: every job leaves and is answered ``message`` (500)."""
+        for job, (rid, _) in list(self._ids.items()):
+            del self._ids[job]
+            try:
+                stats = self.served.decoder.leave(rid).stats
+            except Exception:  # the step broke off halfway: its caches drop the request as they can
+                stats = empty_stats()
+            record(self.metrics, job, stats)
+            job.fail(message)
+
+    def _end(self, job: Job, generation) -> Job:
+        _, seed = self._ids.pop(job)
+        record(self.metrics, job, generation.stats)
+        answer(job, generation, self.served.method, seed)
+        return job
