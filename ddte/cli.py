@@ -44,6 +44,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                  "ONNX"),
     "pipeline": ("ddte.commands.pipeline", "the main job: collect -> train -> export -> bench, and what to deploy"),
     "serve": ("ddte.commands.serve", "serve the pair and its policy behind an OpenAI-compatible HTTP API"),
+    "bench-serve": ("ddte.commands.bench_serve", "ddte serve under concurrent openai clients: tokens/s, TPOT and TTFT, "
+                    "with and without batching"),
 }
 
 

@@ -24,12 +24,17 @@ from pathlib import Path
 
 import torch
 
-from ddte.serve.load import free_port
-
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = "def add(a, b):\n"
 MODEL = "tiny"
 SERVER_THREAD = "uvicorn-under-test"  # the event loop's thread in running()
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback address."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def make_pairs(folder: Path) -> dict[str, Path]:
