@@ -40,6 +40,7 @@ def test_serve_cases(tmp_path, cases):
     (["--verifier", "traversal"], "goes with --policy-file"),
     (["--port", "70000"], "--port"),
     (["--max-queue", "0"], "--max-queue"),
+    (["--max-batch", "0"], "--max-batch"),
     (["--host", "203.0.113.7"], "cannot listen"),
 ])
 def test_bad_flags_are_one_line_before_any_model_loads(argv, words, capsys):
