@@ -11,8 +11,9 @@ settings, and a request with a seed gives what `ddte generate --seed` gives.
 One pair is loaded. By default requests run one at a time, in arrival order (--max-batch 1: the single loop); with
 --max-batch N up to N decode together in one batch (continuous batching: a request joins the running batch between
 steps as a slot frees, and leaves when done or cancelled; one target pass per step over every request's tree), each
-still exactly the target's law at its own settings, a seeded one giving the same tokens as alone. At most --max-queue
-wait beyond the batch, and one more gets 429 at once. A body over --max-body-kib gets 413; a bad one
+still exactly the target's law at its own settings (a seeded one gives the same tokens as alone, except where a draw
+falls within float rounding of a boundary: its rows are summed in another order). At most --max-queue wait beyond
+the batch, and one more gets 429 at once. A body over --max-body-kib gets 413; a bad one
 400, with an OpenAI error object. A client that disconnects ends its generation at the next step. Ctrl-C or SIGTERM
 stops accepting, answers the queued requests 503 at once, lets the running request finish (for at most 30 s, then
 cuts it), and exits 0. Built on FastAPI and uvicorn; it listens on 127.0.0.1 unless --host says otherwise, and prints
