@@ -30,7 +30,9 @@ within rounding of a boundary; its law is the same either way.
 Policies: any that reads no root features (static trees, the adaptive schedule, the per-node entropy stop and
 expanders on the draft's own state, which run inside the shared drafting rule); a policy that reads root features (a
 selector) is refused at join, as is a steered pair. ``ddte serve --max-batch N`` schedules requests onto a
-decoder opened by decode/session.py (``batch=True``); a token budget shared across requests is not here.
+decoder opened by decode/session.py (``batch=True``). A policy that ``shares_budget`` (``VERIFIER@shared``) has its
+chain decided together with the other such requests' each step, from what each knew before it
+(:func:`decode.policies.budget.batch_actions`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from decode.models.loading import check_same_vocab
 from decode.models.shared_cache import Block, BlockOutput, SharedCache
 from decode.models.slots import block_parents
 from decode.policies.base import Policy, RootState, StepOutcome
+from decode.policies.budget import batch_actions
 from decode.stats import GenerationStats
 from decode.verifiers.base import UnsupportedTreeError, Verifier, VerifyResult
 
@@ -175,7 +178,7 @@ class BatchDecoder:
         clock = _Clock([r.stats for r in live.values()])
         q_roots = self._draft_roots(live)
         clock.lap("draft")
-        actions = {rid: self._choose(r, q_roots[rid]) for rid, r in live.items()}
+        actions = self._choose_all(live, q_roots)
         clock.lap("policy")
         drafted = self._draft_trees(live, q_roots, actions)
         self._check_trees(live, drafted)
@@ -203,13 +206,28 @@ class BatchDecoder:
                 r.stats.draft_calls += 1
         return {rid: distributions(r.draft_root_logits, r.job.sampling) for rid, r in live.items()}
 
+    def _choose_all(self, live: dict[int, _Live], q_roots: dict[int, torch.Tensor]) -> dict[int, Action]:
+        """Every request's action: each policy's own, except those that share the budget, decided together beside
+        the others' trees (decode/policies/budget.py); each refused before any tree is drafted when its verifier is
+        not lossless on it (the batch is then as it was)."""
+        shared = [rid for rid, r in live.items() if r.policy.shares_budget]
+        actions = {rid: self._choose(r, q_roots[rid]) for rid, r in live.items() if rid not in shared}
+        if shared:
+            chains = batch_actions([live[rid].policy for rid in shared], [self._room(live[rid]) for rid in shared],
+                                   [r.context_length for r in live.values()], list(actions.values()))
+            actions.update(zip(shared, chains, strict=True))
+        for rid, r in live.items():
+            r.job.verifier.check_action(actions[rid])
+        return {rid: actions[rid] for rid in live}
+
+    def _room(self, r: _Live) -> int:
+        """The deepest tree that fits the request's context window and its token budget."""
+        return min(self.context_limit - r.context_length - 1, r.budget - 1)
+
     def _choose(self, r: _Live, q_root: torch.Tensor) -> Action:
-        """The request's action from its root, as the single loop clips it; refused before any tree is drafted when
-        its verifier is not lossless on it (the batch is then as it was)."""
-        room = min(self.context_limit - r.context_length - 1, r.budget - 1)
-        action = r.policy.choose(RootState(r.context_length, q_root, room, r.job.sampling)).clipped(max(room, 0))
-        r.job.verifier.check_action(action)
-        return action
+        """The request's action from its root, as the single loop clips it."""
+        room = self._room(r)
+        return r.policy.choose(RootState(r.context_length, q_root, room, r.job.sampling)).clipped(max(room, 0))
 
     def _draft_trees(self, live: dict[int, _Live], q_roots: dict[int, torch.Tensor],
                      actions: dict[int, Action]) -> dict[int, DraftedTree]:

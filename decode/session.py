@@ -19,7 +19,8 @@ models itself (collect, dense-labels, bench-signals, pair-card) with :func:`open
    ``loop_table``); the decoder never measures one itself;
 7. ``build``: each policy built on that table, one decoder per verifier and draft; with ``batch=True`` one
    :class:`~decode.batch.BatchDecoder` per draft instead (each request brings its verifier; a policy that reads root
-   features is refused at step 3 then, since a batch computes none).
+   features is refused at step 3 then, since a batch computes none). ``VERIFIER@shared`` is built on the step-6
+   table and, in a batch, decides every sharing request's chain together (decode/policies/budget.py).
 
 Libraries never print. What a shell prints comes back as :attr:`Session.lines`; :class:`Hooks` lets the shell hear
 a line before a long measurement (``announce``) and each result line as its step ends (``report``, so the lines come

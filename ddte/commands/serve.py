@@ -63,7 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default=None, metavar="VERIFIER@SPEC",
                         help=f"how to decode, as in `ddte bench`: VERIFIER@K,L1,L2, VERIFIER@selector=FILE, "
                         f"VERIFIER@expander=FILE, VERIFIER@adaptive ... (default: {DEFAULT_METHOD}, or the policy "
-                        "file's verifier)")
+                        "file's verifier). VERIFIER@shared[:max-draft=D]: with --max-batch above 1, one draft budget "
+                        "shared across the batch: each step every request's chain length (0 to D, default 6) is "
+                        "decided together, a token admitted while the expected tokens it adds per ms beat the "
+                        "batch's on this machine's latency table, each request's acceptance estimated from its own "
+                        "earlier steps (so each stays the target's law); alone, the same rule over the one request. "
+                        "Measured no faster than the static chain yet (docs/results.md)")
     parser.add_argument("--policy-file", default=None, metavar="policy.json",
                         help="serve what `ddte pipeline` chose (its verifier, unless --verifier names another)")
     parser.add_argument("--verifier", default=None, help="with --policy-file: the verifier whose choices to serve")

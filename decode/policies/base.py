@@ -10,12 +10,14 @@ this step.
 A runner declares what it needs from the decoder on its class, so no caller guesses or tests a name:
 ``needs_root_features`` (the root features of decode.policies.features, and with them the latency table),
 ``needs_draft_hidden`` (the draft's hidden state at the root and at each trunk node, nothing of the target's),
-``stateful`` (it keeps state across the steps of a generation) and ``decides_per_node`` (it also decides while the
+``stateful`` (it keeps state across the steps of a generation), ``decides_per_node`` (it also decides while the
 trunk is drafted: the action ``choose`` returns is the widest tree of the step, and ``halts`` may end its trunk early
-at any node, from the draft's own state there; decode/drafting/delayed.py). The decoder reads the capabilities of
-what ``start`` returned. The built-in policies (static, adaptive, entropy) hold nothing to load: each is its own
-source, and starts itself (a fresh copy where it keeps state). :data:`POLICIES` names them;
-decode/policies/deployment.py (``build_policy``) builds any policy source from its spec (decode/policies/spec.py).
+at any node, from the draft's own state there; decode/drafting/delayed.py) and ``shares_budget`` (a batch decides
+its tree together with the other requests' from what each knew before the step: decode/policies/budget.py). The
+decoder reads the capabilities of what ``start`` returned. The built-in policies (static, adaptive, entropy) hold
+nothing to load: each is its own source, and starts itself (a fresh copy where it keeps state). :data:`POLICIES`
+names them; decode/policies/deployment.py (``build_policy``) builds any policy source from its spec
+(decode/policies/spec.py).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Policy:
     needs_draft_hidden: bool = False
     stateful: bool = False
     decides_per_node: bool = False
+    shares_budget: bool = False  # a batch decides its tree with the others' (decode/policies/budget.py)
 
     def choose(self, root: RootState) -> Action:
         raise NotImplementedError

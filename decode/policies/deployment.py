@@ -283,8 +283,9 @@ class LoadedPolicy:
 
 def needs_latency(spec: PolicySpec) -> bool:
     """Whether the policy of ``spec`` reads the running machine's latency table: a selector, expander or policy
-    file, whose static fallbacks and guards that table picks (decode/policies/guard.py)."""
-    return spec.reads_file
+    file, whose static fallbacks and guards that table picks (decode/policies/guard.py); the shared budget, which
+    prices every step on it (decode/policies/budget.py)."""
+    return spec.reads_file or spec.kind == "shared"
 
 
 def reads_root_features(loaded: LoadedPolicy) -> bool:
@@ -333,6 +334,9 @@ def build_policy(spec: PolicySpec | LoadedPolicy, pair, verifier: str, latency: 
     loaded = spec if isinstance(spec, LoadedPolicy) else load_policy_spec(spec, pair, verifier)
     if loaded.verifier != get_verifier(verifier).name:
         raise ValueError(f"the policy was checked for verifier '{loaded.verifier}', not '{verifier}'")
+    if latency is None and loaded.spec.kind == "shared":
+        raise ValueError("the shared budget prices each step on a latency table: --latency machine or a table "
+                         "file, not fitted")
     if latency is None or not needs_latency(loaded.spec):
         return loaded.checked
     if loaded.deployment is not None:
@@ -354,6 +358,10 @@ def _policy_of(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | No
         return StaticPolicy(spec.action)
     if spec.kind == "adaptive":
         return AdaptiveLengthPolicy(initial=min(4, spec.max_draft), maximum=spec.max_draft)
+    if spec.kind == "shared":
+        from decode.policies.budget import SharedBudgetSource
+
+        return SharedBudgetSource(latency, spec.max_draft)  # without a table only checked: build_policy needs one
     return EntropyStopPolicy(max_length=spec.max_draft, threshold=spec.entropy_threshold)
 
 

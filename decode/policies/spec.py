@@ -8,6 +8,8 @@ flags amount to:
 * ``adaptive`` or ``adaptive:max-draft=N``: HF assisted generation's +2/-1 schedule, up to N tokens (default 8);
 * ``entropy`` or ``entropy:threshold=H,max-draft=N``: a single path of up to N tokens that stops where the draft's
   entropy exceeds H nats (defaults 2 and 8);
+* ``shared`` or ``shared:max-draft=N``: chains of up to N tokens (default 6) whose lengths a batch decides together,
+  on the machine's latency table (decode/policies/budget.py; alone, over the one request);
 * ``selector=FILE``, ``expander=FILE``, ``policy=FILE``: a trained selector, a fitted expander or the policy file
   ``ddte pipeline`` writes.
 
@@ -23,14 +25,16 @@ from dataclasses import dataclass
 
 from decode.drafting.actions import Action, check_in_grid
 
-NAMED_KINDS = ("adaptive", "entropy")
+NAMED_KINDS = ("adaptive", "entropy", "shared")
 FILE_KINDS = ("selector", "expander", "policy")  # SPEC = KIND=FILE
 SPEC_KINDS = ("static", *NAMED_KINDS, *FILE_KINDS)
 DEFAULT_MAX_DRAFT = 8
+DEFAULT_SHARED_MAX_DRAFT = 6  # decode/policies/budget.py DEFAULT_MAX_DRAFT (that module loads the latency model)
 DEFAULT_ENTROPY_THRESHOLD = 2.0
-OPTIONS = {"adaptive": ("max-draft",), "entropy": ("threshold", "max-draft")}  # in canonical order
-SPEC_FORMS = "K,L1,L2, adaptive[:max-draft=N], entropy[:threshold=H,max-draft=N], selector=FILE, expander=FILE " \
-             "or policy=FILE"
+OPTIONS = {"adaptive": ("max-draft",), "entropy": ("threshold", "max-draft"),
+           "shared": ("max-draft",)}  # in canonical order
+SPEC_FORMS = "K,L1,L2, adaptive[:max-draft=N], entropy[:threshold=H,max-draft=N], shared[:max-draft=N], " \
+             "selector=FILE, expander=FILE or policy=FILE"
 
 
 def check_max_draft(value: int, name: str = "max-draft") -> None:
@@ -55,8 +59,8 @@ def check_entropy_threshold(value: float, name: str = "threshold") -> None:
 @dataclass(frozen=True)
 class PolicySpec:
     """One policy, typed. ``kind``: one of :data:`SPEC_KINDS`; ``action``: the canonical tree (``static`` only);
-    ``path``: the file as given (the file kinds only); ``max_draft``: the longest draft (``adaptive``, ``entropy``);
-    ``entropy_threshold``: nats (``entropy`` only). Options a kind does not take are None."""
+    ``path``: the file as given (the file kinds only); ``max_draft``: the longest draft (``adaptive``, ``entropy``,
+    ``shared``); ``entropy_threshold``: nats (``entropy`` only). Options a kind does not take are None."""
 
     kind: str
     action: Action | None = None
@@ -93,6 +97,10 @@ class PolicySpec:
         return cls("entropy", max_draft=max_draft, entropy_threshold=threshold)
 
     @classmethod
+    def shared(cls, max_draft: int = DEFAULT_SHARED_MAX_DRAFT) -> PolicySpec:
+        return cls("shared", max_draft=max_draft)
+
+    @classmethod
     def file(cls, kind: str, path: str) -> PolicySpec:
         """``selector=FILE``, ``expander=FILE`` or ``policy=FILE``."""
         return cls(kind, path=str(path))
@@ -110,7 +118,7 @@ class PolicySpec:
         if self.path is not None:
             return f"{self.kind}={self.path}"
         values = {"threshold": self.entropy_threshold, "max-draft": self.max_draft}
-        defaults = {"threshold": DEFAULT_ENTROPY_THRESHOLD, "max-draft": DEFAULT_MAX_DRAFT}
+        defaults = {"threshold": DEFAULT_ENTROPY_THRESHOLD, "max-draft": _default_max_draft(self.kind)}
         options = [f"{name}={_shortest(values[name])}" for name in OPTIONS[self.kind] if values[name] != defaults[name]]
         return self.kind + (":" + ",".join(options) if options else "")
 
@@ -151,11 +159,17 @@ def _parse_named(name: str, options: str | None) -> PolicySpec:
         if key in values:
             raise ValueError(f"{name}: {key} is given twice")
         values[key] = value
-    max_draft = _number(values.get("max-draft", str(DEFAULT_MAX_DRAFT)), "max-draft", int)
+    max_draft = _number(values.get("max-draft", str(_default_max_draft(name))), "max-draft", int)
     threshold = _number(values.get("threshold", str(DEFAULT_ENTROPY_THRESHOLD)), "threshold", float)
     if name == "adaptive":
         return PolicySpec.adaptive(max_draft)
+    if name == "shared":
+        return PolicySpec.shared(max_draft)
     return PolicySpec.entropy(threshold, max_draft)
+
+
+def _default_max_draft(kind: str) -> int:
+    return DEFAULT_SHARED_MAX_DRAFT if kind == "shared" else DEFAULT_MAX_DRAFT
 
 
 def _shortest(value: float) -> str:

@@ -1,0 +1,134 @@
+"""A draft budget shared across a batch (``VERIFIER@shared``): each step every request's chain is decided together.
+
+Each request r keeps a survival estimate β_r: the chance that its next drafted token is accepted, given the ones
+before it were, from its OWN earlier steps only (discounted counts of accepted tokens over the drafted positions the
+verifier tested, with a prior). Its tree is a chain (1, L_r, 0). Every step starts at L_r = 0 for all and admits one
+token at a time, to the request whose next token adds the most expected tokens (β_r^(L_r + 1)), up to each request's
+cap (``max-draft``, its room in the context and its token budget); the lengths kept are those of the admission order's
+prefix with the most expected tokens per ms:
+
+    E = Σ_r (1 + Σ_{j ≤ L_r} β_r^j),
+    T = c(l) + t_q(l, R) + Σ_{j ≥ 1} t_q(l + j, n_j) + t_p(l, Σ_r (1 + L_r))
+
+on the machine's latency table (decode/policies/latency.py) at the batch's mean context length l: the draft pass over
+the R requests' pending tokens, one draft pass per level j over the n_j nodes the trees run there (a chain of L runs
+L − 1, its last token a leaf), and one target pass over every root and node. Along the admission order E/T first
+rises while a token earns more than the batch's current rate, so the best prefix is where the greedy rule "admit while
+(E + gain) / T(after) > E / T(before)" stops, except that it does not stop at one dear block size (a CPU pass of 3
+tokens may cost more than one of 4: decode/policies/latency.py ``every_size``).
+
+**Exactness.** The lengths read only what is known before the step's drafting: each request's earlier outcomes, the
+context lengths, the caps and the table; never this step's draft draws nor the target's outputs. So each step's tree
+is fixed before its tokens are drawn, as for any stateful policy, and every verifier keeps each request's target law
+(tests/decode/exact/test_batch_budget.py, by exact enumeration, with a budget that peeks at the draws as the negative
+control). A request alone (the single loop, a batch of one) runs the same rule over itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from decode.drafting.actions import Action
+from decode.policies.base import Policy, PolicySource, RootState, StepOutcome
+
+if TYPE_CHECKING:
+    from decode.drafting.sampling import SamplingConfig
+    from decode.policies.latency import LatencyTable
+
+DEFAULT_MAX_DRAFT = 6
+PRIOR_SURVIVAL = 0.7  # β before any step: the prior's mean ...
+PRIOR_TRIALS = 2.0  # ... worth this many tested positions
+DISCOUNT = 0.9  # earlier steps' counts shrink by this every step, so β follows the text and drifts back to the prior
+
+
+class SharedBudgetPolicy(Policy):
+    """One generation's runner: its survival estimate β (``survival``) and its cap; the batch decides its chain
+    together with the others' (:func:`batch_actions`), alone ``choose`` decides it over itself."""
+
+    name = "shared"
+    stateful = True
+    shares_budget = True
+
+    def __init__(self, table: LatencyTable, max_draft: int = DEFAULT_MAX_DRAFT) -> None:
+        self.table, self.max_draft = table, max_draft
+        self.accepted, self.tested = 0.0, 0.0  # discounted counts of this generation's earlier steps
+
+    @property
+    def survival(self) -> float:
+        """β: the posterior mean of a tested position's acceptance, prior included."""
+        return (PRIOR_SURVIVAL * PRIOR_TRIALS + self.accepted) / (PRIOR_TRIALS + self.tested)
+
+    def choose(self, root: RootState) -> Action:
+        length = shared_lengths([self.survival], [min(self.max_draft, root.max_depth)], root.context_length,
+                                self.table)[0]
+        return Action(1, length, 0)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Positions tested: the accepted ones and the first rejected one, if the chain had one left."""
+        drafted = outcome.action.l1
+        self.accepted = DISCOUNT * self.accepted + outcome.accepted
+        self.tested = DISCOUNT * self.tested + min(outcome.accepted + 1, drafted)
+
+
+class SharedBudgetSource(PolicySource):
+    """``shared[:max-draft=N]`` on the running machine's latency table; starts a fresh estimate per generation."""
+
+    name = "shared"
+
+    def __init__(self, table: LatencyTable, max_draft: int = DEFAULT_MAX_DRAFT) -> None:
+        self.table, self.max_draft = table, max_draft
+
+    def start(self, sampling: SamplingConfig) -> SharedBudgetPolicy:
+        return SharedBudgetPolicy(self.table, self.max_draft)
+
+    def describe(self, sampling: SamplingConfig) -> str:
+        return f"shared budget (chains of up to {self.max_draft} tokens, decided across the batch)"
+
+
+def batch_actions(policies: Sequence[SharedBudgetPolicy], rooms: Sequence[int], context_lengths: Sequence[int],
+                  fixed: Sequence[Action] = ()) -> list[Action]:
+    """The chains of one batch step: ``policies[i]`` with ``rooms[i]`` tokens of room gets ``result[i]``.
+
+    ``context_lengths``: every live request's (the sharing ones and the others), whose mean the table is read at;
+    ``fixed``: the trees the other requests' own policies chose, whose nodes the step's passes run too. The first
+    policy's table prices the step (one source serves a batch)."""
+    caps = [max(0, min(policy.max_draft, room)) for policy, room in zip(policies, rooms, strict=True)]
+    length = sum(context_lengths) / len(context_lengths)
+    lengths = shared_lengths([policy.survival for policy in policies], caps, length, policies[0].table, fixed)
+    return [Action(1, n, 0) for n in lengths]
+
+
+def shared_lengths(survival: Sequence[float], caps: Sequence[int], length: float, table: LatencyTable,
+                   fixed: Sequence[Action] = ()) -> list[int]:
+    """``(R,)`` chain lengths: the best prefix of the greedy admission order (module docstring), ``survival`` β_r and
+    ``caps`` per request, the table read at context ``length``; ``fixed``: other requests' trees, priced only."""
+    lengths = [0] * len(survival)
+    best, best_rate = list(lengths), _rate(survival, lengths, length, table, fixed)
+    while True:
+        open_ = [r for r in range(len(lengths)) if lengths[r] < caps[r]]
+        if not open_:
+            return best
+        r = max(open_, key=lambda i: survival[i] ** (lengths[i] + 1))
+        lengths[r] += 1
+        rate = _rate(survival, lengths, length, table, fixed)
+        if rate > best_rate:
+            best, best_rate = list(lengths), rate
+
+
+def _rate(survival: Sequence[float], lengths: Sequence[int], length: float, table: LatencyTable,
+          fixed: Sequence[Action]) -> float:
+    """E / T of one step with these chains (module docstring); the fixed trees add their time, not their tokens."""
+    expected = sum(1 + sum(beta ** j for j in range(1, n + 1)) for beta, n in zip(survival, lengths, strict=True))
+    return expected / step_ms(lengths, length, table, fixed)
+
+
+def step_ms(lengths: Sequence[int], length: float, table: LatencyTable, fixed: Sequence[Action] = ()) -> float:
+    """T of one batch step in ms: chains of ``lengths`` beside the trees ``fixed``, at context ``length``."""
+    widths = [[1] * n for n in lengths] + [[1] * a.l1 + [a.k] * a.l2 for a in fixed]
+    runs = [w[:-1] for w in widths]  # the draft runs every level but the last (leaves)
+    levels = max((len(w) for w in runs), default=0)
+    drafting = sum(table.draft(length + j + 1, sum(w[j] for w in runs if len(w) > j)) for j in range(levels))
+    tokens = sum(1 + sum(w) for w in widths)
+    roots = len(widths)
+    return table.step_extra(length) + table.draft(length, roots) + drafting + table.target(length, tokens)
