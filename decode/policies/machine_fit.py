@@ -159,9 +159,10 @@ def refit(fit_set: FitSet, table: LatencyTable, min_gain: float, signals: tuple[
 def cross_fitted_ratios(data: MachineEpisodes, signals: dict[str, np.ndarray], l_max: int, k_max: int,
                         folds: int) -> dict[str, float]:
     """Per signal ``(N, s, D)``: the stream throughput of its best rule, fitted on the other folds of prompts and
-    scored on each, over the static tree chosen the same way."""
+    scored on each, over the static tree chosen the same way (the folds of the export's offline figures).
+    ``data``: any episode set with prompts and ``take`` (selector's ``EpisodeData`` too)."""
     index = ActionIndex(data.actions)
-    groups = folds_by_prompt(data.prompts, folds, seed=1)
+    groups = folds_by_prompt(data.prompts, folds)
     if len(groups) < 2:
         return {}
     static_time, times = 0.0, dict.fromkeys(signals, 0.0)

@@ -17,10 +17,10 @@ import numpy as np
 
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
+from decode.policies.machine_fit import cross_fitted_ratios
 from decode.policies.throughput import time_per_token
 from selector.expander.expansion_fit import (
     EpisodeData,
-    Rule,
     _Index,
     best_rule,
     candidate_rules,
@@ -30,7 +30,6 @@ from selector.expander.expansion_fit import (
     out_of_fold_beta,
     predict_beta,
     rule_terms,
-    rule_throughput,
     static_best,
 )
 
@@ -133,26 +132,10 @@ def _add_groups(by_group: dict, groups: np.ndarray | None, name: str, terms: np.
 def signal_ratios(data: EpisodeData, signals: dict[str, np.ndarray], l_max: int, k_max: int,
                   folds: int = 5) -> dict[str, float]:
     """Cross-fitted ratio to the best static action of the best threshold rule on each node signal ``(N, s, D)``
-    (higher: the draft is surer), fitted and scored as in :func:`evaluate_expansion`: a signal computed elsewhere
-    (bench/node_signals.py recomputes laws from the stored hidden states) is compared on the same footing."""
-    index = _Index(data.actions)
-    totals: dict[str, list[float]] = {}
-    for test_rows in folds_by_prompt(data.prompts, folds):
-        train_rows = np.setdiff1d(np.arange(len(data.be)), test_rows)
-        train, test = data.take(train_rows), data.take(test_rows)
-        _add(totals, "static", _static_sums(test, static_best(train)))
-        for name, values in signals.items():
-            _add(totals, name, _fold_rule(train, test, values[train_rows], values[test_rows], l_max, k_max, index)[1])
-    static_tp = totals["static"][0] / totals["static"][1]
-    return {name: (roots / time) / static_tp for name, (roots, time) in totals.items() if name != "static"}
-
-
-def _fold_rule(train: EpisodeData, test: EpisodeData, fit_on: np.ndarray, score_on: np.ndarray, l_max: int,
-               k_max: int, index: _Index) -> tuple[Rule, tuple[float, float]]:
-    """The best rule on ``train``'s signal ``fit_on`` and its sums (:func:`episode_sums`) on ``test``'s
-    ``score_on``."""
-    rule = best_rule(train, fit_on, candidate_rules(fit_on, l_max, k_max), index)
-    return rule, rule_throughput(test, score_on, rule, index)
+    (higher: the draft is surer), fitted and scored as in :func:`evaluate_expansion` and as a decoder's refit does
+    (decode/policies/machine_fit.py ``cross_fitted_ratios``): a signal computed elsewhere (bench/node_signals.py
+    recomputes laws from the stored hidden states) is compared on the same footing."""
+    return cross_fitted_ratios(data, signals, l_max, k_max, folds)
 
 
 def _add(totals: dict, name: str, sums: tuple[float, float]) -> None:

@@ -90,12 +90,6 @@ class EpisodeData:
         return {name: SIGNALS[name].offline(arrays) for name in signal_names(arrays)}
 
 
-def rule_throughput(data: EpisodeData, signal: np.ndarray, rule: Rule, index: _Index) -> tuple[float, float]:
-    """(roots, Σ ms per token) of a rule over every episode (:func:`episode_sums`)."""
-    terms, _ = rule_terms(data, signal, rule, index)
-    return float(len(terms)), float(terms.sum())
-
-
 def static_profile(data: EpisodeData) -> StaticProfile:
     """The machine-free profile of every static action on ``data`` (decode/policies/guard.py): Ê averaged over each
     root's trees, then over the roots (harmonically: tokens per step)."""

@@ -10,14 +10,13 @@ import pytest
 
 from decode.drafting.actions import action_grid
 from decode.policies.halting import halting_depth
-from decode.policies.rule_fit import rule_step_ms
+from decode.policies.rule_fit import rule_step_ms, rule_terms
 from selector.expander.expansion import evaluate_expansion
 from selector.expander.expansion_fit import (
     EpisodeData,
     Rule,
     _Index,
     best_rule,
-    rule_throughput,
 )
 
 L_MAX, K_MAX, TREES = 3, 2, 2
@@ -96,9 +95,9 @@ def test_a_chain_stopped_below_its_cap_pays_the_pass_that_looked_at_its_last_nod
         tree = index(rule.k, int(depth[0, 0]), rule.l2 if rule.k > 1 else 0)
         np.testing.assert_allclose(rule_step_ms(data, rule, depth, np.full(depth.shape, tree)),
                                    data.step[:, [tree] * TREES] + extra)
-        roots, time = rule_throughput(data, signal, rule, index)
+        terms, _ = rule_terms(data, signal, rule, index)  # each root's ms per token
         be = data.be[:, :, tree].mean(axis=1)
-        assert time == pytest.approx(float(((data.step[:, tree] + extra) / be).sum())) and roots == 8
+        assert float(terms.sum()) == pytest.approx(float(((data.step[:, tree] + extra) / be).sum())) and len(terms) == 8
 
 
 def test_the_loop_runs_the_extra_pass_the_offline_charge_counts(tiny_pair):
