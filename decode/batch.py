@@ -49,7 +49,7 @@ from decode.drafting.delayed import DraftedTree, TreeDrafting, TrunkNode, delaye
 from decode.drafting.rng import RandomSource
 from decode.drafting.sampling import SamplingConfig, distributions
 from decode.drafting.tree import ROOT, Regime
-from decode.engine import Generation
+from decode.engine import Generation, check_request, cut_at_eos
 from decode.models.cached_lm import CachedLM
 from decode.models.loading import check_same_vocab
 from decode.models.shared_cache import Block, BlockOutput, SharedCache
@@ -137,7 +137,7 @@ class BatchDecoder:
     def join(self, job: Job) -> int:
         """Add a request between steps: its prompt runs through both models now (the target all but its last
         token, which is its first root; the draft the whole prompt). Returns its id."""
-        self._check(job)
+        check_request(job.prompt_ids, job.max_new_tokens, self.vocab, self.context_limit)
         policy = job.policy.start(job.sampling)
         if policy.needs_root_features:
             raise ValueError(f"the policy '{policy.name}' reads root features, which a batch does not compute")
@@ -312,10 +312,7 @@ class BatchDecoder:
                     seconds: float) -> StepReport:
         """Cut the step's tokens at EOS or the budget, record them, tell the policy; end the request if done."""
         context_length = r.context_length
-        kept = list(result.emitted)[: r.budget]
-        hit_eos = self.eos_token_id is not None and self.eos_token_id in kept
-        if hit_eos:
-            kept = kept[: kept.index(self.eos_token_id) + 1]
+        kept, hit_eos = cut_at_eos(list(result.emitted), r.budget, self.eos_token_id)
         r.tokens.extend(kept)
         if r.policy.decides_per_node and drafted.trunk_depth is not None and drafted.trunk_depth < action.l1:
             depth = drafted.trunk_depth  # the trunk halted early: record the tree drafted, as the single loop does
@@ -333,19 +330,6 @@ class BatchDecoder:
         r.stats.wall_seconds = time.perf_counter() - r.started
         r.stats.network_seconds.extend(r.policy.network_seconds())
         return Generation(r.tokens, r.stats, stopped_by)
-
-    def _check(self, job: Job) -> None:
-        prompt, budget = job.prompt_ids, job.max_new_tokens
-        if len(prompt) == 0:
-            raise ValueError("the prompt is empty")
-        if budget < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {budget}")
-        bad = [t for t in prompt if not 0 <= int(t) < self.vocab]
-        if bad:
-            raise ValueError(f"prompt token ids out of range [0, {self.vocab}): {bad[:5]}")
-        if len(prompt) + budget > self.context_limit:
-            raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({budget}) exceeds the models' context "
-                             f"window ({self.context_limit} positions)")
 
 
 def _halting(r: _Live) -> Callable[[TrunkNode], bool] | None:

@@ -132,7 +132,7 @@ class SpeculativeDecoder:
         client gone). Whether to go on may depend on the tokens emitted so far only, which is what keeps a stop
         rule exact (tests/decode/exact/test_on_step.py).
         """
-        self._check_request(prompt_ids, max_new_tokens)
+        check_request(prompt_ids, max_new_tokens, self.vocab, self.context_limit)
         request = Request.start(policy, rng, sampling)
         if request.features and self.latency is None:
             raise ValueError(f"the policy '{request.policy.name}' reads root features, which need the decoder's "
@@ -213,7 +213,7 @@ class SpeculativeDecoder:
         self._commit(request, drafted, result)
         if request.features:
             _remember_previous(request, drafted, result, p, target_hidden, q_root)
-        kept, hit_eos = self._cut(list(result.emitted), budget)
+        kept, hit_eos = cut_at_eos(list(result.emitted), budget, self.eos_token_id)
         stats.record_step(str(action), drafted.tree.max_depth, result.accepted, len(kept))
         clock.lap("other")
         step_seconds = clock.last - started
@@ -295,26 +295,6 @@ class SpeculativeDecoder:
             context_length, request.sampling, self.latency.pass_times,
         )
 
-    def _cut(self, emitted: list[int], budget: int) -> tuple[list[int], bool]:
-        kept = emitted[:budget]
-        if self.eos_token_id is not None and self.eos_token_id in kept:
-            return kept[: kept.index(self.eos_token_id) + 1], True
-        return kept, False
-
-    def _check_request(self, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
-        if len(prompt_ids) == 0:
-            raise ValueError("the prompt is empty")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        bad = [t for t in prompt_ids if not 0 <= int(t) < self.vocab]
-        if bad:
-            raise ValueError(f"prompt token ids out of range [0, {self.vocab}): {bad[:5]}")
-        if len(prompt_ids) + max_new_tokens > self.context_limit:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the models' "
-                f"context window ({self.context_limit} positions)"
-            )
-
 
 def prefill_to_root(draft: CachedLM, prompt_ids: Sequence[int], output_hidden: bool = False):
     """Run a prompt through the draft as the decoding loop does: all but its last token as one prefill, then the last
@@ -382,3 +362,26 @@ class _Clock:
         """Count ``seconds`` already lapped in ``source`` as ``to``'s."""
         self.stats.seconds[source] -= seconds
         self.stats.seconds[to] += seconds
+
+
+def cut_at_eos(emitted: list[int], budget: int, eos_token_id: int | None) -> tuple[list[int], bool]:
+    """(the first ``budget`` of a step's ``emitted`` tokens, cut after EOS if it is among them; whether it was)."""
+    kept = emitted[:budget]
+    if eos_token_id is not None and eos_token_id in kept:
+        return kept[: kept.index(eos_token_id) + 1], True
+    return kept, False
+
+
+def check_request(prompt_ids: Sequence[int], max_new_tokens: int, vocab: int, context_limit: int) -> None:
+    """ValueError, in one line, for a request no decoder can serve: an empty prompt, no tokens asked, an id outside
+    the vocabulary, or more positions than the models' context window."""
+    if len(prompt_ids) == 0:
+        raise ValueError("the prompt is empty")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    bad = [t for t in prompt_ids if not 0 <= int(t) < vocab]
+    if bad:
+        raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
+    if len(prompt_ids) + max_new_tokens > context_limit:
+        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the models' "
+                         f"context window ({context_limit} positions)")
