@@ -19,6 +19,29 @@ state after the prompt and the continuation's first j tokens) a row holds:
   verifier's randomness summed out exactly, as the tree collection's labels are), the K draws being the first K of
   ``k_max`` drawn from q_j with the row's seed. NaN where a verifier does not take such a tree.
 
+* the realized labels of the token the continuation drew there, x_j (schema 2): ``token_q`` = q_j(x_j) and
+  ``token_p`` = p_j(x_j) under the row's sampling (temperature, top-p), and ``realized`` = min(1, p_j(x_j)/q_j(x_j)),
+  the chance the chain's verifier accepts x_j drafted from q_j, given x_j. Its mean over the draw is β, so it is a
+  noisier label of the same quantity for a model that does not read x_j; its running product from a root is the
+  trunk's realized survival. NaN for a continuation drawn from the target (``source="target"``): no draft drew x_j;
+* the draw signals the signal registry reads at the node (decode/policies/signals.py; schema 2): ``draw_q``,
+  ``draw_rank``, ``draw_top`` of the trunk token drawn before it (x_{j-1} under q_{j-1}, as
+  decode/drafting/delayed.py ``draw_of`` gives it in the loop), and 1, 0, 1 at depth 0, where the loop's trunk has
+  drawn nothing yet.
+
+**Each verifier's realized acceptance of x_j**, as a one-token draft (the verifier's exact acceptance given the draw,
+:func:`node_acceptance` on the chain ``[x_j]``), is one of two columns (:func:`realized_column`), never a copy:
+
+* ``realized`` for every verifier that verifies one drafted token by rejection sampling, min(1, p/q): the token-level
+  ones (naive, SpecInfer, SpecTr, RSD: on one draft each is the optimal coupling of q and p), and block verification,
+  Traversal and GBV, which on a block of one token are token verification;
+* ``token_p`` for NSS, which draws its own y ~ p and accepts when y = x_j: p(x_j).
+
+A verifier registered later without a known reduction gets its own column, ``realized_<name>``. On chains of two or
+more tokens block verification, Traversal and GBV accept a token with a chance that depends on the tokens drafted
+after it, so no per-token realized label of theirs exists; ``realized`` is the token-level verifiers' per-token
+acceptance along the chain.
+
 The same draws on the same node give the tree collection's label of action (K, 0, 1) minus one
 (``tests/data_gen/test_dense.py``).
 """
@@ -89,6 +112,61 @@ def node_acceptance(verifier: Verifier, draws: Sequence[int], p: torch.Tensor, q
     return verifier.expected_block_efficiency(tree, p_rows, q_rows) - 1.0
 
 
+# Verifiers whose acceptance of one drafted token x, given x, is min(1, p(x)/q(x)) (see the module docstring), and
+# those whose is p(x); tests/data_gen/test_dense.py checks both sets against node_acceptance for every verifier.
+ONE_DRAFT_MIN_RATIO = frozenset({"naive", "specinfer", "spectr", "rsd", "block", "traversal", "gbv"})
+ONE_DRAFT_TARGET_PROB = frozenset({"nss"})
+REALIZED_COLUMNS = ("token_q", "token_p", "realized")
+DRAW_COLUMNS = ("draw_q", "draw_rank", "draw_top")
+
+
+def realized_column(verifier: str) -> str:
+    """The column holding ``verifier``'s realized acceptance of the drawn token as a one-token draft: ``realized``
+    (min(1, p/q)), ``token_p`` (p, NSS's), or ``realized_<name>`` for a verifier with neither reduction."""
+    if verifier in ONE_DRAFT_MIN_RATIO:
+        return "realized"
+    if verifier in ONE_DRAFT_TARGET_PROB:
+        return "token_p"
+    return f"realized_{verifier}"
+
+
+def own_realized_columns(verifiers: Sequence[Verifier]) -> list[str]:
+    """The per-verifier realized columns a data set of ``verifiers`` adds to :data:`REALIZED_COLUMNS`."""
+    return [c for c in dict.fromkeys(realized_column(v.name) for v in verifiers) if c not in REALIZED_COLUMNS]
+
+
+def realized_labels(p: torch.Tensor, q: torch.Tensor, token: int, verifiers: Sequence[Verifier],
+                    from_draft: bool = True) -> dict[str, float]:
+    """The realized labels of ``token`` drawn at a node (see the module docstring).
+
+    Args:
+        p, q: ``(V,)`` the target's and the draft's laws at the node, under the row's sampling.
+        token: the token drawn there.
+        from_draft: whether ``token`` was drawn from ``q``; otherwise the acceptance labels are NaN (no draft drew
+            it), and only ``token_q`` and ``token_p`` are facts.
+    """
+    q_x, p_x = float(q[token]), float(p[token])
+    labels = {"token_q": q_x, "token_p": p_x,
+              "realized": min(1.0, p_x / q_x) if from_draft else float("nan")}
+    for verifier in verifiers:
+        column = realized_column(verifier.name)
+        if column not in labels:
+            labels[column] = node_acceptance(verifier, [token], p, q) if from_draft else float("nan")
+    return labels
+
+
+def draw_signals(q_before: torch.Tensor | None, token_before: int | None) -> dict[str, float | int]:
+    """``draw_q``, ``draw_rank``, ``draw_top`` at a node: those of ``token_before`` under ``q_before`` ``(V,)`` (the
+    trunk's last draw and the law it was drawn from), or 1, 0, 1 at a root (both None), as the loop's
+    :class:`~decode.drafting.delayed.TrunkNode` shows them."""
+    from decode.drafting.delayed import draw_of
+
+    if q_before is None or token_before is None:
+        return {"draw_q": 1.0, "draw_rank": 0, "draw_top": 1.0}
+    draw = draw_of(q_before, token_before)
+    return {"draw_q": draw.q, "draw_rank": draw.rank, "draw_top": draw.top}
+
+
 def check_verifiers(verifiers: Sequence[Verifier]) -> None:
     """ValueError for a verifier that drafts other trees than i.i.d. draws (sampling without replacement): the
     draws here would not be its drafts, as the tree collection refuses it too."""
@@ -141,9 +219,13 @@ def prompt_nodes(target: CachedLM, draft: CachedLM, prompt_ids: Sequence[int], s
     for c, (tokens, qs, hidden, ps) in enumerate(runs):
         for j, (p, q, h) in enumerate(zip(ps, qs, hidden, strict=True)):
             draws = sample_categorical(q.unsqueeze(0).expand(spec.k_max, -1), generator)
-            rows.append({"continuation": c, "position": j, "depth": j % spec.depth_cycle,
+            depth = j % spec.depth_cycle
+            before = (qs[j - 1], tokens[j - 1]) if depth > 0 else (None, None)  # a root's trunk has drawn nothing
+            rows.append({"continuation": c, "position": j, "depth": depth,
                          "context_length": len(ids) + j, "token": tokens[j], "draft_hidden": h.float().tolist(),
-                         **draft_signals(q), **node_labels(p, q, draws, verifiers, spec.k_max)})
+                         **draft_signals(q), **node_labels(p, q, draws, verifiers, spec.k_max),
+                         **realized_labels(p, q, tokens[j], verifiers, spec.source == "draft"),
+                         **draw_signals(*before)})
     target.reset()
     draft.reset()
     return rows

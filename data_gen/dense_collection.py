@@ -21,14 +21,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from data_gen.dense import DenseSpec, acceptance_column, prompt_nodes
+from data_gen.dense import (
+    DRAW_COLUMNS,
+    REALIZED_COLUMNS,
+    DenseSpec,
+    acceptance_column,
+    own_realized_columns,
+    prompt_nodes,
+)
 from data_gen.store import Shards, link_json_once, shard_chunks, write_rows, write_text
 from decode.drafting.sampling import SamplingConfig
 from decode.verifiers import Verifier
 
 METADATA = "dense.json"
 SHARD = "dense-{:05d}.parquet"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the drawn token's realized labels and the draw signals (1: features, β and K-draw labels)
+READABLE_VERSIONS = (1, 2)  # a schema-1 set still trains on β; its rows have no realized labels and no draws
 SCALAR_COLUMNS = ("entropy", "top1", "top2", "beta")
 ACCEPT_TEXT = ("each verifier's exact probability of accepting one of K i.i.d. one-token drafts, given the K draws "
                "(the first K of {k_max} drawn from q with the row's seed); NaN where it takes no such tree")
@@ -123,6 +131,7 @@ def collect_dense(target, draft, prompts: Sequence[list[int]], categories: Seque
         return DenseSummary(0, 0, 0, time.perf_counter() - start, out)
     _enter_output(out, metadata)
     label_columns = [acceptance_column(v.name, k) for v in verifiers for k in range(1, spec.k_max + 1)]
+    label_columns += own_realized_columns(verifiers)
     nodes = written = skipped = 0
     shards = Shards(out, SHARD)
     for number in mine:
@@ -245,13 +254,15 @@ DENSE_COLUMNS = {"prompt_id": "string", "category": "string", "temperature": "fl
 
 
 def _write(rows: list[dict], path: Path, label_columns: list[str]) -> None:
-    write_rows(rows, {**DENSE_COLUMNS, **dict.fromkeys((*SCALAR_COLUMNS, *label_columns), "float32")}, path)
+    columns = dict.fromkeys((*SCALAR_COLUMNS, *REALIZED_COLUMNS, *DRAW_COLUMNS, *label_columns), "float32")
+    write_rows(rows, {**DENSE_COLUMNS, **columns, "draw_rank": "int32"}, path)
 
 
 def dataset_card(metadata: dict) -> str:
     """The data set's README: what a row is, its columns, and how it was made."""
     spec = metadata["spec"]
     accept = ", ".join(f"`accept_{v}_k1..{spec['k_max']}`" for v in metadata["verifiers"])
+    realized = _realized_card(metadata) if metadata["schema_version"] >= 2 else ""
     return f"""# Dense per-node acceptance labels
 
 One row per node: a position of a continuation of {spec['length']} tokens sampled from the {spec['source']}
@@ -272,6 +283,23 @@ Written by `data_gen/dense_collection.py` (ddte), schema version {metadata['sche
 | `entropy`, `top1`, `top2` | the draft's law q at the node: entropy (nats), two largest probabilities |
 | `beta` | 1 − TV(p, q) at the node: the probability one draft is accepted |
 | {accept} | {ACCEPT_TEXT.format(k_max=spec['k_max'])} |
-
+{realized}
 Pair fingerprint `{metadata['pair']}`; {metadata['kernels']}. Command: `{metadata['command']}`.
+"""
+
+
+def _realized_card(metadata: dict) -> str:
+    """The card's rows of the schema-2 columns: the drawn token's realized labels and the draw signals."""
+    from data_gen.dense import realized_column
+
+    by_column: dict[str, list[str]] = {}
+    for name in metadata["verifiers"]:
+        by_column.setdefault(realized_column(name), []).append(name)
+    owners = "; ".join(f"`{column}`: {', '.join(names)}" for column, names in by_column.items())
+    nan = " (NaN here: the continuations come from the target)" if metadata["spec"]["source"] == "target" else ""
+    return f"""| `token_q`, `token_p` | q(x) and p(x) of the drawn token x = `token` under the row's sampling |
+| `realized` | min(1, p(x)/q(x)): the realized chance the chain's verifier accepts x as a draft{nan} |
+| each verifier's realized acceptance of x as a one-token draft | {owners} |
+| `draw_q`, `draw_rank`, `draw_top` | the trunk's last draw before the node (x at the previous position, under its q; \
+1, 0, 1 at depth 0): q, rank, that law's top probability |
 """

@@ -1,4 +1,5 @@
-"""Dense per-node labels (data_gen/dense.py) against the tree collection's exact labels on the same nodes."""
+"""Dense per-node labels (data_gen/dense.py) against the tree collection's exact labels on the same nodes, and the
+drawn token's realized labels and draw signals against the models' own laws."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from data_gen.dense import DenseSpec, acceptance_column, node_acceptance, node_labels, prompt_nodes
+from data_gen.dense import (
+    ONE_DRAFT_MIN_RATIO,
+    ONE_DRAFT_TARGET_PROB,
+    DenseSpec,
+    acceptance_column,
+    node_acceptance,
+    node_labels,
+    prompt_nodes,
+    realized_column,
+    realized_labels,
+)
 from data_gen.labels import label_forest
 from data_gen.union import grow_union_forest
 from decode.drafting.actions import Action
@@ -28,9 +39,9 @@ def _pair() -> tuple[CachedLM, CachedLM]:
     return target, draft
 
 
-def _law(lm: CachedLM, seq: list[int]) -> torch.Tensor:
+def _law(lm: CachedLM, seq: list[int], sampling: SamplingConfig = SAMPLING) -> torch.Tensor:
     with torch.inference_mode():
-        return distributions(lm.model(torch.tensor([seq])).logits[0, -1].float(), SAMPLING)
+        return distributions(lm.model(torch.tensor([seq])).logits[0, -1].float(), sampling)
 
 
 def test_dense_labels_equal_the_tree_collections_on_the_same_nodes_and_draws() -> None:
@@ -184,3 +195,99 @@ def test_shards_of_one_set_start_together_and_another_set_is_refused_by_its_keys
     summary = collect_dense(target, draft, [PROMPT], ["none"], tmp_path / "spare", _metadata(spec), spec, verifiers, 1,
                             (1, 2))
     assert summary.nodes == summary.shards_written == 0 and not (tmp_path / "spare").exists()
+
+
+CONFIGURED = SamplingConfig(0.7, 0.9)  # a temperature and a top-p, so that a label under plain q would differ
+
+
+def _realized_mismatches(rows: list[dict], draft_law) -> int:
+    """Rows whose ``realized`` is not min(1, p(x)/q(x)) recomputed from the models' full forward passes, with q from
+    ``draft_law(seq)`` and p the target's under the configured sampling."""
+    target, _ = _pair()
+    bad = 0
+    for row in rows:
+        seq = PROMPT + [r["token"] for r in rows if r["continuation"] == row["continuation"]][:row["position"]]
+        p, q = _law(target, seq, CONFIGURED), draft_law(seq)
+        x = row["token"]
+        want = min(1.0, float(p[x]) / float(q[x])) if float(q[x]) > 0 else math.inf
+        bad += not (row["realized"] == pytest.approx(want, abs=1e-5) and row["token_q"] == pytest.approx(
+            float(q[x]), abs=1e-6) and row["token_p"] == pytest.approx(float(p[x]), abs=1e-6))
+    return bad
+
+
+def test_the_realized_label_is_min_one_p_over_q_of_the_drawn_token_under_the_configured_sampling() -> None:
+    """Each row's drawn token x: ``realized`` = min(1, p(x)/q(x)) with p and q recomputed independently (one full
+    forward pass per prefix, no cache) at T = 0.7, top-p 0.9. The negative control recomputes q at T = 1 without
+    top-p (the wrong q) and must not match."""
+    target, draft = _pair()
+    spec = DenseSpec(continuations=2, length=6, k_max=1, depth_cycle=4)
+    rows = prompt_nodes(target, draft, PROMPT, CONFIGURED, spec, [get_verifier("specinfer"), get_verifier("nss")],
+                        seed=11)
+    _, fresh_draft = _pair()
+    assert _realized_mismatches(rows, lambda seq: _law(fresh_draft, seq, CONFIGURED)) == 0
+    assert any(r["realized"] < 1.0 for r in rows)  # some token is rejectable, so the check has teeth
+    assert _realized_mismatches(rows, lambda seq: _law(fresh_draft, seq, SAMPLING)) > len(rows) // 2  # wrong q
+    assert all(r["token_q"] > 0 for r in rows)  # drawn from q under top-p: inside its nucleus
+
+
+def test_the_draw_signals_are_the_trunks_last_draw_as_the_loop_shows_it() -> None:
+    """At depth d > 0: the token drawn at the position before, under the draft's law there (its q, its rank, that
+    law's top probability), recomputed from the model; at depth 0: 1, 0, 1 (the loop's root has drawn nothing)."""
+    target, draft = _pair()
+    spec = DenseSpec(continuations=2, length=7, k_max=1, depth_cycle=3)
+    rows = prompt_nodes(target, draft, PROMPT, CONFIGURED, spec, [get_verifier("specinfer")], seed=2)
+    _, fresh_draft = _pair()
+    for row in rows:
+        if row["depth"] == 0:
+            assert (row["draw_q"], row["draw_rank"], row["draw_top"]) == (1.0, 0, 1.0)
+            continue
+        run = [r for r in rows if r["continuation"] == row["continuation"]]
+        before = run[row["position"] - 1]
+        q = _law(fresh_draft, PROMPT + [r["token"] for r in run][:row["position"] - 1], CONFIGURED)
+        x = before["token"]
+        assert row["draw_q"] == pytest.approx(float(q[x]), abs=1e-6) == pytest.approx(before["token_q"], abs=1e-6)
+        assert row["draw_rank"] == int((q > q[x]).sum())
+        assert row["draw_top"] == pytest.approx(float(q.max()), abs=1e-6)
+    assert any(r["draw_rank"] > 0 for r in rows)
+
+
+def test_each_verifiers_realized_acceptance_is_the_column_it_is_stored_in() -> None:
+    """Every registered verifier's exact acceptance of one drafted token x given x (its own expectation on the
+    chain [x]) equals the column :func:`realized_column` names: min(1, p/q) for the token-level, block and traversal
+    verifiers, p(x) for NSS; the two differ, so a verifier filed under the wrong one fails."""
+    g = torch.Generator().manual_seed(4)
+    p, q = torch.rand(VOCAB, generator=g) ** 3, torch.rand(VOCAB, generator=g) ** 3
+    p[5] = 0.0  # a token the target never says: rejected for sure
+    p, q = p / p.sum(), q / q.sum()
+    names = verifier_names()
+    assert set(names) == ONE_DRAFT_MIN_RATIO | ONE_DRAFT_TARGET_PROB  # a new verifier must be filed, or get its own
+    verifiers = [get_verifier(n) for n in names]
+    for x in range(VOCAB):
+        labels = realized_labels(p, q, x, verifiers)
+        assert set(labels) == {"token_q", "token_p", "realized"}  # nothing stored twice
+        for verifier in verifiers:
+            got = node_acceptance(verifier, [x], p, q)
+            assert labels[realized_column(verifier.name)] == pytest.approx(got, abs=1e-6), (verifier.name, x)
+    # negative control: NSS's acceptance is not min(1, p/q), so the two columns are distinct
+    assert any(abs(node_acceptance(get_verifier("nss"), [x], p, q) - realized_labels(p, q, x, [])["realized"]) > 0.01
+               for x in range(VOCAB))
+
+
+def test_a_verifier_without_a_known_reduction_gets_its_own_realized_column() -> None:
+    class Unfiled:  # the specinfer rule under a name neither set holds
+        name = "unfiled"
+
+        def __getattr__(self, attribute):
+            return getattr(get_verifier("specinfer"), attribute)
+
+    p, q = torch.tensor([0.2, 0.8]), torch.tensor([0.6, 0.4])
+    labels = realized_labels(p, q, 0, [Unfiled()])
+    assert realized_column("unfiled") == "realized_unfiled"
+    assert labels["realized_unfiled"] == pytest.approx(node_acceptance(get_verifier("specinfer"), [0], p, q))
+
+
+def test_a_continuation_the_target_drew_has_no_realized_acceptance() -> None:
+    target, draft = _pair()
+    spec = DenseSpec(continuations=1, length=4, k_max=1, source="target")
+    rows = prompt_nodes(target, draft, PROMPT, SAMPLING, spec, [get_verifier("specinfer")], seed=3)
+    assert all(math.isnan(r["realized"]) and r["token_p"] > 0 for r in rows)
