@@ -1,9 +1,11 @@
 """The dense per-node data set as arrays, split by prompt: what the acceptance model trains and is scored on.
 
 A dense data set (data_gen/dense_collection.py) holds one row per node: the draft's final hidden state there, its
-entropy and top probability, the node's depth, the sampling temperature, the prompt and its category, and the label
-β = 1 − TV(p, q). :func:`load_dense` reads the columns the model needs; :func:`split_by_prompt` keeps every node of a
-prompt in one split, since nodes of one continuation are far from independent.
+entropy and top probability, the node's depth, the sampling temperature, the prompt and its category, and two labels:
+the exact β = 1 − TV(p, q), and (schema 2 on) the realized min(1, p(x)/q(x)) of the token x the continuation drew
+there, whose mean over the draw is β. :func:`load_dense` reads the columns the model needs (a schema-1 set has no
+realized label: None); :func:`split_by_prompt` keeps every node of a prompt in one split, since nodes of one
+continuation are far from independent.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 SCALAR_INPUTS = ("entropy", "top1", "depth", "temperature")  # the order of the model's scalar input
+LABELS = ("exact", "realized")  # what the model may train on: β, or the drawn token's min(1, p(x)/q(x))
 
 
 @dataclass
@@ -24,8 +27,10 @@ class DenseArrays:
     Attributes:
         hidden: ``(N, H)`` float32 the draft's final hidden state at each node.
         scalars: ``(N, 4)`` float32 entropy (nats), top probability, depth, temperature (:data:`SCALAR_INPUTS`).
-        beta: ``(N,)`` float32 1 − TV(p, q), the label.
+        beta: ``(N,)`` float32 1 − TV(p, q), the exact label.
         prompts: ``(N,)`` prompt ids; categories: ``(N,)`` their categories.
+        realized: ``(N,)`` float32 min(1, p(x)/q(x)) of the token the continuation drew at each node (NaN where the
+            target drew it); None for a schema-1 set, which stores none.
     """
 
     hidden: np.ndarray
@@ -33,13 +38,33 @@ class DenseArrays:
     beta: np.ndarray
     prompts: np.ndarray
     categories: np.ndarray
+    realized: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.beta)
 
     def take(self, rows: np.ndarray) -> DenseArrays:
         return DenseArrays(self.hidden[rows], self.scalars[rows], self.beta[rows], self.prompts[rows],
-                           self.categories[rows])
+                           self.categories[rows], None if self.realized is None else self.realized[rows])
+
+    def label(self, kind: str) -> np.ndarray:
+        """``(N,)`` float32 the training label ``kind`` (:data:`LABELS`): ``exact`` β, or ``realized``.
+
+        Raises:
+            ValueError: an unknown kind, or ``realized`` on a set that has none (schema 1) or whose continuations
+                the target drew (no draft drew the token: NaN).
+        """
+        if kind == "exact":
+            return self.beta
+        if kind != "realized":
+            raise ValueError(f"label must be one of {', '.join(LABELS)}, got {kind!r}")
+        if self.realized is None:
+            raise ValueError("label realized: this dense data set stores no realized labels (schema 1; "
+                             "ddte dense-labels writes them from schema 2 on): train on label exact or relabel")
+        if np.isnan(self.realized).any():
+            raise ValueError("label realized: the data set holds nodes whose token the target drew (--source "
+                             "target), where no draft was accepted or rejected: train on label exact")
+        return self.realized
 
 
 def read_dense_metadata(folder: str | Path) -> dict:
@@ -51,14 +76,23 @@ def read_dense_metadata(folder: str | Path) -> dict:
 
 
 def load_dense(folder: str | Path) -> tuple[dict, DenseArrays]:
-    """(metadata, every node) of a dense data set; ValueError for a folder without one or without shards."""
+    """(metadata, every node) of a dense data set, of any readable schema (its realized labels None before
+    schema 2); ValueError for a folder without one, without shards, or of a schema this code cannot read."""
     import pyarrow.parquet as pq
 
+    from data_gen.dense_collection import READABLE_VERSIONS
+
     metadata = read_dense_metadata(folder)
+    version = metadata.get("schema_version")
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"{folder}: dense schema version {version!r}, this code reads "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}")
     shards = sorted(Path(folder).glob("dense-*.parquet"))
     if not shards:
         raise ValueError(f"{folder}: no dense-*.parquet shards yet")
     columns = ["prompt_id", "category", "temperature", "depth", "draft_hidden", "entropy", "top1", "beta"]
+    if version >= 2:
+        columns.append("realized")
     tables = [pq.read_table(path, columns=columns) for path in shards]
     hidden = np.concatenate([np.stack(t.column("draft_hidden").to_numpy(zero_copy_only=False)) for t in tables])
     scalars = np.stack([np.concatenate([t.column(name).to_numpy() for t in tables]).astype(np.float32)
@@ -66,7 +100,9 @@ def load_dense(folder: str | Path) -> tuple[dict, DenseArrays]:
     beta = np.concatenate([t.column("beta").to_numpy() for t in tables]).astype(np.float32)
     prompts = np.concatenate([np.asarray(t.column("prompt_id").to_pylist(), dtype=object) for t in tables])
     categories = np.concatenate([np.asarray(t.column("category").to_pylist(), dtype=object) for t in tables])
-    return metadata, DenseArrays(hidden.astype(np.float32), scalars, beta, prompts, categories)
+    realized = (np.concatenate([t.column("realized").to_numpy() for t in tables]).astype(np.float32)
+                if version >= 2 else None)
+    return metadata, DenseArrays(hidden.astype(np.float32), scalars, beta, prompts, categories, realized)
 
 
 def split_by_prompt(prompts: np.ndarray, val_fraction: float, test_fraction: float, seed: int

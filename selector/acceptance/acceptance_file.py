@@ -32,6 +32,8 @@ class AcceptanceMetadata:
         fit_prompts: the prompt ids whose nodes trained, validated or tested it.
         prompts: the prompt set those came from.
         inputs: the node features the graph reads, in order.
+        label: what it was fitted to: ``exact`` β, or the drawn token's ``realized`` min(1, p/q) (files written
+            before the choice existed: exact).
     """
 
     hidden_size: int
@@ -41,6 +43,7 @@ class AcceptanceMetadata:
     fit_prompts: list[str] = field(default_factory=list)
     prompts: object = None
     inputs: list[str] = field(default_factory=lambda: list(INPUTS))
+    label: str = "exact"
 
     def to_props(self) -> dict[str, str]:
         """ONNX ``metadata_props``: ``ddte.acceptance.<field>`` = its value as JSON."""

@@ -7,6 +7,12 @@ one split); the checkpoint kept is the best validation loss; the figures are the
 entropy alone (an isotonic fit on the training split: the rule the model has to beat). Logged: the config, the data
 set as the run's input, per-epoch losses, the test split's loss, R² and calibration, per category, a calibration plot,
 the ONNX file and its parity.
+
+``data.label`` picks what the model and the entropy baseline are fitted to: ``exact`` (the default) β = 1 − TV(p, q),
+or ``realized``, the drawn token's min(1, p(x)/q(x)) (a schema-2 dense set drawn from the draft). The model reads no
+x, and the realized label's mean over the draw is β, so both fit the same quantity; the realized one is what a chain
+actually met. The test figures are always against β, the noise-free value of what either label estimates, and with
+``realized`` the test cross-entropy against the realized label is logged beside them (``…/realized_cross_entropy``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from selector.acceptance.acceptance import (
     r_squared,
     soft_cross_entropy,
 )
-from selector.acceptance.acceptance_data import DenseArrays, load_dense, split_by_prompt
+from selector.acceptance.acceptance_data import LABELS, DenseArrays, load_dense, split_by_prompt
 from selector.acceptance.acceptance_file import AcceptanceMetadata
 
 DEFAULT_CONFIG = "configs/acceptance/default.yaml"
@@ -52,6 +58,7 @@ class AcceptanceDataOptions:
     test_fraction: float = 0.15
     split_seed: int = 0
     batch_size: int = 512
+    label: str = "exact"  # what it fits: exact β, or the drawn token's realized min(1, p/q) (acceptance_data.LABELS)
 
 
 @dataclass
@@ -88,6 +95,7 @@ class AcceptanceResult:
         test: the test split's figures for the model and for the entropy alone (``model/…``, ``entropy/…``).
         per_category: per category, nodes and both R².
         parity: max |torch − onnxruntime| over test nodes; call_us: median of one node's onnxruntime call.
+        label: what it was fitted to (``data.label``).
     """
 
     path: Path
@@ -96,6 +104,7 @@ class AcceptanceResult:
     per_category: dict[str, dict[str, float]]
     parity: float
     call_us: float
+    label: str = "exact"
 
 
 def load_acceptance_config(path: str | Path | None = DEFAULT_CONFIG, overrides: Sequence[str] = ()
@@ -107,26 +116,31 @@ def load_acceptance_config(path: str | Path | None = DEFAULT_CONFIG, overrides: 
         section = config.model if name == "width" else config.trainer if name == "max_epochs" else config.data
         if getattr(section, name) < 1:
             raise ValueError(f"{name} must be at least 1")
+    if config.data.label not in LABELS:
+        raise ValueError(f"data.label must be one of {', '.join(LABELS)}, got {config.data.label!r}")
     return config
 
 
-def entropy_baseline(train: DenseArrays, test: DenseArrays) -> np.ndarray:
-    """β̂ on ``test`` from the draft's entropy alone: a decreasing isotonic fit on ``train``."""
+def entropy_baseline(train: DenseArrays, test: DenseArrays, label: str = "exact") -> np.ndarray:
+    """β̂ on ``test`` from the draft's entropy alone: a decreasing isotonic fit on ``train``'s ``label``."""
     from sklearn.isotonic import IsotonicRegression
 
-    fit = IsotonicRegression(increasing=False, out_of_bounds="clip").fit(train.scalars[:, 0], train.beta)
+    fit = IsotonicRegression(increasing=False, out_of_bounds="clip").fit(train.scalars[:, 0], train.label(label))
     return fit.predict(test.scalars[:, 0])
 
 
-def score_test_split(predicted: np.ndarray, baseline: np.ndarray, test: DenseArrays
+def score_test_split(predicted: np.ndarray, baseline: np.ndarray, test: DenseArrays, label: str = "exact"
                  ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """(overall figures, per-category figures) of the model's and the entropy's β̂ on ``test``."""
+    """(overall figures, per-category figures) of the model's and the entropy's β̂ ``(N,)`` on ``test``, against β
+    (and, for a model fitted to the ``realized`` label, its cross-entropy against that label too)."""
     overall = {}
     for name, values in (("model", predicted), ("entropy", baseline)):
         overall[f"{name}/r2"] = r_squared(values, test.beta)
         overall[f"{name}/cross_entropy"] = soft_cross_entropy(values, test.beta)
         overall[f"{name}/calibration_error"] = calibration_error(values, test.beta)
         overall[f"{name}/mae"] = float(np.abs(values - test.beta).mean())
+        if label == "realized":
+            overall[f"{name}/realized_cross_entropy"] = soft_cross_entropy(values, test.label(label))
     per_category = {}
     for category in sorted(set(test.categories.tolist())):
         rows = test.categories == category
@@ -193,25 +207,26 @@ def _module(net: AcceptanceNet, options: AcceptanceModelOptions, max_epochs: int
     return AcceptanceModule()
 
 
-def _loader(arrays: DenseArrays, batch_size: int, shuffle: bool, seed: int):
+def _loader(arrays: DenseArrays, label: str, batch_size: int, shuffle: bool, seed: int):
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     data = TensorDataset(torch.as_tensor(arrays.hidden), torch.as_tensor(arrays.scalars),
-                         torch.as_tensor(arrays.beta))
+                         torch.as_tensor(arrays.label(label)))
     return DataLoader(data, batch_size=batch_size, shuffle=shuffle,
                       generator=torch.Generator().manual_seed(seed) if shuffle else None)
 
 
-def fit_base(net: AcceptanceNet, train: DenseArrays, steps: int = 100) -> None:
-    """Fit the net's scalar ``base`` alone (full-batch L-BFGS on the soft cross-entropy; the residual is zero at
-    initialisation), so that training starts at the entropy's model and the hidden state only adds to it."""
+def fit_base(net: AcceptanceNet, train: DenseArrays, steps: int = 100, label: str = "exact") -> None:
+    """Fit the net's scalar ``base`` alone to ``train``'s ``label`` (full-batch L-BFGS on the soft cross-entropy;
+    the residual is zero at initialisation), so that training starts at the entropy's model and the hidden state only
+    adds to it."""
     import torch
 
     from selector.acceptance.acceptance import scalar_basis
 
     basis = (scalar_basis(torch.as_tensor(train.scalars)) - net.basis_mean) / net.basis_std
-    beta = torch.as_tensor(train.beta)
+    beta = torch.as_tensor(train.label(label))
     optimizer = torch.optim.LBFGS(net.base.parameters(), max_iter=steps, line_search_fn="strong_wolfe")
 
     def closure():
@@ -232,7 +247,7 @@ def fit_net(config: AcceptanceConfig, train: DenseArrays, val: DenseArrays, logg
     pl.seed_everything(config.seed, workers=True, verbose=False)
     mean, std = basis_statistics(train.scalars)
     net = AcceptanceNet(train.hidden.shape[1], config.model.width, config.model.dropout, mean, std)
-    fit_base(net, train)
+    fit_base(net, train, label=config.data.label)
     module = _module(net, config.model, config.trainer.max_epochs, config.run.progress)
     with tempfile.TemporaryDirectory(prefix="ddte-acceptance-") as folder:
         checkpoint = ModelCheckpoint(dirpath=folder, filename="best", monitor="val/loss", mode="min", save_top_k=1,
@@ -241,8 +256,9 @@ def fit_net(config: AcceptanceConfig, train: DenseArrays, val: DenseArrays, logg
                              devices=config.trainer.devices, logger=logger, callbacks=[checkpoint],
                              enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                              log_every_n_steps=10)
-        trainer.fit(module, _loader(train, config.data.batch_size, True, config.seed),
-                    _loader(val, config.data.batch_size, False, config.seed))
+        label = config.data.label
+        trainer.fit(module, _loader(train, label, config.data.batch_size, True, config.seed),
+                    _loader(val, label, config.data.batch_size, False, config.seed))
         state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
     net.load_state_dict({k[len("net."):]: v for k, v in state.items()})
     return net.eval()
@@ -297,6 +313,7 @@ def train_acceptance(config: AcceptanceConfig) -> AcceptanceResult:
     )
 
     metadata, arrays = load_dense(config.data.data_dir)
+    arrays.label(config.data.label)  # a set without the label is refused before anything is logged or trained
     train_rows, val_rows, test_rows = split_by_prompt(arrays.prompts, config.data.val_fraction,
                                                       config.data.test_fraction, config.data.split_seed)
     train, val, test = (arrays.take(rows) for rows in (train_rows, val_rows, test_rows))
@@ -325,8 +342,9 @@ def _score_export_log(net: AcceptanceNet, config: AcceptanceConfig, metadata: di
     import matplotlib.pyplot as plt
 
     output = Path(config.run.output)
-    predicted, baseline = predict(net, test.hidden, test.scalars), entropy_baseline(train, test)
-    figures, per_category = score_test_split(predicted, baseline, test)
+    label = config.data.label
+    predicted, baseline = predict(net, test.hidden, test.scalars), entropy_baseline(train, test, label)
+    figures, per_category = score_test_split(predicted, baseline, test, label)
     temperatures = sorted(float(t) for t in np.unique(arrays.scalars[:, 3]))
     props = acceptance_props(metadata, config, arrays, temperatures)
     parity, call_us = export_acceptance(net, output, temperatures, props, node_vectors(test)[:2048])
@@ -339,7 +357,7 @@ def _score_export_log(net: AcceptanceNet, config: AcceptanceConfig, metadata: di
     client.log_figure(run_id, figure, "plots/calibration.png")
     plt.close(figure)
     client.log_artifact(run_id, str(output))
-    return AcceptanceResult(output, run_id, figures, per_category, parity, call_us)
+    return AcceptanceResult(output, run_id, figures, per_category, parity, call_us, label)
 
 
 def dense_fingerprint(folder: str | Path) -> str:
@@ -355,13 +373,15 @@ def acceptance_props(metadata: dict, config: AcceptanceConfig, arrays: DenseArra
     """The file's ``metadata_props``: what it reads, which pair and data fitted it, which prompts it saw."""
     return AcceptanceMetadata(int(arrays.hidden.shape[1]), temperatures, metadata["pair"],
                               dense_fingerprint(config.data.data_dir),
-                              sorted(set(arrays.prompts.tolist()), key=str), metadata["prompts"]).to_props()
+                              sorted(set(arrays.prompts.tolist()), key=str), metadata["prompts"],
+                              label=config.data.label).to_props()
 
 
 def format_acceptance(result: AcceptanceResult) -> str:
     """The test split's table: the model beside the entropy, overall and per category."""
     t = result.test
-    lines = ["| test prompts | R² | cross-entropy | calibration error |", "|---|---:|---:|---:|"]
+    lines = [f"fitted to the {result.label} label; scored against β = 1 − TV(p, q)", "",
+             "| test prompts | R² | cross-entropy | calibration error |", "|---|---:|---:|---:|"]
     for name, label in (("model", "acceptance model"), ("entropy", "entropy alone (isotonic)")):
         lines.append(f"| {label} | {t[f'{name}/r2']:.3f} | {t[f'{name}/cross_entropy']:.4f} | "
                      f"{t[f'{name}/calibration_error']:.3f} |")

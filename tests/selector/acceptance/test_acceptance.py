@@ -165,9 +165,77 @@ def test_the_command_refuses_bad_input_in_one_line_before_any_work(dense_after_c
              (["acceptance", "--data", str(tmp_path)], "not a dense data set"),
              (["acceptance", "--data", str(dense_after_collection), "--output", str(tmp_path / "a.txt")],
               "an .onnx file"),
-             (["acceptance", "--data", str(dense_after_collection), "model.width=0"], "width must be at least 1")]
+             (["acceptance", "--data", str(dense_after_collection), "model.width=0"], "width must be at least 1"),
+             (["acceptance", "--data", str(dense_after_collection), "data.label=drawn"],
+              "data.label must be one of exact, realized")]
     for argv, message in cases:
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
     assert not list(tmp_path.iterdir())
+
+
+def test_the_model_trains_on_the_realized_label(dense_after_collection, tmp_path):
+    """data.label=realized: the loader feeds the drawn token's min(1, p/q), not β; the model trains, scores against
+    β (and the realized label) and its file says what it was fitted to."""
+    import onnx
+
+    from selector.acceptance.acceptance_data import load_dense
+    from selector.acceptance.acceptance_file import AcceptanceMetadata
+    from selector.acceptance.acceptance_train import _loader, load_acceptance_config, train_acceptance
+
+    metadata, arrays = load_dense(dense_after_collection)
+    assert metadata["schema_version"] == 2 and arrays.realized is not None
+    assert np.isfinite(arrays.realized).all() and ((arrays.realized >= 0) & (arrays.realized <= 1)).all()
+    assert not np.allclose(arrays.realized, arrays.beta)  # two labels: one met by a draw, one its mean over draws
+    fed = next(iter(_loader(arrays, "realized", len(arrays), False, 0)))[2].numpy()
+    assert np.array_equal(fed, arrays.realized)
+    config = load_acceptance_config(None, [f"data.data_dir={dense_after_collection}", "trainer.max_epochs=2",
+                                           f"run.output={tmp_path / 'r.onnx'}", "model.width=8", "run.progress=false",
+                                           f"run.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+                                           "data.label=realized", "data.val_fraction=0.2", "data.test_fraction=0.2"])
+    result = train_acceptance(config)
+    assert result.label == "realized" and result.parity < 1e-4
+    assert {"model/r2", "model/realized_cross_entropy", "entropy/realized_cross_entropy"} <= set(result.test)
+    props = {p.key: p.value for p in onnx.load(str(result.path)).metadata_props}
+    assert AcceptanceMetadata.from_props(props, "r.onnx").label == "realized"
+
+
+def _as_schema_1(dense, folder):
+    """A copy of the dense set ``dense`` as schema 1 wrote it: no realized labels, no draw signals."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from data_gen.dense import DRAW_COLUMNS, REALIZED_COLUMNS
+
+    folder.mkdir()
+    for shard in dense.glob("dense-*.parquet"):
+        table = pq.read_table(shard)
+        pq.write_table(table.drop_columns([c for c in (*REALIZED_COLUMNS, *DRAW_COLUMNS) if c in table.column_names]),
+                       folder / shard.name)
+    shutil.copy(dense / "README.md", folder / "README.md")
+    metadata = json.loads((dense / "dense.json").read_text())
+    (folder / "dense.json").write_text(json.dumps({**metadata, "schema_version": 1}))
+    return folder
+
+
+def test_a_schema_1_set_still_trains_on_beta_and_refuses_the_realized_label_in_one_line(dense_after_collection,
+                                                                                       tmp_path, capsys):
+    from selector.acceptance.acceptance_data import load_dense
+
+    old = _as_schema_1(dense_after_collection, tmp_path / "old")
+    _, arrays = load_dense(old)
+    _, new = load_dense(dense_after_collection)
+    assert arrays.realized is None and np.array_equal(arrays.beta, new.beta) and len(arrays.take([0, 2])) == 2
+    assert arrays.label("exact") is arrays.beta
+    with pytest.raises(ValueError, match="stores no realized labels"):
+        arrays.label("realized")
+    out = tmp_path / "a.onnx"
+    assert main(["acceptance", "--data", str(old), "--output", str(out), "data.label=realized"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "stores no realized labels (schema 1" in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+    (old / "dense.json").write_text(json.dumps({**json.loads((old / "dense.json").read_text()), "schema_version": 9}))
+    with pytest.raises(ValueError, match="schema version 9"):
+        load_dense(old)
