@@ -16,7 +16,8 @@ models itself (collect, dense-labels, bench-signals, pair-card) with :func:`open
 6. ``latency``: the table the policies are built on (:class:`LatencyRequest`). A table times the models on their
    kernel paths, and the machine's is cached under them, so it comes after step 4. A decoder whose policies may read
    root features without such a table gets one measured now on its own models (decode/policies/latency.py
-   ``loop_table``); the decoder never measures one itself;
+   ``loop_table``); the decoder never measures one itself. With ``batch=True`` the machine's table also carries what
+   a batch's passes cost beyond it (``machine_batch_cost``, measured once and cached beside it);
 7. ``build``: each policy built on that table, one decoder per verifier and draft; with ``batch=True`` one
    :class:`~decode.batch.BatchDecoder` per draft instead (each request brings its verifier; a policy that reads root
    features is refused at step 3 then, since a batch computes none). ``VERIFIER@shared`` is built on the step-6
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -120,21 +121,29 @@ class LatencyRequest:
         if not isinstance(self.source, str) or not self.source.strip():
             raise ValueError(f"a latency request is {', '.join(LATENCY_SOURCES)} or a table file, got {self.source!r}")
 
-    def read(self, pair: LoadedPair, hooks: Hooks) -> tuple[LatencyTable | None, str]:
-        """``(the table or None, the line saying which)`` on ``pair`` as it runs now.
+    def read(self, pair: LoadedPair, hooks: Hooks, batch: bool = False) -> tuple[LatencyTable | None, str]:
+        """``(the table or None, the line saying which)`` on ``pair`` as it runs now. ``batch``: the table also
+        prices a batch's passes; the machine's then carries this machine's batch ratios (measured once and cached
+        beside it), a table file those it holds, if any.
 
         Raises:
             OSError: a table file that cannot be read, or a cache that cannot be written.
             ValueError: a table that does not parse, or one of another pair.
         """
-        from decode.policies.latency import LatencyTable, machine_table
+        from decode.policies.latency import LatencyTable, machine_batch_cost, machine_table
 
         if self.source == "fitted":
             return None, "step times: each policy file's fallback as fitted (--latency fitted)"
         if self.source == "machine":
             table, path = machine_table(pair.target, pair.draft, pair.fingerprint(), hooks.cache_dir, hooks.announce,
                                         progress=hooks.progress)
-            return table, f"step times: this machine's latency table ({table.machine}), {path}"
+            line = f"step times: this machine's latency table ({table.machine}), {path}"
+            if batch:
+                cost, cost_path = machine_batch_cost(pair.target, pair.draft, pair.fingerprint(), hooks.cache_dir,
+                                                     hooks.announce, progress=hooks.progress)
+                table = replace(table, batch=cost)
+                line += f"; batch passes {cost_path}"
+            return table, line
         table = LatencyTable.from_json(Path(self.source).read_text(encoding="utf-8"))
         table.check_pair(pair.fingerprint())
         return table, f"step times: latency table {self.source}" + (f" ({table.machine})" if table.machine else "")
@@ -272,7 +281,7 @@ def open_sessions(pair: PairRequest | LoadedPair, methods: Sequence[str | Method
     table, line = None, None
     if _needs_latency(requests):
         with hooks.step("latency"):
-            table, line = latency.read(pair, hooks)
+            table, line = latency.read(pair, hooks, batch=batch)
         hooks.tell(line)
     tables = _decoder_tables(pair, checked, drafts, table, hooks)
     build = _build_batch if batch else _build

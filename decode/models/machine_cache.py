@@ -8,10 +8,11 @@ contended timings stayed cached for every later run. So every measurement holds 
 for another's measurement of the same thing takes that one instead of measuring beside it.
 
 One cache, keyed by the pair's fingerprint and the machine's identity (:func:`machine_identity`), holds every kind of
-measurement (:data:`KINDS`: the kernel choice, decode/models/kernel_choice.py; the latency table,
-decode/policies/latency.py), each read or measured once through :func:`cached_measurement`. A cached file that does
-not read as this kind's measurement of this pair and machine (an older ddte's, say) is measured again once, and the
-line announcing that measurement says so.
+measurement (:data:`KINDS`: the kernel choice, decode/models/kernel_choice.py; the latency table and what a
+batch's passes cost beyond it, decode/policies/latency.py), each read or measured once through
+:func:`cached_measurement`, each kind in files of its own (a kind added later leaves the files cached before it
+readable). A cached file that does not read as this kind's measurement of this pair and machine (an older ddte's,
+say) is measured again once, and the line announcing that measurement says so.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ __all__ = ["KINDS", "cache_file", "cached_measurement", "cached_value", "machine
 
 LOCK_NAME = ".measure.lock"
 # each kind of measurement and the prefix of its files (the names every cache written so far holds)
-KINDS = {"kernels": "kernels-", "latency table": ""}
+KINDS = {"kernels": "kernels-", "latency table": "", "batch cost": "batch-"}
 
 
 class Measured(Protocol):

@@ -12,10 +12,13 @@ prefix with the most expected tokens per ms:
 
 on the machine's latency table (decode/policies/latency.py) at the batch's mean context length l: the draft pass over
 the R requests' pending tokens, one draft pass per level j over the n_j nodes the trees run there (a chain of L runs
-L − 1, its last token a leaf), and one target pass over every root and node. Along the admission order E/T first
-rises while a token earns more than the batch's current rate, so the best prefix is where the greedy rule "admit while
-(E + gain) / T(after) > E / T(before)" stops, except that it does not stop at one dear block size (a CPU pass of 3
-tokens may cost more than one of 4: decode/policies/latency.py ``every_size``).
+L − 1, its last token a leaf), and one target pass over every root and node. Each pass runs through the batch's one
+cache of R requests, which costs more than the table's one-sequence pass of as many tokens (every query attends over
+every request's slots, masked), so t_q and t_p are the table's times its measured batch ratios at R
+(``LatencyTable.batch_draft``, ``batch_target``; :class:`~decode.policies.latency.BatchCost`). Along the admission
+order E/T first rises while a token earns more than the batch's current rate, so the best prefix is where the greedy
+rule "admit while (E + gain) / T(after) > E / T(before)" stops, except that it does not stop at one dear block size (a
+CPU pass of 3 tokens may cost more than one of 4: decode/policies/latency.py ``every_size``).
 
 **Exactness.** The lengths read only what is known before the step's drafting: each request's earlier outcomes, the
 context lengths, the caps and the table; never this step's draft draws nor the target's outputs. So each step's tree
@@ -124,11 +127,17 @@ def _rate(survival: Sequence[float], lengths: Sequence[int], length: float, tabl
 
 
 def step_ms(lengths: Sequence[int], length: float, table: LatencyTable, fixed: Sequence[Action] = ()) -> float:
-    """T of one batch step in ms: chains of ``lengths`` beside the trees ``fixed``, at context ``length``."""
+    """T of one batch step in ms: chains of ``lengths`` beside the trees ``fixed``, at context ``length``.
+
+    Every pass runs through the batch's one cache, which holds all R requests however few of them a draft level
+    runs, so each is priced as a pass beside R requests (:meth:`~decode.policies.latency.LatencyTable.batch_draft`:
+    the one-sequence time times the table's measured batch ratio; R = 1 is the single loop's step)."""
     widths = [[1] * n for n in lengths] + [[1] * a.l1 + [a.k] * a.l2 for a in fixed]
     runs = [w[:-1] for w in widths]  # the draft runs every level but the last (leaves)
     levels = max((len(w) for w in runs), default=0)
-    drafting = sum(table.draft(length + j + 1, sum(w[j] for w in runs if len(w) > j)) for j in range(levels))
+    requests = len(widths)
+    drafting = sum(table.batch_draft(length + j + 1, sum(w[j] for w in runs if len(w) > j), requests)
+                   for j in range(levels))
     tokens = sum(1 + sum(w) for w in widths)
-    roots = len(widths)
-    return table.step_extra(length) + table.draft(length, roots) + drafting + table.target(length, tokens)
+    return table.step_extra(length) + table.batch_draft(length, requests, requests) + drafting + \
+        table.batch_target(length, tokens, requests)

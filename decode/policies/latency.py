@@ -55,6 +55,7 @@ class LatencyTable:
     step_extra_ms: list[float] = field(default_factory=list)
     pair: str = ""  # the fingerprint of the pair it timed ("" in tables that did not record it)
     machine: str = ""  # what it was measured on: the CPU model (or GPU name), torch threads, the models' dtypes
+    batch: BatchCost | None = None  # what a batch's pass costs beyond these (:class:`BatchCost`); None: nothing known
 
     def __post_init__(self) -> None:
         """ValueError, in user terms, for a table that cannot be read: the grids must be increasing integers (sizes
@@ -76,12 +77,28 @@ class LatencyTable:
         if self.step_extra_ms and (len(self.step_extra_ms) != shape[0] or not all(
                 isinstance(v, int | float) and 0 <= v < float("inf") for v in self.step_extra_ms)):
             raise ValueError(f"latency table: step_extra_ms must hold {shape[0]} finite values >= 0 (one per length)")
+        if isinstance(self.batch, dict):  # as JSON holds it
+            self.batch = BatchCost(**self.batch)
+        if self.batch is not None and not isinstance(self.batch, BatchCost):
+            raise ValueError("latency table: batch must be a batch cost object or null")
 
     def draft(self, length: float, size: int = 1) -> float:
         return _interpolate_2d(self.lengths, self.sizes, self.draft_ms, length, size)
 
     def target(self, length: float, size: int = 1) -> float:
         return _interpolate_2d(self.lengths, self.sizes, self.target_ms, length, size)
+
+    def batch_draft(self, length: float, size: int, sequences: int) -> float:
+        """ms of a draft pass of ``size`` tokens through a cache that holds ``sequences`` requests of ``length``
+        tokens each (a batch's, decode/models/shared_cache.py): the one-sequence pass times its :class:`BatchCost`
+        ratio (1 for one sequence, or for a table without one)."""
+        ratio = 1.0 if self.batch is None else self.batch.draft(sequences, length, size)
+        return self.draft(length, size) * ratio
+
+    def batch_target(self, length: float, size: int, sequences: int) -> float:
+        """ms of a target pass of ``size`` tokens through ``sequences`` requests' cache, as :meth:`batch_draft`."""
+        ratio = 1.0 if self.batch is None else self.batch.target(sequences, length, size)
+        return self.target(length, size) * ratio
 
     def step_extra(self, length: float) -> float:
         """c(l): the per-step term of T̂ (0 for a table without one)."""
@@ -123,7 +140,7 @@ class LatencyTable:
         if not isinstance(data, dict):
             raise ValueError("latency table: expected a JSON object")
         needed = {"lengths", "sizes", "draft_ms", "target_ms"}
-        known = needed | {"device", "step_extra_ms", "pair", "machine"}
+        known = needed | {"device", "step_extra_ms", "pair", "machine", "batch"}
         if not needed <= set(data) or not set(data) <= known:
             missing, unknown = sorted(needed - set(data)), sorted(set(data) - known)
             raise ValueError("latency table: " + "; ".join(
@@ -136,6 +153,83 @@ class LatencyTable:
         if self.pair and self.pair != fingerprint:
             raise ValueError(f"{where}: measured on another pair (fingerprint {self.pair[:12]}…, this pair's "
                              f"{fingerprint[:12]}…)")
+
+
+@dataclass
+class BatchCost:
+    """What a pass costs through a batch's cache, as a ratio to the table's one-sequence pass of as many tokens.
+
+    A batch keeps its requests as sequences of one cache (decode/models/shared_cache.py): each pass attends over every
+    request's slots (masked), so a pass of n tokens beside R requests of l tokens each costs more than the table's
+    pass of n tokens after one request of l. ``draft_ratio[r][i][j]``/``target_ratio[r][i][j]``: the median over
+    repeats of (a pass of ``sizes[j]`` tokens spread over ``sequences[r]`` requests of ``lengths[i]`` tokens each) ÷
+    (the same pass after one request of ``lengths[i]``), both through the shared cache's own run path and timed as
+    the table times a pass (:func:`measure_batch_cost`). ``sequences`` starts at 1, whose ratios are 1. Between grid
+    points the ratios interpolate linearly; beyond the grid they hold the edge value (so past the largest batch
+    measured they underprice).
+    """
+
+    sequences: list[int]
+    lengths: list[int]
+    sizes: list[int]
+    draft_ratio: list[list[list[float]]]
+    target_ratio: list[list[list[float]]]
+    pair: str = ""
+    machine: str = ""
+
+    def __post_init__(self) -> None:
+        """ValueError, in user terms, for ratios that cannot be read: increasing integer grids (``sequences`` from 1)
+        and each ratio grid sequences × lengths × sizes of finite positive values."""
+        for name, low in (("sequences", 1), ("lengths", 0), ("sizes", 1)):
+            grid = getattr(self, name)
+            if not isinstance(grid, list) or not grid or not all(isinstance(v, int) and v >= low for v in grid) \
+                    or any(b <= a for a, b in zip(grid, grid[1:], strict=False)):
+                raise ValueError(f"batch cost: {name} must be a non-empty increasing list of integers >= {low}")
+        if self.sequences[0] != 1:
+            raise ValueError("batch cost: sequences must start at 1 (the one-sequence pass every ratio divides by)")
+        shape = (len(self.sequences), len(self.lengths), len(self.sizes))
+        for name in ("draft_ratio", "target_ratio"):
+            grid = getattr(self, name)
+            if not isinstance(grid, list) or len(grid) != shape[0] or any(
+                    not isinstance(plane, list) or len(plane) != shape[1]
+                    or any(not isinstance(row, list) or len(row) != shape[2] for row in plane) for plane in grid):
+                raise ValueError(f"batch cost: {name} must be {shape[0]} × {shape[1]} × {shape[2]} (sequences × "
+                                 "lengths × sizes)")
+            if not all(isinstance(v, int | float) and 0 < v < float("inf") for plane in grid for row in plane
+                       for v in row):
+                raise ValueError(f"batch cost: {name} must hold finite positive ratios")
+
+    def draft(self, sequences: int, length: float, size: float) -> float:
+        """The draft pass's ratio with ``sequences`` requests in the cache, ``length`` tokens each, ``size`` new."""
+        return _interpolate_3d(self.sequences, self.lengths, self.sizes, self.draft_ratio, sequences, length, size)
+
+    def target(self, sequences: int, length: float, size: float) -> float:
+        """The target pass's ratio, as :meth:`draft`."""
+        return _interpolate_3d(self.sequences, self.lengths, self.sizes, self.target_ratio, sequences, length, size)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> BatchCost:
+        """The ratios of a JSON text; ValueError naming what is wrong."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"batch cost: not JSON ({err.msg})") from err
+        if not isinstance(data, dict):
+            raise ValueError("batch cost: expected a JSON object")
+        try:
+            return cls(**data)
+        except TypeError as err:
+            raise ValueError(f"batch cost: {err}") from err
+
+
+def _interpolate_3d(sequences, lengths, sizes, grid, count, length, size) -> float:
+    """:func:`_interpolate_2d` on the two planes around ``count`` sequences, then linearly between them."""
+    r0, r1, wr = _bracket(sequences, count)
+    low = _interpolate_2d(lengths, sizes, grid[r0], length, size)
+    return low + (_interpolate_2d(lengths, sizes, grid[r1], length, size) - low) * wr
 
 
 def _bracket(xs: list[int], x: float) -> tuple[int, int, float]:
@@ -324,6 +418,110 @@ def machine_table(target: CachedLM, draft: CachedLM, fingerprint: str, cache: Pa
 
     return cached_measurement(cache, "latency table", fingerprint, machine_identity(target, draft),
                               LatencyTable.from_json, measure, LatencyTable.to_json, announce)
+
+
+# The batch passes a server runs (ddte serve --max-batch): up to 8 requests, a short and a longer context each, and
+# every pass size up to four requests' chains of 8 (larger passes hold the edge ratio). Measured once per machine.
+BATCH_SEQUENCES = (1, 2, 4, 8)
+BATCH_LENGTHS = (64, 256)
+BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def measure_batch_cost(target: CachedLM, draft: CachedLM, sequences: Sequence[int] = BATCH_SEQUENCES,
+                       lengths: Sequence[int] = BATCH_LENGTHS, sizes: Sequence[int] = BATCH_SIZES, repeats: int = 3,
+                       warmup: int = 1, pair: str = "", tick: Callable[[], None] | None = None) -> BatchCost:
+    """Time both models' passes through a batch's cache (:class:`BatchCost`); ``tick`` after each model's sweep at one
+    length (``2 · (warmup + repeats) · len(lengths)`` in all).
+
+    Per repeat and length, each model's cache is filled with ``max(sequences)`` requests of that many random tokens
+    (one settled run each, through :class:`~decode.models.shared_cache.SharedCache`), and requests leave down the
+    ``sequences`` grid (the cache compacts as a batch's does); at each count every size's pass runs once: its tokens
+    spread over the requests as chains from their tips, the logits turned into distributions and, for the draft, one
+    draw per row, then dropped. A repeat's ratio divides by the one-request pass of the same repeat, so a slow phase
+    of the machine cancels out where it lasts a repeat. The models' caches are empty after.
+    """
+    from decode.models.shared_cache import SharedCache
+
+    sequences = sorted(set(int(r) for r in sequences) | {1})
+    sizes = sorted(set(int(n) for n in sizes))
+    limit = min(target.context_limit, draft.context_limit)
+    lengths = sorted({min(int(x), (limit - max(sizes) - 1)) for x in lengths})
+    vocab = min(target.vocab_size, draft.vocab_size)
+    g = torch.Generator().manual_seed(0)
+    rng = TorchRandom(0)
+    contexts = [torch.randint(0, vocab, (length,), generator=g).tolist() for length in lengths]
+    new = torch.randint(0, vocab, (max(sizes),), generator=g).tolist()
+    # ratios[name][r][i][j]: one per repeat
+    ratios = {name: [[[[] for _ in sizes] for _ in lengths] for _ in sequences] for name in ("draft", "target")}
+    for repeat in range(warmup + repeats):
+        for i, context in enumerate(contexts):
+            for name, model in (("target", target), ("draft", draft)):
+                cache = SharedCache(model)
+                live = [cache.add() for _ in range(max(sequences))]
+                for seq in live:
+                    cache.settle({seq: context}, last=1)
+                ms: dict[int, list[float]] = {}
+                for r in reversed(sequences):
+                    while len(live) > r:
+                        cache.drop(live.pop())
+                    ms[r] = [_timed_shared_pass(cache, live, new[:n], rng if model is draft else None)
+                             for n in sizes]
+                model.reset()
+                if repeat >= warmup:
+                    for ri, r in enumerate(sequences):
+                        for j in range(len(sizes)):
+                            ratios[name][ri][i][j].append(ms[r][j] / ms[1][j])
+                if tick is not None:
+                    tick()
+    grids = {name: [[[statistics.median(v) for v in row] for row in plane] for plane in ratios[name]]
+             for name in ratios}
+    return BatchCost(sequences, lengths, sizes, grids["draft"], grids["target"], pair,
+                     machine_identity(target, draft))
+
+
+def _timed_shared_pass(cache, seqs: Sequence[int], tokens: list[int], rng: TorchRandom | None) -> float:
+    """Milliseconds of one pass of ``tokens`` spread over the sequences ``seqs`` of a shared cache (each a chain from
+    its tip; the first ones take one more where they do not divide), as :func:`_timed_pass` times a pass; dropped
+    after."""
+    from decode.models.shared_cache import Block
+
+    n, r = len(tokens), len(seqs)
+    counts = [n // r + (i < n % r) for i in range(r)]
+    blocks, at = [], 0
+    for seq, count in zip(seqs, counts, strict=True):
+        if count:
+            blocks.append(Block(seq, tokens[at:at + count], [None] + [-(j + 1) for j in range(count - 1)]))
+            at += count
+    start = time.perf_counter()
+    outs = cache.run(blocks, on_support=rng is not None)
+    laws = distributions(torch.cat([out.logits for out in outs]), _TIMING_LAW)
+    if rng is not None:
+        for row in laws:
+            rng.categorical(row)
+    if cache.lm.device.type == "cuda":
+        torch.cuda.synchronize()
+    ms = (time.perf_counter() - start) * 1e3
+    cache.commit({})
+    return ms
+
+
+def machine_batch_cost(target: CachedLM, draft: CachedLM, fingerprint: str, cache: Path,
+                       announce: Callable[[str], None] | None = None,
+                       progress: bool = False) -> tuple[BatchCost, Path]:
+    """This pair's :class:`BatchCost` on the running machine: read from ``cache`` or measured once (about two minutes
+    for a 1.5B target on one CPU thread), as :func:`machine_table` does, in a file of its own beside the table's (a
+    table cached before batch costs existed still serves)."""
+    def measure() -> BatchCost:
+        from tqdm import tqdm
+
+        repeats, warmup = 3, 1
+        with tqdm(total=2 * (repeats + warmup) * len(BATCH_LENGTHS), desc="batch passes", unit="sweep",
+                  disable=not progress, delay=3.0, file=sys.stderr, leave=False) as bar:
+            return measure_batch_cost(target, draft, repeats=repeats, warmup=warmup, pair=fingerprint,
+                                      tick=bar.update)
+
+    return cached_measurement(cache, "batch cost", fingerprint, machine_identity(target, draft),
+                              BatchCost.from_json, measure, BatchCost.to_json, announce)
 
 
 _TIMING_LAW = SamplingConfig(temperature=1.0)  # the temperature only rescales logits: the cost is the same at any T

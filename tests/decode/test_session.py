@@ -65,6 +65,7 @@ def steps(monkeypatch) -> list[str]:
     spy(deployment, "load_policy_spec", "check")
     spy(deployment, "build_policy", "build_policy")
     spy(latency, "machine_table", "machine_table", kernel=True)
+    spy(latency, "machine_batch_cost", "machine_batch_cost", kernel=True)
     spy(latency, "loop_table", "loop_table", kernel=True)
     spy(decode.engine, "SpeculativeDecoder", "decoder")
     use_kernels = LoadedPair.use_kernels
@@ -84,6 +85,23 @@ def hooks(seen: list[str], tmp_path: Path, lines: list[str] | None = None) -> Ho
         yield
 
     return Hooks(report=None if lines is None else lines.append, errors=errors, cache=tmp_path / "cache")
+
+
+def test_a_batch_sessions_table_also_prices_the_batchs_passes(pair_yaml, tmp_path, steps):
+    """A shared budget in a batch: the machine's table, then what a batch's passes cost beyond it (measured once and
+    cached in a file of its own), which the budget's table carries; a session of one request's loop measures none."""
+    lines: list[str] = []
+    session = open_session(PairRequest(pair_yaml), "traversal@shared", KERNELS, "machine", batch=True,
+                           hooks=hooks(steps, tmp_path, lines))
+    assert steps[steps.index("<latency>"):] == ["<latency>", "machine_table[int8-dynamic]",
+                                                "machine_batch_cost[int8-dynamic]", "<build>", "build_policy"]
+    cost = session.latency.batch
+    assert cost is not None and cost.sequences[0] == 1 and "int8-dynamic" in cost.machine
+    assert session.policy.start(SamplingConfig(1.0)).table.batch == cost  # the budget prices batch passes
+    assert "batch passes" in session.latency_line and str(tmp_path / "cache") in session.latency_line
+    steps.clear()
+    alone = open_session(PairRequest(pair_yaml), "traversal@shared", KERNELS, "machine", hooks=hooks(steps, tmp_path))
+    assert "machine_batch_cost[int8-dynamic]" not in steps and alone.latency.batch is None
 
 
 def test_the_steps_run_in_their_one_order_and_the_table_times_the_kernels_chosen(pair_yaml, tmp_path, steps):

@@ -70,3 +70,32 @@ def test_alone_and_in_a_batch_the_rule_is_the_same():
     alone = policy.choose(RootState(100, torch.ones(3) / 3, 40, SamplingConfig(1.0)))
     assert batch_actions([policy], [40], [100]) == [alone] and alone.k == 1 and alone.l2 == 0
     assert batch_actions([policy], [0], [100]) == [Action(1, 0, 0)]
+
+
+def _steep(ratio_at_4: float) -> LatencyTable:
+    """TABLE with a batch cost: a target pass beside 4 requests costs up to ``ratio_at_4`` times the table's, the
+    ratio rising from 1 at one token to ``ratio_at_4`` at 29 (each token dearer as it attends over every request's
+    slots), linear in the requests from 1 at one; the draft's passes no dearer."""
+    from decode.policies.latency import BatchCost
+
+    ones = [[[1.0, 1.0]] * 2]
+    cost = BatchCost([1, 4], [1, 512], [1, 29], ones * 2, ones + [[[1.0, ratio_at_4]] * 2])
+    return LatencyTable(**{**TABLE.__dict__, "batch": cost})
+
+
+def test_the_step_prices_each_pass_beside_every_request_in_the_cache():
+    steep = _steep(2.0)
+    assert step_ms([3], 100, steep) == pytest.approx(step_ms([3], 100, TABLE))  # alone: the single loop's step
+    # four requests, 10 target tokens: the target pass dearer by its ratio there, the draft's passes not at all
+    flat = step_ms([3, 2, 0, 1], 100, TABLE)
+    target = TABLE.target(100, 4 + 3 + 2 + 1)
+    assert step_ms([3, 2, 0, 1], 100, steep) == pytest.approx(flat + target * (10 - 1) / 28)
+
+
+def test_a_dearer_batch_pass_admits_fewer_tokens():
+    betas, caps = [0.9, 0.85, 0.8, 0.75], [6] * 4
+    cheap = shared_lengths(betas, caps, 100, TABLE)
+    steep = shared_lengths(betas, caps, 100, _steep(3.0))
+    assert sum(steep) < sum(cheap)
+    assert all(s <= c for s, c in zip(steep, cheap, strict=True))  # no request drafts longer for it
+    assert shared_lengths([0.8], [6], 100, _steep(3.0)) == shared_lengths([0.8], [6], 100, TABLE)  # alone: unchanged

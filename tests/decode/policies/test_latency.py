@@ -9,7 +9,7 @@ import torch
 
 from decode.drafting.actions import Action
 from decode.models.cached_lm import CachedLM
-from decode.policies.latency import LatencyTable, measure_latency
+from decode.policies.latency import BatchCost, LatencyTable, measure_batch_cost, measure_latency
 from tests.factories import tiny_llama
 
 # draft: 1 ms + 0.01 ms per context token, +0.1 ms per extra block token; target: 10x that
@@ -243,3 +243,83 @@ def test_the_machines_table_is_measured_once_per_pair_and_machine(monkeypatch, t
     machine_table(target, draft, "f" * 64, tmp_path, heard.append)
     assert len(heard) == 3 and LatencyTable.from_json(path.read_text(encoding="utf-8")).pair == "f" * 64
     assert "measured again" in heard[2] and "measured again" not in heard[0]  # one line says why it measures
+
+
+# --- what a batch's passes cost beyond the table (BatchCost) --------------------------------------------------------
+def _batch_cost(target_at_4: float = 2.0, draft_at_4: float = 1.5):
+    """Ratios 1 at one sequence; at four, ``target_at_4``/``draft_at_4`` at the longer context, half as much more at
+    the shorter."""
+    def grid(at_4: float) -> list:
+        return [[[1.0, 1.0], [1.0, 1.0]], [[1 + (at_4 - 1) / 2] * 2, [at_4] * 2]]
+
+    return BatchCost([1, 4], [64, 256], [1, 16], grid(draft_at_4), grid(target_at_4))
+
+
+def test_a_batch_cost_prices_a_pass_beside_other_requests():
+    table = LatencyTable(**{**TABLE.__dict__, "batch": _batch_cost()})
+    assert table.batch_target(100, 5, 1) == pytest.approx(TABLE.target(100, 5))  # one sequence: the table's pass
+    assert table.batch_target(256, 5, 4) == pytest.approx(2.0 * TABLE.target(256, 5))
+    assert table.batch_draft(256, 5, 4) == pytest.approx(1.5 * TABLE.draft(256, 5))
+    assert table.batch_target(64, 5, 4) == pytest.approx(1.5 * TABLE.target(64, 5))
+    assert table.batch_target(256, 5, 2) == pytest.approx((1 + 1 / 3) * TABLE.target(256, 5))  # linear in R
+    assert table.batch_target(256, 5, 8) == pytest.approx(2.0 * TABLE.target(256, 5))  # held past the grid
+    assert TABLE.batch_target(256, 5, 4) == TABLE.target(256, 5)  # a table without batch costs prices none
+
+
+def test_a_batch_cost_rides_in_the_tables_json_and_older_tables_still_read():
+    table = LatencyTable(**{**TABLE.__dict__, "batch": _batch_cost()})
+    again = LatencyTable.from_json(table.to_json())
+    assert again == table and isinstance(again.batch, BatchCost)
+    old = json.dumps({k: v for k, v in json.loads(TABLE.to_json()).items() if k != "batch"})  # written before it
+    assert LatencyTable.from_json(old) == TABLE and LatencyTable.from_json(old).batch is None
+    assert BatchCost.from_json(_batch_cost().to_json()) == _batch_cost()
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"sequences": [2, 4]}, "start at 1"),
+    ({"sizes": [4, 1]}, "sizes must be"),
+    ({"target_ratio": [[[1.0, 1.0]]]}, "target_ratio must be 2 × 2 × 2"),
+    ({"draft_ratio": [[[1.0, 1.0], [1.0, 0.0]], [[1.0, 1.0], [1.0, 1.0]]]}, "finite positive"),
+    ({"colour": "red"}, "colour"),
+])
+def test_a_batch_cost_that_cannot_be_read_is_refused_in_user_terms(change, words):
+    data = {**json.loads(_batch_cost().to_json()), **change}
+    with pytest.raises(ValueError, match=words):
+        BatchCost.from_json(json.dumps(data))
+
+
+def test_measure_batch_cost_times_the_shared_caches_own_passes():
+    target = CachedLM(tiny_llama(seed=1, vocab=32, hidden=32, layers=2))
+    draft = CachedLM(tiny_llama(seed=2, vocab=32, hidden=32, layers=1))
+    ticks = []
+    cost = measure_batch_cost(target, draft, sequences=[2, 3], lengths=[8, 20], sizes=[1, 3, 4], repeats=2,
+                              warmup=1, pair="p" * 64, tick=lambda: ticks.append(1))
+    assert (cost.sequences, cost.lengths, cost.sizes, cost.pair) == ([1, 2, 3], [8, 20], [1, 3, 4], "p" * 64)
+    assert cost.draft_ratio[0] == [[1.0] * 3] * 2 and cost.target_ratio[0] == [[1.0] * 3] * 2  # one sequence: 1
+    assert all(v > 0 for plane in cost.target_ratio for row in plane for v in row)
+    assert len(ticks) == 2 * 3 * 2  # each model's sweep at each length, per repeat (warm-up included)
+    assert target.length == 0 and draft.length == 0 and target.slots.length == 0  # plain caches again
+    target.prefill([1, 2, 3])  # the models decode on their own afterwards
+    assert target.length == 3
+
+
+def test_the_machines_batch_cost_is_measured_once_beside_its_table(monkeypatch, tmp_path):
+    from decode.models.machine_cache import cache_file, machine_identity
+    from decode.policies import latency
+
+    target = CachedLM(tiny_llama(seed=1, vocab=32, hidden=32, layers=2))
+    draft = CachedLM(tiny_llama(seed=2, vocab=32, hidden=32, layers=1))
+    monkeypatch.setattr(latency, "BATCH_LENGTHS", (8,))
+    calls = []
+    real = latency.measure_batch_cost
+    monkeypatch.setattr(latency, "measure_batch_cost",
+                        lambda *a, **k: calls.append(1) or real(*a, **{**k, "repeats": 1, "warmup": 0,
+                                                                       "sequences": [2], "sizes": [1, 2]}))
+    heard = []
+    cost, path = latency.machine_batch_cost(target, draft, "f" * 64, tmp_path, heard.append)
+    identity = machine_identity(target, draft)
+    assert path == cache_file(tmp_path, "batch cost", "f" * 64, identity) and path.name.startswith("batch-")
+    assert path != cache_file(tmp_path, "latency table", "f" * 64, identity)  # a file of its own beside the table
+    assert cost.machine == identity and len(heard) == 1 and "batch cost" in heard[0]
+    again, same = latency.machine_batch_cost(target, draft, "f" * 64, tmp_path, heard.append)
+    assert (again, same, len(calls), len(heard)) == (cost, path, 1, 1)  # read, not measured
