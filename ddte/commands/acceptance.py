@@ -4,7 +4,8 @@
 probability, the depth and the temperature (selector/acceptance/acceptance.py). The model starts from the entropy and
 adds a residual on the hidden state; the best validation loss is kept. It prints the test prompts' R², cross-entropy and
 calibration beside the entropy alone, overall and per category, and checks the ONNX file against torch.
-An expander fitted with `ddte expander --acceptance FILE` reads β̂ from it.
+An expander fitted with `ddte expander --acceptance FILE` reads β̂ from it. data.label=realized fits the drawn tokens'
+realized acceptance min(1, p(x)/q(x)) instead of β (a dense set of schema 2; the test figures stay against β).
 
 The config is typed YAML (default configs/acceptance/default.yaml); any key is overridden as KEY=VALUE.
 
@@ -12,6 +13,7 @@ Examples:
   ddte dense-labels --pair qwen-coder --output data/dense/qwen --num-prompts 200 --first-prompt 50
   ddte acceptance --data data/dense/qwen --output models/acceptance/qwen-coder.onnx
   ddte acceptance --data data/dense/qwen --output a.onnx model.width=32 trainer.max_epochs=10
+  ddte acceptance --data data/dense/qwen --output realized.onnx data.label=realized
 """
 
 from __future__ import annotations

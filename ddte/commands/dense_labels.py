@@ -1,6 +1,7 @@
-"""Label every position of sampled continuations as a node: the draft's features there, 1 − TV(p, q) and each
-verifier's exact acceptance of K = 1..k_max one-token drafts (data_gen/dense.py). Cheap per-node training data for an
-acceptance model: one draft pass per token and one target pass per continuation, on the kernels the loop runs.
+"""Label every position of sampled continuations as a node: the draft's features there, 1 − TV(p, q), each
+verifier's exact acceptance of K = 1..k_max one-token drafts, the drawn token's realized acceptance min(1, p(x)/q(x))
+and the draw signals (data_gen/dense.py). Cheap per-node training data for an acceptance model: one draft pass per
+token and one target pass per continuation, on the kernels the loop runs.
 
 The output is a HF datasets parquet folder with its card (README.md) and dense.json, in a new or empty folder;
 --resume continues a stopped run chunk by chunk, --shard i/N splits the prompts' chunks between processes sharing

@@ -39,6 +39,10 @@ def test_it_writes_a_data_set_with_its_card_and_resumes(tmp_path, capsys):
     metadata = json.loads((out / "dense.json").read_text())
     assert metadata["spec"]["continuations"] == 2 and metadata["verifiers"] == ["specinfer", "traversal"]
     assert "accept_specinfer_k1..3" in (out / "README.md").read_text()
+    # schema 2: the drawn token's realized labels (both verifiers' is `realized`) and the draw signals
+    assert metadata["schema_version"] == 2 and "`realized`: specinfer, traversal" in (out / "README.md").read_text()
+    assert all(0.0 <= r["realized"] <= 1.0 and r["token_q"] > 0 and isinstance(r["draw_rank"], int) for r in rows)
+    assert all((r["draw_q"], r["draw_rank"], r["draw_top"]) == (1.0, 0, 1.0) for r in rows if r["depth"] == 0)
     # a stopped run: one shard missing, resumed, the same rows again
     (out / "dense-00001.parquet").unlink()
     assert main([*ARGS, "--output", str(out), "--resume"]) == 0
@@ -56,6 +60,11 @@ def test_an_existing_data_set_or_another_is_refused_in_one_line(tmp_path, capsys
     err = _error(capsys.readouterr().err)
     assert "holds another dense data set" in err and "\n" not in err
     assert "spec.length (5 there, 6 here)" in err and "seed (0 there, 3 here)" in err and "kernel" not in err
+    # a schema-1 set is not continued with schema-2 rows
+    old = json.loads((out / "dense.json").read_text())
+    (out / "dense.json").write_text(json.dumps({**old, "schema_version": 1}))
+    assert main([*ARGS, "--output", str(out), "--resume"]) == 2
+    assert "schema_version (1 there, 2 here)" in _error(capsys.readouterr().err)
     assert main([*ARGS, "--output", str(tmp_path / "x"), "--verifiers", "rsd"]) == 2
     assert "not i.i.d. draws" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
