@@ -18,6 +18,11 @@ its first draft pass runs right after the target pass has pushed the small draft
 On the shipped pair, one thread: inside the loop a warm one-token draft pass took 0.35–0.43 ms and the cold first one
 0.85 ms; the table's c(l) measures 0.51–0.53 ms. Without c(l), T̂ left that much of every step out, and without the
 sampling work ~0.07 ms of each draft pass; both made the model favour other trees than the loop does.
+
+A batch (decode/batch.py) runs its passes through one cache that holds every request, where each query attends over
+every request's slots: a :class:`BatchCost`, measured once per machine through that cache's own passes and cached
+beside the table, says how much dearer such a pass is than the table's one-sequence pass of as many tokens, by the
+requests in the cache, their context and the pass size (``LatencyTable.batch``, read by the shared budget).
 """
 
 from __future__ import annotations
@@ -508,9 +513,9 @@ def _timed_shared_pass(cache, seqs: Sequence[int], tokens: list[int], rng: Torch
 def machine_batch_cost(target: CachedLM, draft: CachedLM, fingerprint: str, cache: Path,
                        announce: Callable[[str], None] | None = None,
                        progress: bool = False) -> tuple[BatchCost, Path]:
-    """This pair's :class:`BatchCost` on the running machine: read from ``cache`` or measured once (about two minutes
-    for a 1.5B target on one CPU thread), as :func:`machine_table` does, in a file of its own beside the table's (a
-    table cached before batch costs existed still serves)."""
+    """This pair's :class:`BatchCost` on the running machine: read from ``cache`` or measured once (3 minutes for the
+    Qwen pair's 1.5B target on one thread of the Zen 5, mostly filling 8 requests' caches), as :func:`machine_table`
+    does, in a file of its own beside the table's (a table cached before batch costs existed still serves)."""
     def measure() -> BatchCost:
         from tqdm import tqdm
 
