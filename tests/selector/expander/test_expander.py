@@ -174,3 +174,20 @@ def test_the_file_carries_its_episodes_and_each_machine_refits_the_rule_on_them(
     assert "refitted on this machine's latency table" in flat.describe(sampling)
     started = flat.start(sampling)
     assert (started.name == "static") != on_flat.runs
+
+
+def test_every_shipped_expander_carries_the_fit_set_of_each_rule():
+    """A shipped file without fit sets would keep its fitting machine's thresholds (the profile guard) on every CPU;
+    with them the decoder refits each rule on its own latency table (decode/policies/machine_fit.py)."""
+    from decode.policies.expander_file import read_expander_metadata
+    from decode.policies.machine_fit import FitSet
+    from tests.factories import REPO
+
+    files = sorted((REPO / "models" / "expanders").glob("*.onnx"))
+    assert files
+    for path in files:
+        meta = read_expander_metadata(path)
+        assert len(meta.fit_sets) == len(meta.rules), path.name
+        for fit in meta.fit_sets:
+            fit_set = FitSet.from_dict(fit)
+            assert len(set(fit_set.prompts.tolist())) >= 2, path.name  # the refit cross-fits by prompt
