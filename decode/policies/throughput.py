@@ -11,6 +11,10 @@ the inverse of the time per token averaged over positions; its tokens per step i
 positions. The ratio of sums Σ Ê / Σ T̂ would count every root as one step and overrate actions whose Ê varies much
 from root to root, long chains above all. On the shipped pair's default collection the ratio of sums put (1,0,7)
 1.28× above (1,0,3) in tokens per step; the decoding loop measured 1.16–1.22× and this estimator gives 1.20–1.21×.
+On the Qwen2.5-Coder pair it does not hold: on the bench's own prompts it reads the loop's tokens per step 24 % low
+and 35 % low for a 4-token trunk, where an arithmetic mean with each trajectory's first root weighted as one step of
+a generation reads 7.6 % low (docs/selector.md): Ê there varies from token to token more than from region to region,
+so the loop does not linger where Ê is low.
 
 Because TP is a sum of per-root terms, the per-root argmax of Ê / T̂ is also the stream optimum: no rule beats the
 per-root oracle.
