@@ -138,12 +138,7 @@ class LatencyTable:
     @classmethod
     def from_json(cls, text: str) -> LatencyTable:
         """The table of a JSON text; ValueError naming what is wrong (not JSON, missing or unknown keys, a shape)."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"latency table: not JSON ({err.msg})") from err
-        if not isinstance(data, dict):
-            raise ValueError("latency table: expected a JSON object")
+        data = _json_object(text, "latency table")
         needed = {"lengths", "sizes", "draft_ms", "target_ms"}
         known = needed | {"device", "step_extra_ms", "pair", "machine", "batch"}
         if not needed <= set(data) or not set(data) <= known:
@@ -218,16 +213,22 @@ class BatchCost:
     @classmethod
     def from_json(cls, text: str) -> BatchCost:
         """The ratios of a JSON text; ValueError naming what is wrong."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"batch cost: not JSON ({err.msg})") from err
-        if not isinstance(data, dict):
-            raise ValueError("batch cost: expected a JSON object")
+        data = _json_object(text, "batch cost")
         try:
             return cls(**data)
         except TypeError as err:
             raise ValueError(f"batch cost: {err}") from err
+
+
+def _json_object(text: str, what: str) -> dict:
+    """The JSON object ``text`` holds; ValueError starting with ``what`` for anything else."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what}: not JSON ({err.msg})") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}: expected a JSON object")
+    return data
 
 
 def _interpolate_3d(sequences, lengths, sizes, grid, count, length, size) -> float:
