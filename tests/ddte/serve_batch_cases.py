@@ -30,6 +30,7 @@ from tests.ddte.serve_cases import (
     post,
     running,
     served,
+    two_token_law,
     wait_until,
 )
 
@@ -94,16 +95,10 @@ def case_same_tokens(pairs: dict, folder: Path) -> None:
 def case_exact_law(pairs: dict, folder: Path) -> None:
     """The first two tokens of 800 seeded T = 1 requests from 4 concurrent clients, decoded in batches of 4, against
     the target's exact law (χ²); a batch whose verifier is shown the wrong q fails the same test."""
-    from decode.pair import load_pair_config
     from tests.decode.test_lossless import P_VALUE, SAMPLES, UniformDraftSpecInfer, chi2_p_value
     from tests.decode.test_lossless import PROMPT as IDS
 
-    pair = load_pair_config(pairs["toy"])
-    with torch.inference_mode():
-        first = torch.softmax(pair.target.model(torch.tensor([IDS])).logits[0, -1].double(), -1)
-        second = torch.softmax(pair.target.model(torch.tensor([IDS + [a] for a in range(8)])).logits[:, -1].double(),
-                               -1)
-    exact = {(a, b): float(first[a] * second[a, b]) for a in range(8) for b in range(8)}
+    exact = two_token_law(pairs["toy"], IDS)
     bodies = [{"model": MODEL, "prompt": IDS, "max_tokens": 2, "seed": seed} for seed in range(SAMPLES)]
     for verifier, should_pass in ((None, True), (UniformDraftSpecInfer(), False)):
         serve = served_batch(pairs["toy"], "specinfer@1,4,0", verifier=verifier, eos=False)

@@ -197,19 +197,25 @@ def case_same_as_generate(pairs: dict, folder: Path) -> None:
             assert answer["ddte"]["token_ids"] == want
 
 
+def two_token_law(pair_yaml: Path, ids: list[int]) -> dict[tuple[int, int], float]:
+    """The toy target's exact law of the first two tokens after ``ids`` (its 8-token vocabulary), by (a, b)."""
+    from decode.pair import load_pair_config
+
+    pair = load_pair_config(pair_yaml)
+    with torch.inference_mode():
+        first = torch.softmax(pair.target.model(torch.tensor([ids])).logits[0, -1].double(), -1)
+        second = torch.softmax(pair.target.model(torch.tensor([ids + [a] for a in range(8)])).logits[:, -1].double(),
+                               -1)
+    return {(a, b): float(first[a] * second[a, b]) for a in range(8) for b in range(8)}
+
+
 def case_exact_law(pairs: dict, folder: Path) -> None:
     """The first two tokens of 800 seeded T = 1 requests against the target's exact law (χ², as the loop tests); a
     server whose verifier is shown the wrong q fails the same test."""
-    from decode.pair import load_pair_config
     from tests.decode.test_lossless import P_VALUE, SAMPLES, UniformDraftSpecInfer, chi2_p_value
     from tests.decode.test_lossless import PROMPT as IDS
 
-    pair = load_pair_config(pairs["toy"])
-    with torch.inference_mode():
-        first = torch.softmax(pair.target.model(torch.tensor([IDS])).logits[0, -1].double(), -1)
-        second = torch.softmax(pair.target.model(torch.tensor([IDS + [a] for a in range(8)])).logits[:, -1].double(),
-                               -1)
-    exact = {(a, b): float(first[a] * second[a, b]) for a in range(8) for b in range(8)}
+    exact = two_token_law(pairs["toy"], IDS)
     for verifier, should_pass in ((None, True), (UniformDraftSpecInfer(), False)):
         serve = served(pairs["toy"], "specinfer@1,4,0", verifier=verifier, eos=False)  # every token counts, as there
         counts: dict = {}
