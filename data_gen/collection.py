@@ -300,6 +300,8 @@ def dataset_metadata(config: CollectConfig, facts: dict, verifiers: list[str], l
                      for p in config.sampling.top_ps],
         "trees_per_root": config.trees_per_root,
         "stride": config.stride,
+        "roots": config.roots,
+        "reference_trunk": config.reference_trunk,
         "trajectories": config.trajectories,
         "new_tokens": config.new_tokens,
         "seed": config.seed,

@@ -42,6 +42,9 @@ from decode.policies.features import HIDDEN_NAMES, root_features
 from decode.policies.latency import LatencyTable, draft_passes
 from decode.verifiers import Verifier
 
+ROOT_SPACINGS = ("positions", "steps")  # roots every stride tokens, or at every stride-th step of a reference loop
+STEP_STREAM = 7919  # seeds the step sampling apart from the trajectory's tokens
+
 
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed from integers (stable across runs, platforms and processes)."""
@@ -86,6 +89,8 @@ class Collector:
         seed: int,
         target_chunk: int = 1024,
         eos_token_id: int | None = None,
+        roots: str = "positions",
+        reference_trunk: int = 3,
     ) -> None:
         self.target, self.draft = target, draft
         self.verifiers, self.actions, self.latency = list(verifiers), list(actions), latency
@@ -93,6 +98,11 @@ class Collector:
         self.k_max, self.l_max, self.trees = k_max, l_max, trees_per_root
         self.new_tokens, self.stride, self.seed = new_tokens, stride, seed
         self.target_chunk, self.eos = target_chunk, eos_token_id
+        if roots not in ROOT_SPACINGS:
+            raise ValueError(f"roots must be one of {', '.join(ROOT_SPACINGS)}, not {roots!r}")
+        if reference_trunk < 1:
+            raise ValueError("reference_trunk must be >= 1")
+        self.roots, self.reference_trunk = roots, reference_trunk
         self.context_limit = min(target.context_limit, draft.context_limit)
 
     def root_positions(self, prompt_length: int) -> list[int]:
@@ -110,6 +120,8 @@ class Collector:
         target_at = [_Position(t_logits[i], t_hidden[i]) for i in (-2, -1)]
         d_logits, d_hidden = prefill_to_root(self.draft, ids, output_hidden=True)  # as the loop runs its draft
         draft_at = [_Position(d_logits[0], d_hidden[0]), _Position(d_logits[1], d_hidden[1])]
+        if self.roots == "steps":
+            return self._step_rows(job, len(ids), target_at, draft_at, generator)
         rows = []
         roots = self.root_positions(len(ids))
         for number, position in enumerate(roots):
@@ -122,6 +134,42 @@ class Collector:
             d_logits, d_hidden = self.draft.extend(new, commit=True, output_hidden=True)
             draft_at = (draft_at + [_Position(lg, h) for lg, h in zip(d_logits, d_hidden, strict=True)])[-2:]
         return rows
+
+    def _step_rows(self, job: TrajectoryJob, prompt_length: int, target_at, draft_at,
+                   generator: torch.Generator) -> list[dict]:
+        """Rows at the starts of every ``stride``-th step of the reference chain's loop along the trajectory.
+
+        The loop does not visit positions evenly: it starts a step where the last one ended, right after a token the
+        target drew (a correction or a bonus). Given the trajectory, which tokens a chain of ``reference_trunk``
+        drafted tokens would have had accepted is exact to sample token by token (:func:`accepted_as_drafted`), so
+        the roots are a uniform sample of that loop's steps: the first kept step at a random offset below
+        ``stride``, then every ``stride``-th. Each root stands for one step, and the stream's tokens per step is the
+        roots' mean Ê (decode/policies/throughput.py).
+        """
+        last = min(prompt_length - 1 + self.new_tokens - 1, self.context_limit - 2 * self.l_max - 2)
+        steps = torch.Generator().manual_seed(derive_seed(self.seed, job.prompt_index, job.sampling_index,
+                                                          job.trajectory, STEP_STREAM))
+        offset = int(torch.randint(self.stride, (1,), generator=steps))
+        rows, position, step, depth = [], prompt_length - 1, 0, 0
+        while True:
+            if depth == 0:  # a step starts at this position
+                if step % self.stride == offset:
+                    rows.append(self._root_row(job, position, target_at, draft_at))
+                step += 1
+            if position >= last:
+                return rows
+            p = distributions(target_at[-1].logits, job.sampling).double().cpu()
+            q = distributions(draft_at[-1].logits, job.sampling).double().cpu()
+            token = int(torch.multinomial(p, 1, generator=generator))
+            if token == self.eos:
+                return rows
+            drafted = depth < self.reference_trunk and accepted_as_drafted(p, q, token, steps)
+            depth = depth + 1 if drafted else 0  # a correction or a bonus token ends the step
+            logits, hidden = self.target.extend([token], commit=True, output_hidden=True)
+            target_at = [target_at[-1], _Position(logits[-1], hidden[-1])]
+            d_logits, d_hidden = self.draft.extend([token], commit=True, output_hidden=True)
+            draft_at = [draft_at[-1], _Position(d_logits[-1], d_hidden[-1])]
+            position += 1
 
     def _advance(self, target_at, sampling: SamplingConfig, generator: torch.Generator, steps: int):
         """Sample ``steps`` target tokens; returns them, the last two positions' outputs, and whether EOS came."""
@@ -242,6 +290,23 @@ def trunk_states(forest: UnionForest, q: torch.Tensor, hidden: dict[int, torch.T
         TRUNK_DRAW_COLUMNS[1]: [d.rank for d in draws],
         TRUNK_DRAW_COLUMNS[2]: [d.top for d in draws],
     }
+
+
+def kept_probability(p: torch.Tensor, q: torch.Tensor, token: int) -> float:
+    """P(the loop's output ``token`` was the draft's kept proposal | the output is ``token``).
+
+    In a chain step the draft proposes y ~ q and keeps it with probability min(1, p(y)/q(y)), else the target draws
+    from the residual; the output is p-distributed and P(kept, output = x) = min(p(x), q(x)), so given the output x
+    the proposal was kept with probability min(p(x), q(x)) / p(x). ``p``, ``q`` ``(V,)`` the step's sampling laws.
+    """
+    p_x, q_x = float(p[token]), float(q[token])
+    return min(1.0, q_x / p_x) if p_x > 0 else 0.0
+
+
+def accepted_as_drafted(p: torch.Tensor, q: torch.Tensor, token: int, generator: torch.Generator) -> bool:
+    """A coin of weight :func:`kept_probability`, drawn after ``token``: with it, the pair (token, kept) has the
+    loop's joint law, so the step boundaries it marks along a target trajectory are the reference loop's."""
+    return bool(torch.rand((), generator=generator, dtype=torch.float64) < kept_probability(p, q, token))
 
 
 def root_positions(prompt_length: int, spec, context_limit: int) -> list[int]:

@@ -67,7 +67,9 @@ class CollectConfig:
     sampling: SamplingGrid = field(default_factory=SamplingGrid)
     trajectories: int = 1  # target trajectories per (prompt, sampling configuration)
     new_tokens: int = 128  # length of each trajectory
-    stride: int = 16  # a root every stride tokens of the trajectory (the first at the prompt's end)
+    stride: int = 16  # a root every stride tokens of the trajectory (the first at the prompt's end), or steps
+    roots: str = "positions"  # positions: every stride tokens; steps: every stride-th step of a reference chain loop
+    reference_trunk: int = 3  # the reference loop's chain length (roots: steps)
     k_max: int = 4
     l_max: int = 8
     verifiers: list[str] = field(default_factory=lambda: list(DEFAULT_VERIFIERS))
@@ -98,6 +100,8 @@ def check_collect_config(config: CollectConfig) -> CollectConfig:
         (config.trajectories >= 1, "trajectories must be >= 1"),
         (config.new_tokens >= 1, "new_tokens must be >= 1"),
         (config.stride >= 1, "stride must be >= 1"),
+        (config.roots in ("positions", "steps"), "roots must be positions or steps"),
+        (config.reference_trunk >= 1, "reference_trunk must be >= 1"),
         (config.prompts_per_shard >= 1, "prompts_per_shard must be >= 1"),
         (config.workers >= 1, "workers must be >= 1"),
         (config.engine in ("local", "ray"), "engine must be local or ray"),

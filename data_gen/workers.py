@@ -202,7 +202,8 @@ class ChunkWorker:
             parse_actions(meta["actions"]), LatencyTable(**meta["latency"]),
             k_max=config.k_max, l_max=config.l_max, trees_per_root=config.trees_per_root,
             new_tokens=config.new_tokens, stride=config.stride, seed=config.seed,
-            target_chunk=config.target_chunk, eos_token_id=eos,
+            target_chunk=config.target_chunk, eos_token_id=eos, roots=config.roots,
+            reference_trunk=config.reference_trunk,
         )
         self.labels = [*meta["label_columns"], *meta["acceptance_columns"], *meta["tree_columns"],
                        *meta["trunk_columns"]]
