@@ -27,6 +27,7 @@ from decode.policies.rule_fit import (
     ActionIndex,
     best_rule,
     candidate_rules,
+    episode_sums,
     folds_by_prompt,
     rule_terms,
     static_throughputs,
@@ -57,10 +58,11 @@ class MachineEpisodes:
     trunk_pass_ms: np.ndarray  # (N,)
     actions: list[Action]
     prompts: np.ndarray  # (N,)
+    per_step: bool  # the roots sample a loop's steps (decode/policies/throughput.py)
 
     def take(self, rows: np.ndarray) -> MachineEpisodes:
         return MachineEpisodes(self.be[rows], self.step[rows], self.trunk_pass_ms[rows], self.actions,
-                               self.prompts[rows])
+                               self.prompts[rows], self.per_step)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ class FitSet:
         signals: name → ``(N, s, D)`` the signal at trunk depths 0..D-1, as the decoder computes it (β̂ signals
             out of fold: as noisy as on new prompts).
         l_max, k_max: the grid's bounds.
+        roots: where the collection put its roots, ``"positions"`` or ``"steps"`` (how they stand for a stream:
+            decode/policies/throughput.py); files written before it was recorded are positions.
     """
 
     actions: list[str]
@@ -84,8 +88,11 @@ class FitSet:
     signals: dict[str, np.ndarray]
     l_max: int
     k_max: int
+    roots: str = "positions"
 
     def __post_init__(self) -> None:
+        if self.roots not in ("positions", "steps"):
+            raise ValueError(f"a fit set's roots are positions or steps, not {self.roots!r}")
         n, s, a = self.be.shape
         if len(self.actions) != a or self.lengths.shape != (n,) or self.prompts.shape != (n,):
             raise ValueError("a fit set's labels, lengths and prompts must cover the same roots and actions")
@@ -96,14 +103,16 @@ class FitSet:
         """JSON-ready: float16 and int32 arrays, base64 (no pickle)."""
         return {"actions": self.actions, "be": _encode(self.be, "<f2"), "lengths": _encode(self.lengths, "<i4"),
                 "prompts": _encode(self.prompts, "<i4"), "l_max": self.l_max, "k_max": self.k_max,
-                "signals": {name: _encode(values, "<f2") for name, values in self.signals.items()}}
+                "signals": {name: _encode(values, "<f2") for name, values in self.signals.items()},
+                "roots": self.roots}
 
     @classmethod
     def from_dict(cls, data: dict) -> FitSet:
         try:
             return cls(list(data["actions"]), _decode(data["be"]), _decode(data["lengths"]).astype(np.int64),
                        _decode(data["prompts"]).astype(np.int64),
-                       {str(k): _decode(v) for k, v in data["signals"].items()}, int(data["l_max"]), int(data["k_max"]))
+                       {str(k): _decode(v) for k, v in data["signals"].items()}, int(data["l_max"]), int(data["k_max"]),
+                       str(data.get("roots", "positions")))
         except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ValueError(f"malformed fit set ({err})") from err
 
@@ -113,7 +122,7 @@ class FitSet:
         passes = draft_passes(actions)
         step = np.stack([table.step_ms_many(int(length), passes) for length in self.lengths])
         look = np.array([table.draft(int(length), 1) for length in self.lengths])
-        return MachineEpisodes(self.be, step, look, actions, self.prompts)
+        return MachineEpisodes(self.be, step, look, actions, self.prompts, self.roots == "steps")
 
     def machine_signals(self, table: LatencyTable) -> dict[str, np.ndarray]:
         """Every signal a rule may halt on here: the stored ones and, from a β̂ signal, the marginal rule on this
@@ -165,14 +174,15 @@ def cross_fitted_ratios(data: MachineEpisodes, signals: dict[str, np.ndarray], l
     groups = folds_by_prompt(data.prompts, folds)
     if len(groups) < 2:
         return {}
-    static_time, times = 0.0, dict.fromkeys(signals, 0.0)
+    static_sums, sums = np.zeros(2), {name: np.zeros(2) for name in signals}  # (tokens, ms) held out
     for test_rows in groups:
         train_rows = np.setdiff1d(np.arange(len(data.be)), test_rows)
         train, test = data.take(train_rows), data.take(test_rows)
         static = int(np.argmax(static_throughputs(train)))
-        static_time += float((test.step[:, static] / np.nanmean(test.be[:, :, static], axis=1)).sum())
+        static_sums += episode_sums(test.be[:, :, static], test.step[:, static, None], test.per_step)
         for name, values in signals.items():
             rule = best_rule(train, values[train_rows], candidate_rules(values[train_rows], l_max, k_max), index)
-            terms, _ = rule_terms(test, values[test_rows], rule, index)
-            times[name] += float(terms.sum())
-    return {name: static_time / time for name, time in times.items()}
+            (tokens, ms), _ = rule_terms(test, values[test_rows], rule, index)
+            sums[name] += (tokens.sum(), ms.sum())
+    static_rate = static_sums[0] / static_sums[1]
+    return {name: float(total[0] / total[1] / static_rate) for name, total in sums.items()}

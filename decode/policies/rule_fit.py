@@ -6,7 +6,8 @@ chosen by the same code. numpy only.
 
 An *episode set* is anything with ``be`` ``(N, s, A)`` (each root's per-tree Ê[τ+1] of every action, NaN where the
 verifier has no label), ``step`` ``(N, A)`` (T̂ of every action at the root's context length, on some machine),
-``trunk_pass_ms`` ``(N,)`` (one draft pass there) and ``actions`` (the A actions): selector's ``EpisodeData`` and
+``trunk_pass_ms`` ``(N,)`` (one draft pass there), ``actions`` (the A actions) and ``per_step`` (the roots sample
+a loop's steps, else trajectory positions: decode/policies/throughput.py): selector's ``EpisodeData`` and
 machine_fit's ``MachineEpisodes`` both are.
 """
 
@@ -20,7 +21,7 @@ import numpy as np
 from decode.drafting.actions import Action
 from decode.policies.halting import HaltingRule, halting_depth
 from decode.policies.throughput import static_throughputs as static_over_roots
-from decode.policies.throughput import time_per_token
+from decode.policies.throughput import stream_terms
 
 
 class Episodes(Protocol):
@@ -28,6 +29,7 @@ class Episodes(Protocol):
     step: np.ndarray
     trunk_pass_ms: np.ndarray
     actions: list[Action]
+    per_step: bool
 
 
 class ActionIndex:
@@ -72,22 +74,24 @@ def rule_step_ms(data: Episodes, rule: HaltingRule, depth: np.ndarray, columns: 
     return data.step[rows, columns] + data.trunk_pass_ms[:, None] * looks_at_halting_node(rule, depth)
 
 
-def episode_sums(be: np.ndarray, step: np.ndarray) -> tuple[float, float]:
-    """(N, Σ_i T̄_i / Ē_i) for ``be`` ``(N, s)`` and ``step`` ``(N, s)`` or ``(N, 1)``: each root's Ê and T̂
+def episode_sums(be: np.ndarray, step: np.ndarray, per_step: bool) -> tuple[float, float]:
+    """(tokens, ms) of the stream for ``be`` ``(N, s)`` and ``step`` ``(N, s)`` or ``(N, 1)``: each root's Ê and T̂
     averaged over its trees (the episodes a step there could draw), then the roots combined as the decoding loop
     meets them (decode/policies/throughput.py): the throughput is the first over the second."""
-    return float(len(be)), float(time_per_token(np.nanmean(be, axis=1), step.mean(axis=1)).sum())
+    tokens, ms = stream_terms(np.nanmean(be, axis=1), step.mean(axis=1), per_step)
+    return float(tokens.sum()), float(ms.sum())
 
 
 def rule_terms(data: Episodes, signal: np.ndarray, rule: HaltingRule, index: ActionIndex
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """(``(N,)`` each root's ms per token under ``rule`` halting on ``signal`` ``(N, s, D)``, ``(N, s)`` the action
-    column each episode drafts)."""
+               ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """(``(N,)`` tokens and ``(N,)`` ms each root adds to the stream under ``rule`` halting on ``signal``
+    ``(N, s, D)`` (:func:`~decode.policies.throughput.stream_terms`), ``(N, s)`` the action column each episode
+    drafts)."""
     depth = halting_depth(signal, rule.theta, rule.floor, rule.cap)
     columns = index.terminal_columns(rule)[depth]
     rows, trees = np.arange(len(data.be))[:, None], np.arange(data.be.shape[1])[None, :]
     step = rule_step_ms(data, rule, depth, columns)
-    return time_per_token(np.nanmean(data.be[rows, trees, columns], axis=1), step.mean(axis=1)), columns
+    return stream_terms(np.nanmean(data.be[rows, trees, columns], axis=1), step.mean(axis=1), data.per_step), columns
 
 
 def best_rule(data: Episodes, signal: np.ndarray, rules: list[HaltingRule], index: ActionIndex) -> HaltingRule:
@@ -115,8 +119,9 @@ def best_rule(data: Episodes, signal: np.ndarray, rules: list[HaltingRule], inde
         stops = np.array([not (rule.k > 1 and rule.l2 > 0) for rule, _ in group])  # (T,) chains pay looks
         looked = ((depth >= 1) & (depth < cap))[None] & stops[:, None, None]  # looks_at_halting_node, per terminal
         step = data.step[rows, columns] + data.trunk_pass_ms[None, :, None] * looked
-        per_root = step.mean(axis=2) / np.nanmean(data.be[rows, trees, columns], axis=2)  # (T, N) ms per token
-        values = per_root.shape[1] / per_root.sum(axis=1)
+        tokens, ms = stream_terms(np.nanmean(data.be[rows, trees, columns], axis=2), step.mean(axis=2),
+                                  data.per_step)  # (T, N) each
+        values = tokens.sum(axis=1) / ms.sum(axis=1)
         top = int(np.argmax(values))
         if values[top] > best_value:
             best, best_value = group[top][0], float(values[top])
@@ -126,7 +131,7 @@ def best_rule(data: Episodes, signal: np.ndarray, rules: list[HaltingRule], inde
 def static_throughputs(data: Episodes) -> np.ndarray:
     """``(A,)`` the stream throughput of drafting each action every step (each root's Ê the mean over its trees);
     -inf for an action without a label on some root."""
-    return static_over_roots(np.nanmean(data.be, axis=1), data.step)
+    return static_over_roots(np.nanmean(data.be, axis=1), data.step, data.per_step)
 
 
 def folds_by_prompt(prompts: np.ndarray, folds: int, seed: int = 0) -> list[np.ndarray]:

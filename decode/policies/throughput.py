@@ -1,23 +1,22 @@
 """The decoding throughput that labelled roots predict: the one estimator behind every offline figure.
 
-The collector samples roots at evenly spaced token positions of target trajectories (every ``stride`` tokens). The
-decoding loop does not: it starts each step where the last one ended, so it takes more steps per token where
-acceptance is low. Over a stream whose positions look like the sampled roots, a rule that drafts ``chosen[i]`` at
-root i emits tokens at the rate
+A rule that drafts ``chosen[i]`` at root i is scored by the tokens per ms of a stream whose steps look like the roots.
+How a root stands for the stream depends on where the collector put it (``dataset.json``'s ``roots``):
 
-    TP(chosen) = N / Σ_i T̂[i, chosen_i] / Ê[i, chosen_i]        (tokens per ms)
+- **steps**: roots at a uniform sample of a reference loop's step starts (data_gen/collector.py). Each root is one
+  step, so TP = Σ_i Ê[i, chosen_i] / Σ_i T̂[i, chosen_i], tokens over time. The loop starts its steps right after
+  the tokens the target drew, where the next token is rarely hard; on the bench's own 12 prompts for the
+  Qwen2.5-Coder pair this reads the loop's tokens per step within 1.6 % on average over 12 static rows.
+- **positions**: roots every ``stride`` tokens of a target trajectory. Each root stands for as many tokens, which
+  the loop crosses in about stride / Ê steps: TP = N / Σ_i T̂[i, chosen_i] / Ê[i, chosen_i], the inverse of the time
+  per token averaged over positions. The loop does not visit positions evenly, and how it departs from them depends
+  on the pair: on the shipped pair this read the loop's tokens per step 2.4 % high and the plain mean of Ê 9 % high;
+  on the Qwen pair 22 % low, where the plain mean read 4 % low (docs/selector.md).
 
-the inverse of the time per token averaged over positions; its tokens per step is the harmonic mean of Ê over
-positions. The ratio of sums Σ Ê / Σ T̂ would count every root as one step and overrate actions whose Ê varies much
-from root to root, long chains above all. On the shipped pair's default collection the ratio of sums put (1,0,7)
-1.28× above (1,0,3) in tokens per step; the decoding loop measured 1.16–1.22× and this estimator gives 1.20–1.21×.
-On the Qwen2.5-Coder pair it does not hold: on the bench's own prompts it reads the loop's tokens per step 24 % low
-and 35 % low for a 4-token trunk, where an arithmetic mean with each trajectory's first root weighted as one step of
-a generation reads 7.6 % low (docs/selector.md): Ê there varies from token to token more than from region to region,
-so the loop does not linger where Ê is low.
-
-Because TP is a sum of per-root terms, the per-root argmax of Ê / T̂ is also the stream optimum: no rule beats the
-per-root oracle.
+Either way TP is a ratio of sums of per-root terms (:func:`stream_terms`: tokens and ms). Over position roots the
+per-root argmax of Ê / T̂ is the stream optimum; over step roots the optimum maximises Σ Ê / Σ T̂, where a root may
+rather take a slower, longer action: the argmax of Ê − λ T̂ at the optimal rate λ (:func:`per_root_best`). No rule
+beats that per-root oracle.
 """
 
 from __future__ import annotations
@@ -34,7 +33,16 @@ def time_per_token(be: np.ndarray, step: np.ndarray) -> np.ndarray:
         return np.where(labelled, step / np.where(labelled, be, 1.0), np.nan)
 
 
-def stream_throughput(be: np.ndarray, step: np.ndarray, chosen: np.ndarray) -> float:
+def stream_terms(be: np.ndarray, step: np.ndarray, per_step: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, ms) each root adds to the stream, elementwise over ``be`` and ``step`` (any equal shapes): per-step
+    roots (Ê, T̂); position roots (1, T̂ / Ê). NaN where ``be`` has no label; ValueError for Ê < 1."""
+    ms_per_token = time_per_token(be, step)
+    if per_step:
+        return np.where(np.isfinite(ms_per_token), be, np.nan), np.where(np.isfinite(ms_per_token), step, np.nan)
+    return np.where(np.isfinite(ms_per_token), 1.0, np.nan), ms_per_token
+
+
+def stream_throughput(be: np.ndarray, step: np.ndarray, chosen: np.ndarray, per_step: bool = False) -> float:
     """TP of a rule that picks ``chosen`` ``(N,)`` on roots with labels ``be`` and step times ``step`` ``(N, A)``.
 
     Raises ValueError if a chosen action has no label (NaN): invalid actions must be masked before choosing.
@@ -43,25 +51,51 @@ def stream_throughput(be: np.ndarray, step: np.ndarray, chosen: np.ndarray) -> f
     picked_be, picked_step = be[rows, chosen], step[rows, chosen]
     if not (np.isfinite(picked_be).all() and np.isfinite(picked_step).all()):
         raise ValueError("a chosen action has no label (NaN): invalid actions must be masked before choosing")
-    return float(len(chosen) / time_per_token(picked_be, picked_step).sum())
+    tokens, ms = stream_terms(picked_be, picked_step, per_step)
+    return float(tokens.sum() / ms.sum())
 
 
-def static_throughputs(be: np.ndarray, step: np.ndarray) -> np.ndarray:
+def static_throughputs(be: np.ndarray, step: np.ndarray, per_step: bool = False) -> np.ndarray:
     """``(A,)`` TP of every action used at every root; -inf for an action without a label on some root."""
-    per_root = time_per_token(be, step)
-    usable = np.isfinite(per_root).all(axis=0)
-    total = np.where(usable, np.nan_to_num(per_root).sum(axis=0), 1.0)
-    return np.where(usable, len(be) / total, -np.inf)
+    tokens, ms = stream_terms(be, step, per_step)
+    usable = np.isfinite(ms).all(axis=0)
+    total = np.where(usable, np.nan_to_num(ms).sum(axis=0), 1.0)
+    return np.where(usable, np.nan_to_num(tokens).sum(axis=0) / total, -np.inf)
 
 
-def best_static(be: np.ndarray, step: np.ndarray) -> int:
+def best_static(be: np.ndarray, step: np.ndarray, per_step: bool = False) -> int:
     """Index of the action with the highest TP, among actions labelled on every root."""
-    throughput = static_throughputs(be, step)
+    throughput = static_throughputs(be, step, per_step)
     if not np.isfinite(throughput).any():
         raise ValueError("no action has a label on every root")
     return int(np.argmax(throughput))
 
 
+def per_root_best(be: np.ndarray, step: np.ndarray, per_step: bool = False) -> np.ndarray:
+    """``(N,)`` the action of each root that together maximise the stream throughput, among labelled actions of
+    ``be``, ``step`` ``(N, A)``: the argmax of Ê / T̂ for position roots; for step roots Dinkelbach's iteration on
+    Σ Ê / Σ T̂ (argmax Ê − λ T̂, λ the rate of the last choice), which never lowers the rate and stops where the
+    choice repeats."""
+    labelled = np.isfinite(be) & np.isfinite(step)
+    chosen = np.argmax(np.where(labelled, be / np.where(labelled, step, 1.0), -np.inf), axis=1)
+    if not per_step:
+        return chosen
+    rows = np.arange(len(be))
+    for _ in range(100):
+        rate = be[rows, chosen].sum() / step[rows, chosen].sum()
+        better = np.argmax(np.where(labelled, be - rate * np.where(labelled, step, 0.0), -np.inf), axis=1)
+        if np.array_equal(better, chosen):
+            break
+        chosen = better
+    return chosen
+
+
+def block_efficiency(be: np.ndarray, per_step: bool = False) -> float:
+    """The tokens per step the loop makes with one action whose per-root Ê is ``be`` ``(N,)``: the mean over step
+    roots, N / Σ 1/Ê over position roots."""
+    return float(be.mean() if per_step else len(be) / (1.0 / be).sum())
+
+
 def harmonic_block_efficiency(be: np.ndarray) -> float:
-    """The tokens per step the loop makes with one action whose per-root Ê is ``be`` ``(N,)``: N / Σ 1/Ê."""
-    return float(len(be) / (1.0 / be).sum())
+    """N / Σ 1/Ê: :func:`block_efficiency` over position roots."""
+    return block_efficiency(be, per_step=False)

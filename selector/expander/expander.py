@@ -228,7 +228,7 @@ def machine_fit_set(data: EpisodeData, signals: dict[str, np.ndarray | None], l_
     _, groups = np.unique(data.prompts.astype(str), return_inverse=True)
     values = {name: out_of_fold_beta(data) if v is None else v for name, v in signals.items()}
     return FitSet([data.actions[c].key for c in columns], data.be[:, :, columns], data.lengths, groups, values,
-                  l_max, k_max)
+                  l_max, k_max, "steps" if data.per_step else "positions")
 
 
 def write_expander(fitted: FittedExpander, path: str | Path) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.machine_fit import cross_fitted_ratios
-from decode.policies.throughput import time_per_token
+from decode.policies.throughput import per_root_best, stream_terms
 from selector.expander.expansion_fit import (
     EpisodeData,
     _Index,
@@ -64,6 +64,8 @@ class _Tally:
         self.leaves: dict[str, list[float]] = {}
         self.signals: dict[str, list[np.ndarray]] = {}
         self.rules: dict[str, list[str]] = {}
+        self.root_time_roots = 0  # roots a root-time choice was scored on
+        self.group_roots: dict[str, int] = {}
 
     def report(self, grouped: bool) -> dict:
         static_tp = self.totals["static"][0] / self.totals["static"][1]
@@ -72,7 +74,7 @@ class _Tally:
         if root_time:
             own, static_sums = root_time["root_time"], root_time["root_time_static"]
             out["root_time"] = (own[0] / own[1]) / (static_sums[0] / static_sums[1]) if own[1] > 0 else float("nan")
-            out["root_time_roots"] = int(own[0])  # the first of each pair of sums counts roots
+            out["root_time_roots"] = self.root_time_roots
         beta_true = np.concatenate([b.reshape(-1) for b in self.signals.pop("beta_true")])
         out["corr_with_beta"] = {name: float(np.corrcoef(np.concatenate([s.reshape(-1) for s in parts]),
                                                          beta_true)[0, 1])
@@ -82,7 +84,7 @@ class _Tally:
         if grouped:
             out["by_group"] = {group: {name: (n / t) / (sums["static"][0] / sums["static"][1])
                                        for name, (n, t) in sums.items() if name != "static"}
-                               | {"roots": sums["static"][0]} for group, sums in sorted(self.by_group.items())}
+                               | {"roots": self.group_roots[group]} for group, sums in sorted(self.by_group.items())}
         return out
 
 
@@ -94,8 +96,11 @@ def _score_fold(data: EpisodeData, test_rows: np.ndarray, l_max: int, k_max: int
     train, test = data.take(train_rows), data.take(test_rows)
     static = static_best(train)
     _add(tally.totals, "static", _static_sums(test, static))
-    _add_groups(tally.by_group, groups, "static", time_per_token(np.nanmean(test.be[:, :, static], axis=1),
-                                                                 test.step[:, static]))
+    _add_groups(tally.by_group, groups, "static", stream_terms(np.nanmean(test.be[:, :, static], axis=1),
+                                                               test.step[:, static], test.per_step))
+    if groups is not None:
+        for group, count in zip(*np.unique(groups, return_counts=True), strict=True):
+            tally.group_roots[str(group)] = tally.group_roots.get(str(group), 0) + int(count)
     on_test = test.node_signals()
     signals = {
         **{name: (values, on_test[name]) for name, values in train.node_signals().items()},
@@ -107,7 +112,7 @@ def _score_fold(data: EpisodeData, test_rows: np.ndarray, l_max: int, k_max: int
         rule = best_rule(train, fit_on, candidate_rules(fit_on, l_max, k_max), tally.index)
         terms, columns = rule_terms(test, score_on, rule, tally.index)
         tally.rules.setdefault(name, []).append(rule.describe())
-        _add(tally.totals, name, (float(len(terms)), float(terms.sum())))
+        _add(tally.totals, name, (float(terms[0].sum()), float(terms[1].sum())))
         _add_groups(tally.by_group, groups, name, terms)
         left = tally.canonical[columns] != tally.canonical[static]
         _add(tally.leaves, name, (float(left.sum()), float(columns.size)))
@@ -115,18 +120,21 @@ def _score_fold(data: EpisodeData, test_rows: np.ndarray, l_max: int, k_max: int
     if root_choice is not None:
         scored = np.flatnonzero(root_choice[test_rows] >= 0)
         _add(tally.totals, "root_time", _root_sums(test.take(scored), root_choice[test_rows][scored]))
+        tally.root_time_roots += len(scored)
         _add(tally.totals, "root_time_static", _static_sums(test.take(scored), static))
     _add(tally.totals, "oracle", _oracle_sums(test))
     tally.signals.setdefault("beta_true", []).append(test.beta)
 
 
-def _add_groups(by_group: dict, groups: np.ndarray | None, name: str, terms: np.ndarray) -> None:
-    """Add each group's (roots, Σ ms per token) of ``terms`` ``(N,)`` under ``name``."""
+def _add_groups(by_group: dict, groups: np.ndarray | None, name: str,
+                terms: tuple[np.ndarray, np.ndarray]) -> None:
+    """Add each group's (Σ tokens, Σ ms) of ``terms`` (each ``(N,)``) under ``name``."""
     if groups is None:
         return
+    tokens, ms = terms
     for group in np.unique(groups):
         mask = groups == group
-        _add(by_group.setdefault(str(group), {}), name, (float(mask.sum()), float(terms[mask].sum())))
+        _add(by_group.setdefault(str(group), {}), name, (float(tokens[mask].sum()), float(ms[mask].sum())))
 
 
 def signal_ratios(data: EpisodeData, signals: dict[str, np.ndarray], l_max: int, k_max: int,
@@ -144,20 +152,21 @@ def _add(totals: dict, name: str, sums: tuple[float, float]) -> None:
 
 
 def _static_sums(data: EpisodeData, action: int) -> tuple[float, float]:
-    return episode_sums(data.be[:, :, action], data.step[:, action, None])
+    return episode_sums(data.be[:, :, action], data.step[:, action, None], data.per_step)
 
 
 def _root_sums(data: EpisodeData, chosen: np.ndarray) -> tuple[float, float]:
     rows = np.arange(len(chosen))
     be = data.be[rows, :, chosen]  # (N, s)
-    return episode_sums(be, data.step[rows, chosen][:, None])
+    return episode_sums(be, data.step[rows, chosen][:, None], data.per_step)
 
 
 def _oracle_sums(data: EpisodeData) -> tuple[float, float]:
-    ratio = np.where(np.isfinite(data.be), data.be / data.step[:, None, :], -np.inf)
-    chosen = ratio.argmax(axis=-1)  # (N, s): hindsight, per tree
+    n, s, a = data.be.shape
+    step = np.broadcast_to(data.step[:, None, :], (n, s, a)).reshape(n * s, a)
+    chosen = per_root_best(data.be.reshape(n * s, a), step, data.per_step).reshape(n, s)  # hindsight, per tree
     rows, trees = np.indices(chosen.shape)
-    return episode_sums(data.be[rows, trees, chosen], data.step[rows, chosen])
+    return episode_sums(data.be[rows, trees, chosen], data.step[rows, chosen], data.per_step)
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -203,7 +212,8 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
         rows_by_config[int(c)] = rows
         episodes[int(c)] = EpisodeData(be[rows], step[rows], prompts[rows], top[rows], entropy[rows], beta[rows],
                                        features[rows], trunk_pass_ms[rows], actions, lengths[rows],
-                                       *(None if d is None else d[rows] for d in draws))
+                                       *(None if d is None else d[rows] for d in draws),
+                                       per_step=metadata.get("roots", "positions") == "steps")
     return metadata, episodes, rows_by_config
 
 

@@ -56,6 +56,8 @@ class EpisodeData:
             decode/policies/guard.py).
         draw_q, draw_rank, draw_top: ``(N, s, D)`` the trunk's draws (decode/policies/signals.py ``TrunkArrays``);
             None for collections made before they were stored.
+        per_step: the roots sample a reference loop's steps (``roots: steps``), else trajectory positions: how
+            they stand for a stream (decode/policies/throughput.py).
     """
 
     be: np.ndarray
@@ -71,6 +73,7 @@ class EpisodeData:
     draw_q: np.ndarray | None = None
     draw_rank: np.ndarray | None = None
     draw_top: np.ndarray | None = None
+    per_step: bool = False
 
     def take(self, rows: np.ndarray) -> EpisodeData:
         def cut(values: np.ndarray | None) -> np.ndarray | None:
@@ -78,7 +81,8 @@ class EpisodeData:
 
         return EpisodeData(self.be[rows], self.step[rows], self.prompts[rows], self.top[rows], self.entropy[rows],
                            self.beta[rows], self.features[rows], self.trunk_pass_ms[rows], self.actions,
-                           cut(self.lengths), cut(self.draw_q), cut(self.draw_rank), cut(self.draw_top))
+                           cut(self.lengths), cut(self.draw_q), cut(self.draw_rank), cut(self.draw_top),
+                           self.per_step)
 
     def trunk_arrays(self) -> TrunkArrays:
         """The trunk states every registered signal reads offline."""
@@ -120,7 +124,8 @@ def rule_profile(data: EpisodeData, signal: np.ndarray, rule: Rule, min_gain: fl
 
 def static_best(data: EpisodeData) -> int:
     """The action with the highest stream throughput over every episode (labelled everywhere)."""
-    return best_static(data.be.mean(axis=1), data.step)  # a static action: its root's Ê is the mean over trees
+    # a static action: its root's Ê is the mean over trees
+    return best_static(data.be.mean(axis=1), data.step, data.per_step)
 
 
 def fit_beta_head(data: EpisodeData, alpha: float = 10.0):

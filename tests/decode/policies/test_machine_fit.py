@@ -3,6 +3,7 @@ export and the refit run (decode/policies/rule_fit.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -13,6 +14,7 @@ from decode.policies.halting import halting_depth
 from decode.policies.latency import LatencyTable
 from decode.policies.machine_fit import FitSet, refit
 from decode.policies.rule_fit import ActionIndex, best_rule, candidate_rules, rule_terms
+from decode.policies.throughput import best_static
 
 L_MAX, K_MAX, TREES = 3, 2, 2
 LENGTHS, SIZES = [64, 512], [1, 2, 4, 8, 16]
@@ -42,6 +44,19 @@ def episodes(roots: int = 120, seed: int = 0, informative: bool = True) -> FitSe
     return FitSet([a.key for a in actions], be, lengths, prompts, {"top": top}, L_MAX, K_MAX)
 
 
+def test_the_refit_prices_roots_as_the_collection_placed_them():
+    """A steps fit set's static fallback is the best static tree under Σ Ê / Σ T̂, a positions one's under
+    N / Σ T̂/Ê; on these episodes the two pick different trees, so a refit that ignored the roots would fail one."""
+    fit_set = episodes(roots=60, seed=2)
+    picks = {}
+    for roots in ("positions", "steps"):
+        data = dataclasses.replace(fit_set, roots=roots).on_machine(STEEP)
+        want = data.actions[best_static(data.be.mean(axis=1), data.step, per_step=roots == "steps")].canonical()
+        picks[roots] = refit(dataclasses.replace(fit_set, roots=roots), STEEP, min_gain=10.0).fallback
+        assert picks[roots] == want
+    assert picks["positions"] != picks["steps"]
+
+
 def test_a_fit_set_travels_as_json_without_pickle():
     fit_set = episodes(roots=12)
     back = FitSet.from_dict(json.loads(json.dumps(fit_set.as_dict())))
@@ -49,6 +64,14 @@ def test_a_fit_set_travels_as_json_without_pickle():
     np.testing.assert_allclose(back.be, fit_set.be, rtol=1e-3)  # float16
     np.testing.assert_array_equal(back.lengths, fit_set.lengths)
     np.testing.assert_allclose(back.signals["top"], fit_set.signals["top"], atol=1e-3)
+    assert back.roots == "positions"
+    steps = dataclasses.replace(fit_set, roots="steps").as_dict()
+    assert FitSet.from_dict(json.loads(json.dumps(steps))).roots == "steps"
+    older = fit_set.as_dict()
+    del older["roots"]  # files written before the roots were recorded: positions
+    assert FitSet.from_dict(older).roots == "positions"
+    with pytest.raises(ValueError, match="positions or steps"):
+        dataclasses.replace(fit_set, roots="tokens")
     broken = fit_set.as_dict()
     broken["be"]["dtype"] = "|O"
     with pytest.raises(ValueError, match="malformed fit set"):
@@ -57,14 +80,20 @@ def test_a_fit_set_travels_as_json_without_pickle():
         FitSet(fit_set.actions, fit_set.be, fit_set.lengths[:3], fit_set.prompts, {}, L_MAX, K_MAX)
 
 
-def test_the_grouped_search_finds_the_best_rule_a_rule_at_a_time_would():
-    data = episodes(roots=60, seed=3).on_machine(FLAT)
-    signal = episodes(roots=60, seed=3).signals["top"]
+@pytest.mark.parametrize("roots", ["positions", "steps"])
+def test_the_grouped_search_finds_the_best_rule_a_rule_at_a_time_would(roots):
+    fit_set = dataclasses.replace(episodes(roots=60, seed=3), roots=roots)
+    data, signal = fit_set.on_machine(FLAT), fit_set.signals["top"]
+    assert data.per_step == (roots == "steps")
     index = ActionIndex(data.actions)
     rules = candidate_rules(signal, L_MAX, K_MAX)
-    throughput = [len(data.be) / rule_terms(data, signal, rule, index)[0].sum() for rule in rules]
+
+    def throughput(rule):
+        (tokens, ms), _ = rule_terms(data, signal, rule, index)
+        return tokens.sum() / ms.sum()
+
     chosen = best_rule(data, signal, rules, index)
-    assert len(data.be) / rule_terms(data, signal, chosen, index)[0].sum() == pytest.approx(max(throughput))
+    assert throughput(chosen) == pytest.approx(max(throughput(rule) for rule in rules))
     assert halting_depth(signal, chosen.theta, chosen.floor, chosen.cap).shape == (60, TREES)
 
 

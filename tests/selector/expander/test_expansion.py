@@ -95,9 +95,10 @@ def test_a_chain_stopped_below_its_cap_pays_the_pass_that_looked_at_its_last_nod
         tree = index(rule.k, int(depth[0, 0]), rule.l2 if rule.k > 1 else 0)
         np.testing.assert_allclose(rule_step_ms(data, rule, depth, np.full(depth.shape, tree)),
                                    data.step[:, [tree] * TREES] + extra)
-        terms, _ = rule_terms(data, signal, rule, index)  # each root's ms per token
+        (tokens, ms), _ = rule_terms(data, signal, rule, index)  # position roots: one each, ms per token
         be = data.be[:, :, tree].mean(axis=1)
-        assert float(terms.sum()) == pytest.approx(float(((data.step[:, tree] + extra) / be).sum())) and len(terms) == 8
+        assert float(ms.sum()) == pytest.approx(float(((data.step[:, tree] + extra) / be).sum())) and len(ms) == 8
+        assert (tokens == 1).all()
 
 
 def test_the_loop_runs_the_extra_pass_the_offline_charge_counts(tiny_pair):
