@@ -1,8 +1,9 @@
 """Look at a collected data set: the paper's Figure-1 view, the best static actions and the honest head-room.
 
 Per sampling configuration: the mean ‖p − q‖₁ by trunk depth and each top-down verifier's acceptance rate by depth
-(with K_max draws at that depth), then per verifier the best static action (highest throughput Σ Ê[τ+1] / Σ T̂
-over the data set's roots) with its block efficiency, and the head-room of data_gen/headroom.py.
+(with K_max draws at that depth), then per verifier the best static action (highest stream throughput over the data
+set's roots: decode/policies/throughput.py, reading the roots as the collection placed them, data_gen/schema.py
+``roots_per_step``) with its block efficiency, and the head-room of data_gen/headroom.py.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from data_gen.headroom import head_room, per_root_best
-from data_gen.schema import SHARD_GLOB, acceptance_column, label_column, trees_column
-from decode.policies.throughput import best_static, harmonic_block_efficiency, stream_throughput
+from data_gen.headroom import head_room
+from data_gen.schema import SHARD_GLOB, acceptance_column, label_column, roots_per_step, trees_column
+from decode.policies.throughput import best_static, block_efficiency, per_root_best, stream_throughput
 
 
 def data_set_shards(folder: Path) -> list[Path]:
@@ -98,8 +99,10 @@ def analyze(metadata: dict, columns: dict[str, np.ndarray], trees: int | None = 
     mean 1 − TV at the root, its own best static tree and what that tree gains there over the overall best
     (same-tree, biased), and the cross-fitted per-category static overall.
     """
-    out = {"roots": int(len(columns["seed"])), "by_sampling": [], "trees": trees or metadata.get("trees_per_root")}
+    out = {"roots": int(len(columns["seed"])), "by_sampling": [], "trees": trees or metadata.get("trees_per_root"),
+           "root_placement": metadata.get("roots", "positions")}
     actions = metadata["actions"]
+    steps = roots_per_step(metadata)
     for s, conf in enumerate(metadata["sampling"]):
         rows = columns["sampling_index"] == s
         if not rows.any():
@@ -125,18 +128,18 @@ def analyze(metadata: dict, columns: dict[str, np.ndarray], trees: int | None = 
                 per_tree = per_tree[:, :trees]
                 be = per_tree[rows].mean(axis=1)
             room = head_room(None if per_tree is None else per_tree[rows], be, step, columns["prompt_id"][rows],
-                             groups)
+                             groups, steps)
             best = room.best_static
-            throughput = stream_throughput(be, step, np.full(len(be), best))
+            throughput = stream_throughput(be, step, np.full(len(be), best), steps)
             entry["best_static"][v] = {
                 "action": actions[best], "tokens_per_s": round(1000 * throughput, 1),
-                "block_efficiency": round(harmonic_block_efficiency(be[:, best]), 3),  # tokens per step in the loop
+                "block_efficiency": round(block_efficiency(be[:, best], steps), 3),  # tokens per step in the loop
             }
             entry["head_room"][v] = room.as_dict()
             if groups is not None:
                 beta = _root_beta(metadata, columns)
                 entry["by_category"][v] = category_table(be, step, groups, best, actions,
-                                                         None if beta is None else beta[rows])
+                                                         None if beta is None else beta[rows], steps)
         out["by_sampling"].append(entry)
     return out
 
@@ -150,16 +153,17 @@ def _root_beta(metadata: dict, columns: dict[str, np.ndarray]) -> np.ndarray | N
 
 
 def category_table(be: np.ndarray, step: np.ndarray, groups: np.ndarray, overall: int, actions: list[str],
-                   beta: np.ndarray | None) -> list[dict]:
+                   beta: np.ndarray | None, per_step: bool = False) -> list[dict]:
     """Per category of ``groups`` ``(N,)``: roots, mean root 1 − TV, the category's own best static tree and its
     throughput there as a ratio to the overall best static tree ``overall`` (chosen and scored on the same roots:
-    biased up, the cross-fitted per-category figure is in the head-room)."""
+    biased up, the cross-fitted per-category figure is in the head-room). ``per_step``: the roots sample a loop's
+    steps (decode/policies/throughput.py)."""
     out = []
     for category in sorted(set(groups)):
         rows = groups == category
-        own = best_static(be[rows], step[rows])
-        ratio = stream_throughput(be[rows], step[rows], np.full(rows.sum(), own)) / stream_throughput(
-            be[rows], step[rows], np.full(rows.sum(), overall))
+        own = best_static(be[rows], step[rows], per_step)
+        ratio = stream_throughput(be[rows], step[rows], np.full(rows.sum(), own), per_step) / stream_throughput(
+            be[rows], step[rows], np.full(rows.sum(), overall), per_step)
         out.append({"category": str(category), "roots": int(rows.sum()),
                     "root_beta": None if beta is None else round(float(beta[rows].mean()), 3),
                     "best_static": actions[own], "ratio_to_overall_static": round(float(ratio), 3)})
@@ -167,7 +171,9 @@ def category_table(be: np.ndarray, step: np.ndarray, groups: np.ndarray, overall
 
 
 def format_report(result: dict) -> str:
-    lines = [f"{result['roots']} roots"]
+    placed = ("a reference loop's step starts" if result.get("root_placement") == "steps"
+              else "trajectory positions")
+    lines = [f"{result['roots']} roots at {placed}"]
     for entry in result["by_sampling"]:
         conf = entry["sampling"]
         lines.append(f"\n## T = {conf['temperature']}, top-p = {conf['top_p']} ({entry['roots']} roots)")
@@ -266,13 +272,14 @@ def paper_findings(metadata: dict, columns: dict[str, np.ndarray]) -> list[dict]
     from decode.drafting.actions import Action
 
     actions = [Action.parse(a) for a in metadata["actions"]]
+    steps = roots_per_step(metadata)
     out = []
     for s, conf in enumerate(metadata["sampling"]):
         rows = columns["sampling_index"] == s
         if not rows.any():
             continue
         be = {v: columns[label_column(v)][rows] for v in metadata["verifiers"] if label_column(v) in columns}
-        efficiency = {v: np.array([harmonic_block_efficiency(b[:, a]) if np.isfinite(b[:, a]).all() else np.nan
+        efficiency = {v: np.array([block_efficiency(b[:, a], steps) if np.isfinite(b[:, a]).all() else np.nan
                                    for a in range(len(actions))]) for v, b in be.items()}
         entry = {"sampling": conf}
         if "traversal" in efficiency:
@@ -329,15 +336,15 @@ def _specinfer_oracle_vs_traversal(metadata: dict, columns: dict[str, np.ndarray
     per_tree = {v: per_tree_labels(metadata, columns, v) for v in ("specinfer", "traversal")}
     if not all(t is not None and t.shape[1] >= 2 for t in per_tree.values()):
         return None
-    step = columns["step_ms"][rows]
+    step, steps = columns["step_ms"][rows], roots_per_step(metadata)
     spec, trav = per_tree["specinfer"][rows], per_tree["traversal"][rows]
     half = spec.shape[1] // 2
     ratios = []
     for choose, score in ((slice(0, half), slice(half, 2 * half)), (slice(half, 2 * half), slice(0, half))):
-        chosen = per_root_best(spec[:, choose].mean(axis=1), step)
-        static = np.full(len(step), best_static(trav[:, choose].mean(axis=1), step))
-        ratios.append(stream_throughput(spec[:, score].mean(axis=1), step, chosen)
-                      / stream_throughput(trav[:, score].mean(axis=1), step, static))
+        chosen = per_root_best(spec[:, choose].mean(axis=1), step, steps)
+        static = np.full(len(step), best_static(trav[:, choose].mean(axis=1), step, steps))
+        ratios.append(stream_throughput(spec[:, score].mean(axis=1), step, chosen, steps)
+                      / stream_throughput(trav[:, score].mean(axis=1), step, static, steps))
     return round(float(np.mean(ratios)), 3)
 
 

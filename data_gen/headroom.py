@@ -1,12 +1,14 @@
 """How much a per-root choice could win over the best static action, measured honestly (cross-fitted).
 
 Each root r has, per sampled union tree t, the exact Ê[τ+1] of every action a: ``be[r, t, a]``, and the step time
-``step[r, a]``. A rule that picks ``chosen[r]`` has the stream throughput of ``decode/policies/throughput.py``
-(N / Σ_r step[r, chosen_r] / be[r, chosen_r]: the rate of the decoding loop over such positions).
+``step[r, a]``. A rule that picks ``chosen[r]`` has the stream throughput of ``decode/policies/throughput.py``, which
+reads the roots as the collection placed them (``per_step``: roots at a loop's step starts, Σ Ê / Σ T̂; else at
+trajectory positions, N / Σ_r step[r, chosen_r] / be[r, chosen_r]).
 
 * **best static**: the one action with the highest stream throughput over the roots.
-* **same-tree oracle** (biased): per root, the argmax of mean-over-trees be / step, scored on the same trees. It is
-  the maximum of ~324 noisy estimates, so it reads high even when every root has the same best action.
+* **same-tree oracle** (biased): the per-root choice with the highest stream throughput on the mean-over-trees
+  labels (:func:`~decode.policies.throughput.per_root_best`), scored on the same trees. It is the maximum of ~324
+  noisy estimates per root, so it reads high even when every root has the same best action.
 * **cross-fitted oracle**: choose per root on one half of the trees, score on the other half, both ways, averaged.
   The choice never sees the trees it is scored on, so noise cannot inflate it. The static baseline of each half is
   chosen on the other half the same way.
@@ -24,20 +26,15 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from decode.policies.throughput import best_static, stream_throughput
+from decode.policies.throughput import best_static, per_root_best, stream_throughput
 
 
-def per_root_best(be: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """``(N,)`` the argmax of be / step per root over labelled actions."""
-    return np.argmax(np.where(np.isfinite(be), be / step, -np.inf), axis=1)
-
-
-def per_group_static(be: np.ndarray, step: np.ndarray, groups: np.ndarray) -> np.ndarray:
+def per_group_static(be: np.ndarray, step: np.ndarray, groups: np.ndarray, per_step: bool = False) -> np.ndarray:
     """``(N,)`` each root's group's best static action (e.g. one action per prompt)."""
     chosen = np.zeros(len(be), dtype=np.int64)
     for g in np.unique(groups):
         rows = groups == g
-        chosen[rows] = best_static(be[rows], step[rows])
+        chosen[rows] = best_static(be[rows], step[rows], per_step)
     return chosen
 
 
@@ -58,7 +55,7 @@ class HeadRoom:
 
 
 def head_room(be_trees: np.ndarray | None, be_mean: np.ndarray, step: np.ndarray, prompts: np.ndarray,
-              groups: np.ndarray | None = None) -> HeadRoom:
+              groups: np.ndarray | None = None, per_step: bool = False) -> HeadRoom:
     """All the figures for one set of roots (one verifier, one sampling configuration).
 
     Args:
@@ -67,11 +64,15 @@ def head_room(be_trees: np.ndarray | None, be_mean: np.ndarray, step: np.ndarray
         step: ``(N, A)`` step times.
         prompts: ``(N,)`` prompt id of each root.
         groups: ``(N,)`` each root's prompt group (category), or None.
+        per_step: the roots sample a decoding loop's step starts (the collection's ``roots: steps``), else
+            trajectory positions: how a root stands for the stream (decode/policies/throughput.py).
     """
-    static = best_static(be_mean, step)
-    static_rows = np.full(len(be_mean), static)
-    base = stream_throughput(be_mean, step, static_rows)
-    same = stream_throughput(be_mean, step, per_root_best(be_mean, step)) / base
+    def rate(be: np.ndarray, chosen: np.ndarray) -> float:
+        return stream_throughput(be, step, chosen, per_step)
+
+    static = best_static(be_mean, step, per_step)
+    base = rate(be_mean, np.full(len(be_mean), static))
+    same = rate(be_mean, per_root_best(be_mean, step, per_step)) / base
     trees = 1 if be_trees is None else be_trees.shape[1]
     if be_trees is None or trees < 2:
         return HeadRoom(len(be_mean), trees, static, same, None, None)
@@ -79,12 +80,10 @@ def head_room(be_trees: np.ndarray | None, be_mean: np.ndarray, step: np.ndarray
     first, second = be_trees[:, :half].mean(axis=1), be_trees[:, half : 2 * half].mean(axis=1)
     oracle, prompt_static, group_static = [], [], []
     for choose_on, score_on in ((first, second), (second, first)):
-        static_here = np.full(len(be_mean), best_static(choose_on, step))
-        reference = stream_throughput(score_on, step, static_here)
-        oracle.append(stream_throughput(score_on, step, per_root_best(choose_on, step)) / reference)
-        prompt_static.append(stream_throughput(score_on, step, per_group_static(choose_on, step, prompts)) / reference)
+        reference = rate(score_on, np.full(len(be_mean), best_static(choose_on, step, per_step)))
+        oracle.append(rate(score_on, per_root_best(choose_on, step, per_step)) / reference)
+        prompt_static.append(rate(score_on, per_group_static(choose_on, step, prompts, per_step)) / reference)
         if groups is not None:
-            group_static.append(stream_throughput(score_on, step, per_group_static(choose_on, step, groups))
-                                / reference)
+            group_static.append(rate(score_on, per_group_static(choose_on, step, groups, per_step)) / reference)
     return HeadRoom(len(be_mean), trees, static, same, float(np.mean(oracle)), float(np.mean(prompt_static)),
                     float(np.mean(group_static)) if group_static else None)

@@ -38,3 +38,17 @@ TRUNK_DRAW_COLUMNS = ("trunk_draw_q", "trunk_draw_rank", "trunk_draw_top")
 def acceptance_column(verifier: str) -> str:
     """Column holding, per trunk depth d = 0..L_max, P(accept one of K_max draws at depth d) for a verifier."""
     return f"accept_{verifier}"
+
+
+# dataset.json's "roots": where the collector put the roots (data_gen/collector.py), which sets how each one stands for
+# a decoding stream (decode/policies/throughput.py); a folder written before the key: positions
+ROOT_PLACEMENTS = ("positions", "steps")
+
+
+def roots_per_step(metadata: dict) -> bool:
+    """Whether a data set's roots sample a reference loop's step starts (``"roots": "steps"``) rather than trajectory
+    positions (``"positions"``, or no key); ValueError for any other value."""
+    roots = metadata.get("roots", "positions")
+    if roots not in ROOT_PLACEMENTS:
+        raise ValueError(f"{METADATA_FILE}: roots must be one of {', '.join(ROOT_PLACEMENTS)}, not {roots!r}")
+    return roots == "steps"

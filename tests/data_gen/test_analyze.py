@@ -33,3 +33,30 @@ def test_the_four_findings_are_measured_per_sampling_configuration(tiny_collecte
         assert entry["specinfer_oracle_vs_traversal_static"] > 0
     text = format_findings(findings)
     assert text.count("1. Traversal >=") == len(findings) and "4. SpecInfer's cross-fitted" in text
+
+
+def test_a_steps_collection_is_analysed_with_the_step_estimator(tiny_collected):
+    """The same labels read as step roots: the best static tree maximises Σ Ê / Σ T̂ and its block efficiency is the
+    plain mean of Ê (decode/policies/throughput.py), where position roots give the harmonic mean."""
+    import numpy as np
+
+    from data_gen.analyze import analyze, format_report, load_columns
+    from data_gen.schema import label_column
+    from decode.policies.throughput import block_efficiency, static_throughputs
+
+    metadata, columns = load_columns(tiny_collected)
+    assert "roots" not in metadata or metadata["roots"] == "positions"
+    by_placement = {roots: analyze(metadata | {"roots": roots}, columns) for roots in ("positions", "steps")}
+    for roots, result in by_placement.items():
+        steps = roots == "steps"
+        assert result["root_placement"] == roots
+        assert ("step starts" in format_report(result).splitlines()[0]) == steps
+        for s, entry in enumerate(result["by_sampling"]):
+            rows = columns["sampling_index"] == s
+            for verifier, best in entry["best_static"].items():
+                be, step = columns[label_column(verifier)][rows], columns["step_ms"][rows]
+                index = metadata["actions"].index(best["action"])
+                assert index == int(np.argmax(static_throughputs(be, step, steps)))
+                assert best["block_efficiency"] == round(block_efficiency(be[:, index], steps), 3)
+                assert entry["head_room"][verifier]["same_tree_oracle"] >= 1.0 - 1e-9
+    assert by_placement["steps"] != by_placement["positions"]

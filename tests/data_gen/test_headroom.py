@@ -84,3 +84,21 @@ def test_a_per_category_static_recovers_categories_with_their_own_best_tree():
     same = head_room(trees, trees.mean(axis=1), step, np.arange(ROOTS) // 6, groups=category)
     assert same.cross_fitted_group_static == pytest.approx(1.0, abs=0.01)
     assert head_room(trees, trees.mean(axis=1), step, np.arange(ROOTS) // 6).cross_fitted_group_static is None
+
+
+def test_step_roots_are_read_as_steps():
+    """Easy roots where a long tree makes 6 tokens in 4 ms (a 1-token step makes 2 in 1 ms) and hard roots that cost
+    10 ms whatever is drafted. Read as a loop's steps (Σ Ê / Σ T̂) the long tree pays on the easy roots, though its
+    Ê / T̂ there is lower, and the oracle takes it only there; read as positions nothing beats the short tree."""
+    roots = 40
+    easy = np.arange(roots) % 2 == 0
+    mu = np.where(easy[:, None], [2.0, 6.0], [1.0, 1.0])
+    step = np.where(easy[:, None], [1.0, 4.0], [10.0, 12.0])
+    trees = np.repeat(mu[:, None, :], 2, axis=1)
+    prompts = np.arange(roots) // 4
+    steps = head_room(trees, mu, step, prompts, per_step=True)
+    # static long tree: (6 + 1) / (4 + 12) = 7/16 per pair of roots; the oracle: (6 + 1) / (4 + 10) = 1/2
+    assert steps.best_static == 1
+    assert steps.same_tree_oracle == pytest.approx(8 / 7) and steps.cross_fitted_oracle == pytest.approx(8 / 7)
+    positions = head_room(trees, mu, step, prompts)
+    assert positions.best_static == 0 and positions.same_tree_oracle == pytest.approx(1.0)
