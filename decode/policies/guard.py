@@ -11,8 +11,9 @@ of the machine it runs on, :meth:`StaticProfile.best` names that machine's best 
 :meth:`RuleProfile.tokens_per_ms` says whether the rule still beats it.
 
 Throughput of a static action a over the fitting roots: Ē_a / mean over the roots' lengths l of T̂(l, a), where Ē_a is
-the harmonic mean of its per-root Ê (the tokens per step the loop makes with it: decode/policies/throughput.py) and the
-lengths are ≤ 16 quantiles of the roots'.
+the tokens per step the loop makes with it (decode/policies/throughput.py ``block_efficiency``: the harmonic mean of
+its per-root Ê over trajectory positions, the plain mean over a loop's step starts) and the lengths are ≤ 16 quantiles
+of the roots'.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class StaticProfile:
 
     Attributes:
         actions: ``"K,L1,L2"`` of every action labelled at every fitting root.
-        be: ``(A,)`` Ê[τ+1] over those roots (harmonic mean: tokens per step), in ``actions`` order.
+        be: ``(A,)`` Ê[τ+1] over those roots (tokens per step), in ``actions`` order.
         lengths: the roots' context lengths (:func:`length_quantiles`).
     """
 
@@ -73,12 +74,14 @@ class StaticProfile:
             Action.parse(text)
 
     @classmethod
-    def from_labels(cls, actions: Sequence[str], be: np.ndarray, lengths: np.ndarray) -> StaticProfile:
+    def from_labels(cls, actions: Sequence[str], be: np.ndarray, lengths: np.ndarray,
+                    per_step: bool = False) -> StaticProfile:
         """The profile of ``be`` ``(N, A)`` (Ê per root and action, NaN where unlabelled) at roots of ``(N,)``
-        context lengths; actions unlabelled at any root are left out."""
+        context lengths; actions unlabelled at any root are left out. ``per_step``: the roots sample a loop's step
+        starts (the plain mean of Ê is then its tokens per step), else trajectory positions (the harmonic mean)."""
         be = np.asarray(be, dtype=np.float64)
         labelled = np.isfinite(be).all(axis=0)
-        mean = harmonic_mean(be[:, labelled])
+        mean = be[:, labelled].mean(axis=0) if per_step else harmonic_mean(be[:, labelled])
         kept = [a for a, keep in zip(actions, labelled, strict=True) if keep]
         return cls(kept, [float(v) for v in mean], length_quantiles(lengths))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from decode.drafting.actions import Action
@@ -101,3 +102,13 @@ def test_a_rule_profile_keeps_the_pairing_of_small_trees_with_low_acceptance():
     older = RuleProfile.from_dict({k: v for k, v in profile.as_dict().items() if k != "inverse_be"})
     assert older.tokens_per_ms(STEEP) < 0.95 * stream  # the decoupled mean: why rules never ran on their machine
     assert RuleProfile.from_dict(profile.as_dict()) == profile
+
+
+def test_a_static_profile_holds_the_tokens_per_step_of_its_roots_placement():
+    be = np.array([[1.0, 2.0, np.nan], [4.0, 2.0, 3.0]])
+    lengths = np.array([100, 300])
+    steps = StaticProfile.from_labels(["1,0,0", "1,1,0", "1,2,0"], be, lengths, per_step=True)
+    positions = StaticProfile.from_labels(["1,0,0", "1,1,0", "1,2,0"], be, lengths)
+    assert steps.actions == positions.actions == ["1,0,0", "1,1,0"]  # unlabelled somewhere: left out
+    assert steps.be == pytest.approx([2.5, 2.0])  # a loop's steps: the plain mean
+    assert positions.be == pytest.approx([2 / (1 + 1 / 4), 2.0])  # positions: the harmonic mean
