@@ -75,7 +75,8 @@ def choose_by_throughput(predicted_be: np.ndarray, arrays: RootArrays) -> np.nda
 def evaluate(predicted_be: np.ndarray, arrays: RootArrays) -> OfflineMetrics:
     """Offline metrics of the throughput decision on predicted Ê (N, A)."""
     chosen = choose_by_throughput(predicted_be, arrays)
-    return offline_metrics(chosen, arrays.be, arrays.step_ms, arrays.sampling_index, arrays.base_index)
+    return offline_metrics(chosen, arrays.be, arrays.step_ms, arrays.sampling_index, arrays.base_index,
+                           arrays.per_step)
 
 
 # ---------------------------------------------------------------------------------------------------- models

@@ -117,7 +117,8 @@ def fit_normalisation(train_scalars: np.ndarray, log1p: Sequence[str]) -> Normal
 
 
 def ranked_static_actions(arrays: RootArrays) -> dict[int, list[int]]:
-    """Per sampling configuration, the actions by stream throughput, best first (decode/policies/throughput.py).
+    """Per sampling configuration, the actions by stream throughput, best first (decode/policies/throughput.py, over
+    the rows as the collection placed them: ``arrays.per_step``).
 
     Only actions valid on every row of the configuration are ranked (a static shape must be usable at every step).
     Ties keep the action-grid order, so the first entry is :func:`best_static_actions`'s choice.
@@ -126,7 +127,7 @@ def ranked_static_actions(arrays: RootArrays) -> dict[int, list[int]]:
     for config in np.unique(arrays.sampling_index):
         rows = arrays.sampling_index == config
         be = np.where(arrays.valid[rows], arrays.be[rows], np.nan).astype(np.float64)
-        throughput = static_throughputs(be, arrays.step_ms[rows].astype(np.float64))
+        throughput = static_throughputs(be, arrays.step_ms[rows].astype(np.float64), arrays.per_step)
         usable = np.flatnonzero(np.isfinite(throughput))
         if not len(usable):
             raise ValueError(f"sampling config {config}: no action has a label on every root")
@@ -248,6 +249,7 @@ class SelectorDataModule(pl.LightningDataModule):
             verifier=self.info.verifier,
             pair_fingerprint=self.info.pair_fingerprint,
             data_fingerprint=data_fingerprint(self.info),
+            per_step=self.info.per_step,
             data_dir=str(self.info.folder.resolve()),
             sampling=sampling_configs(self.info.metadata["sampling"]),
             static_actions={k: self.info.actions[v] for k, v in self.static_actions.items()},

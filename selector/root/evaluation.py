@@ -33,7 +33,7 @@ def log_plots(logger, model, test) -> dict[str, Any]:
     valid = test.valid
     chosen = choose_actions(torch.from_numpy(scores), torch.from_numpy(np.where(valid, test.step_ms, 1.0)),
                             torch.from_numpy(valid), model.objective).numpy()
-    oracle = oracle_actions(test.be, test.step_ms)
+    oracle = oracle_actions(test.be, test.step_ms, test.per_step, test.sampling_index)
     tp = row_throughput(test.be, test.step_ms)
     verifier = model.info.data.verifier
     keys, canonical = canonical_index(model.info.data.actions)
@@ -90,12 +90,12 @@ def fit_guard(logger, model, dm) -> dict[str, float]:
     for c, conf in enumerate(facts.sampling):
         fallback = dm.static_actions.get(c, dm.fallback_static)
         rows = val.sampling_index == c
-        fit = fit_margin(values["val"][rows], val.be[rows], val.step_ms[rows], fallback) if rows.any() \
-            else MarginFit(None, [])
+        fit = fit_margin(values["val"][rows], val.be[rows], val.step_ms[rows], fallback, per_step=val.per_step) \
+            if rows.any() else MarginFit(None, [])
         fits[c] = fit
         fitted = train.sampling_index == c  # the roots the fallback was chosen on: the profile that re-picks it
-        profile = StaticProfile.from_labels(facts.actions, train.be[fitted], train.scalars[fitted, length]).as_dict() \
-            if fitted.any() else None
+        profile = StaticProfile.from_labels(facts.actions, train.be[fitted], train.scalars[fitted, length],
+                                            train.per_step).as_dict() if fitted.any() else None
         fallbacks.append(Fallback(conf.temperature, conf.top_p, facts.actions[fallback], fit.margin, profile))
         for step, (_, ratio, share) in enumerate(fit.curve):
             client.log_metric(run_id, f"guard/val_ratio/cfg{c}", ratio, step=step)
@@ -109,7 +109,7 @@ def fit_guard(logger, model, dm) -> dict[str, float]:
         guarded_choice(values["test"][i : i + 1], test.base_index[i : i + 1], margin)[0]
         for i, margin in enumerate(margin_by_row)
     ], dtype=np.int64)
-    guarded = offline_metrics(chosen, test.be, test.step_ms, test.sampling_index, test.base_index)
+    guarded = offline_metrics(chosen, test.be, test.step_ms, test.sampling_index, test.base_index, test.per_step)
     metrics = {f"guarded_{k}": v for k, v in guarded.as_dict().items() if "ratio_vs_static" in k}
     for k, v in metrics.items():
         client.log_metric(run_id, f"test/{k}", v)
@@ -130,7 +130,7 @@ def log_head_room(logger, dm) -> dict[str, dict]:
     for c in np.unique(test.sampling_index):
         rows = test.sampling_index == c
         trees = None if test.be_trees is None else test.be_trees[rows]
-        room = head_room(trees, test.be[rows], test.step_ms[rows], test.prompt_id[rows])
+        room = head_room(trees, test.be[rows], test.step_ms[rows], test.prompt_id[rows], per_step=test.per_step)
         out[str(int(c))] = room.as_dict()
         for name in ("same_tree_oracle", "cross_fitted_oracle", "cross_fitted_prompt_static"):
             value = getattr(room, name)

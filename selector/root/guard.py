@@ -59,20 +59,22 @@ class MarginFit:
 
 
 def fit_margin(value: np.ndarray, be: np.ndarray, step_ms: np.ndarray, fallback: int,
-               margins: tuple[float, ...] = MARGINS, min_gain: float = MIN_GAIN) -> MarginFit:
+               margins: tuple[float, ...] = MARGINS, min_gain: float = MIN_GAIN, per_step: bool = False) -> MarginFit:
     """The margin of one sampling configuration, from its validation roots.
 
     Args:
         value: ``(N, A)`` decision values (:func:`decision_values`) on validation roots.
         be, step_ms: ``(N, A)`` their labels (NaN be: no label).
         fallback: the configuration's fallback action index (best static on the training split).
+        per_step: the roots sample a loop's step starts, else trajectory positions: how the stream throughput
+            reads them (decode/policies/throughput.py).
     """
     rows = np.full(len(value), fallback, dtype=np.int64)
-    static = stream_throughput(be, step_ms, rows)
+    static = stream_throughput(be, step_ms, rows, per_step)
     curve = []
     for margin in margins:
         chosen = guarded_choice(value, rows, margin)
-        ratio = stream_throughput(be, step_ms, chosen) / static
+        ratio = stream_throughput(be, step_ms, chosen, per_step) / static
         curve.append((float(margin), float(ratio), float(np.mean(chosen != fallback))))
     best_margin, best_ratio, _ = max(curve, key=lambda point: (point[1], point[0]))
     return MarginFit(best_margin if best_ratio >= 1.0 + min_gain else None, curve)

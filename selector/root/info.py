@@ -31,7 +31,9 @@ class DataFacts:
     ``static_actions``: per sampling configuration (index into ``sampling``), the training split's best static
     action; ``static_ranking``: its leading distinct static trees, best first (what ``ddte pipeline`` benches).
     ``fit_prompts``: the prompts whose roots trained or validated the network or fitted its guard (an offline score
-    of the exported file leaves them out).
+    of the exported file leaves them out). ``per_step``: the data set's roots sample a reference loop's step starts
+    (``"roots": "steps"``), else trajectory positions: how the offline metrics read them
+    (decode/policies/throughput.py); checkpoints written before it: positions.
     """
 
     schema_version: int
@@ -48,6 +50,7 @@ class DataFacts:
     split_prompts: dict[str, int]
     fit_prompts: list[str]
     scalar_names: list[str] = field(default_factory=lambda: list(SCALAR_NAMES))
+    per_step: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: sampling configurations as dicts, configuration indices as strings."""

@@ -1,20 +1,22 @@
 """Offline metrics of a selector on labelled roots, and the plots that go with them.
 
 Throughput of an action on a root = Ê[τ+1] / T̂ = ``be / step_ms`` (tokens per ms). Over a set of roots we use the
-**stream throughput** of a rule that picks ``chosen[i]`` on root i (``decode/policies/throughput.py``, which says why):
+**stream throughput** of a rule that picks ``chosen[i]`` on root i (``decode/policies/throughput.py``, which says why),
+read as the collection placed its roots (``per_step``, from dataset.json's ``roots``):
 
-    TP(chosen) = N / Σ_i step_ms[i, chosen[i]] / be[i, chosen[i]]
+    positions:  TP(chosen) = N / Σ_i step_ms[i, chosen[i]] / be[i, chosen[i]]
+    steps:      TP(chosen) = Σ_i be[i, chosen[i]] / Σ_i step_ms[i, chosen[i]]
 
-i.e. the tokens per ms of a decoding loop over positions like these roots, which takes more steps where acceptance
-is low. Per sampling configuration c:
+i.e. the tokens per ms of a decoding loop whose steps look like these roots. Per sampling configuration c:
 
 * ``ratio_vs_static`` = TP(chosen) / TP(a_base(c)), a_base(c) = the best static action of that configuration;
-* ``ratio_vs_oracle`` = TP(chosen) / TP(oracle), oracle = the per-root argmax of be / step_ms;
+* ``ratio_vs_oracle`` = TP(chosen) / TP(oracle), oracle = the per-root choice with the highest TP over the
+  configuration's roots (``per_root_best``: over positions the per-root argmax of be / step_ms; over steps the
+  argmax of be − λ·step_ms at the optimal rate λ);
 * ``regret`` = 1 − ratio_vs_oracle.
 
-(TP is a sum of per-root terms, so the per-root oracle is the stream optimum and ratio_vs_oracle <= 1.) The overall
-numbers are the plain mean
-over sampling configurations: every configuration is its own deployment setting, as in the paper's tables.
+(No rule beats the per-root oracle, so ratio_vs_oracle <= 1.) The overall numbers are the plain mean over sampling
+configurations: every configuration is its own deployment setting, as in the paper's tables.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decode.policies.throughput import stream_throughput
+from decode.policies.throughput import per_root_best, stream_throughput
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,22 @@ def row_throughput(be: np.ndarray, step_ms: np.ndarray) -> np.ndarray:
         return np.where(valid, be / np.where(valid, step_ms, 1.0), -np.inf)
 
 
-def oracle_actions(be: np.ndarray, step_ms: np.ndarray) -> np.ndarray:
-    """(N,) index of the best action of each row (highest be / step_ms among labelled actions)."""
-    return np.argmax(row_throughput(be, step_ms), axis=1)
+def oracle_actions(be: np.ndarray, step_ms: np.ndarray, per_step: bool = False,
+                   sampling_index: np.ndarray | None = None) -> np.ndarray:
+    """(N,) the per-root oracle's action of each row, among labelled actions (finite be, positive finite step_ms):
+    the choice with the highest stream throughput over the rows of each sampling configuration
+    (``sampling_index``; None: one configuration). Over positions that is the argmax of be / step_ms per row; over
+    steps it depends on the configuration's other rows (decode/policies/throughput.py ``per_root_best``)."""
+    valid = np.isfinite(row_throughput(be, step_ms))
+    be = np.where(valid, be, np.nan).astype(np.float64)
+    step_ms = np.where(valid, step_ms, np.nan).astype(np.float64)
+    if sampling_index is None:
+        return per_root_best(be, step_ms, per_step).astype(np.int64)
+    chosen = np.zeros(len(be), dtype=np.int64)
+    for c in np.unique(sampling_index):
+        rows = sampling_index == c
+        chosen[rows] = per_root_best(be[rows], step_ms[rows], per_step)
+    return chosen
 
 
 def offline_metrics(
@@ -104,6 +119,7 @@ def offline_metrics(
     step_ms: np.ndarray,
     sampling_index: np.ndarray,
     static: np.ndarray | Mapping[int, int],
+    per_step: bool = False,
 ) -> OfflineMetrics:
     """Throughput ratios of ``chosen`` (N,) vs the static baseline and the per-root oracle, per sampling config.
 
@@ -112,21 +128,22 @@ def offline_metrics(
         be, step_ms: (N, A) labels; NaN in ``be`` marks an action without a label.
         sampling_index: (N,) sampling configuration of each root.
         static: the static action per row (N,) or per configuration ``{sampling_index: action}``.
+        per_step: the roots sample a loop's step starts (``RootArrays.per_step``), else trajectory positions.
     """
     chosen = np.asarray(chosen, dtype=np.int64)
     sampling_index = np.asarray(sampling_index, dtype=np.int64)
     if isinstance(static, Mapping):
         static = np.array([static[int(c)] for c in sampling_index], dtype=np.int64)
     static = np.asarray(static, dtype=np.int64)
-    oracle = oracle_actions(be, step_ms)
+    oracle = oracle_actions(be, step_ms, per_step, sampling_index)
     per_config = {}
     for c in np.unique(sampling_index):
         rows = sampling_index == c
         per_config[int(c)] = ConfigMetrics(
             n_rows=int(rows.sum()),
-            throughput=stream_throughput(be[rows], step_ms[rows], chosen[rows]),
-            static_throughput=stream_throughput(be[rows], step_ms[rows], static[rows]),
-            oracle_throughput=stream_throughput(be[rows], step_ms[rows], oracle[rows]),
+            throughput=stream_throughput(be[rows], step_ms[rows], chosen[rows], per_step),
+            static_throughput=stream_throughput(be[rows], step_ms[rows], static[rows], per_step),
+            oracle_throughput=stream_throughput(be[rows], step_ms[rows], oracle[rows], per_step),
         )
     if not per_config:
         raise ValueError("no rows to score")

@@ -282,7 +282,9 @@ class SelectorModule(pl.LightningModule):
         if not parts:
             return
         arr = {k: torch.cat([p[k] for p in parts]).cpu().numpy() for k in parts[0]}
-        metrics = offline_metrics(arr["chosen"], arr["be"], arr["step_ms"], arr["sampling_index"], arr["base_index"])
+        per_step = self.info is not None and self.info.data.per_step  # how the data set's roots stand for a stream
+        metrics = offline_metrics(arr["chosen"], arr["be"], arr["step_ms"], arr["sampling_index"], arr["base_index"],
+                                  per_step)
         self.log_dict(metrics.as_dict(f"{split}/"), sync_dist=True)  # equal on every rank: no warning, no change
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:

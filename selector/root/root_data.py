@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from data_gen.schema import METADATA_FILE, READABLE_VERSIONS, SHARD_GLOB, label_column, trees_column
+from data_gen.schema import METADATA_FILE, READABLE_VERSIONS, SHARD_GLOB, label_column, roots_per_step, trees_column
 from decode.policies.features import HIDDEN_NAMES, SCALAR_NAMES
 
 
@@ -43,10 +43,20 @@ class DatasetInfo:
     def pair_fingerprint(self) -> str:
         return str(self.metadata.get("pair", {}).get("fingerprint", ""))
 
+    @property
+    def per_step(self) -> bool:
+        """The roots sample a reference loop's step starts (``"roots": "steps"``), else trajectory positions."""
+        return roots_per_step(self.metadata)
+
 
 @dataclass
 class RootArrays:
-    """Rows of the data set as numpy arrays (N roots, A actions, S scalars)."""
+    """Rows of the data set as numpy arrays (N roots, A actions, S scalars).
+
+    ``per_step``: the collection put its roots at a reference loop's step starts (``"roots": "steps"``), else at
+    trajectory positions: how the rows stand for a decoding stream, which every throughput over them reads
+    (decode/policies/throughput.py).
+    """
 
     prompt_id: np.ndarray  # (N,) str
     sampling_index: np.ndarray  # (N,) int64
@@ -56,6 +66,7 @@ class RootArrays:
     be: np.ndarray  # (N, A) float32, NaN where the verifier has no label
     be_trees: np.ndarray | None = None  # (N, s, A) per-tree labels (schema 2), None for a schema-1 data set
     base_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (N,) a_base per row
+    per_step: bool = False
 
     def __len__(self) -> int:
         return int(self.prompt_id.shape[0])
@@ -76,6 +87,7 @@ class RootArrays:
             be=self.be[rows],
             be_trees=None if self.be_trees is None else self.be_trees[rows],
             base_index=self.base_index[rows] if self.base_index.size else self.base_index,
+            per_step=self.per_step,
         )
 
 
@@ -108,6 +120,7 @@ def inspect_dataset(folder: str | Path, verifier: str) -> DatasetInfo:
     for key in ("actions", "hidden_sizes", "verifiers", "sampling"):
         if key not in metadata:
             raise ValueError(f"{meta_path}: missing key '{key}'")
+    roots_per_step(metadata)  # a placement no estimator reads fails here, before any training
     verifiers = list(metadata["verifiers"])
     if verifier not in verifiers:
         from decode.verifiers import VERIFIERS
@@ -193,4 +206,5 @@ def load_rows(info: DatasetInfo) -> RootArrays:
         scalars=list_column(table, "scalars", len(SCALAR_NAMES)),
         step_ms=list_column(table, "step_ms", n_actions),
         be=list_column(table, label_column(info.verifier), n_actions),
+        per_step=info.per_step,
     )

@@ -125,3 +125,62 @@ def test_too_few_prompts_to_split(tmp_path):
     module = SelectorDataModule(str(folder))
     with pytest.raises(ValueError, match="too few prompts"):
         module.setup("fit")
+
+
+def test_a_steps_collection_is_scored_per_step_from_the_data_module_to_the_logged_metrics(synthetic_dir, tmp_path,
+                                                                                        monkeypatch):
+    """dataset.json's ``"roots": "steps"`` travels with the rows: the static baseline is the best Σ Ê / Σ T̂ and the
+    module logs the metrics of that estimator (decode/policies/throughput.py), not the positions one."""
+    import torch
+
+    from decode.policies.throughput import best_static
+    from selector.root.info import SelectorInfo
+    from selector.root.metrics import offline_metrics
+    from selector.root.model import SelectorModule
+
+    folder = tmp_path / "steps"
+    shutil.copytree(synthetic_dir, folder)
+    meta = json.loads((folder / "dataset.json").read_text())
+    meta["roots"] = "steps"
+    (folder / "dataset.json").write_text(json.dumps(meta))
+    steps = SelectorDataModule(str(folder), verifier="specinfer", batch_size=64)
+    steps.setup("fit")
+    assert steps.facts().per_step and all(arrays.per_step for arrays in steps.splits.values())
+    train = steps.splits["train"]
+    for config, action in steps.static_actions.items():
+        rows = train.sampling_index == config
+        be = np.where(train.valid[rows], train.be[rows], np.nan).astype(np.float64)
+        assert action == best_static(be, train.step_ms[rows].astype(np.float64), per_step=True)
+
+    torch.manual_seed(0)
+    module = SelectorModule(hidden_sizes=steps.hidden_sizes, num_actions=steps.num_actions, d_proj=4,
+                            mlp_hidden=[8]).eval()
+    module.info = SelectorInfo(steps.facts(), module.objective, steps.normalisation.to_dict())
+    assert SelectorInfo.from_dict(module.info.to_dict()).data.per_step  # the checkpoint keeps it
+    logged = {}
+    monkeypatch.setattr(module, "log", lambda *args, **kwargs: None)
+    monkeypatch.setattr(module, "log_dict", lambda values, **kwargs: logged.update(values))
+    for batch in steps.test_dataloader():
+        module._eval_step("test", batch)
+    chosen = torch.cat([part["chosen"] for part in module._outputs["test"]]).numpy()
+    module._log_offline_metrics("test")
+    test = steps.splits["test"]
+    be = np.where(test.valid, test.be, np.nan)
+
+    def scored(per_step: bool) -> dict[str, float]:
+        metrics = offline_metrics(chosen, be, test.step_ms, test.sampling_index, test.base_index, per_step)
+        return metrics.as_dict("test/")
+
+    assert logged == pytest.approx(scored(True))
+    assert logged["test/static_vs_oracle"] != pytest.approx(scored(False)["test/static_vs_oracle"], rel=1e-3)
+
+
+def test_a_collection_without_a_root_placement_is_positions_and_an_unknown_one_is_refused(synthetic_dir, tmp_path):
+    assert not inspect_dataset(synthetic_dir, "specinfer").per_step
+    folder = tmp_path / "data"
+    shutil.copytree(synthetic_dir, folder)
+    meta = json.loads((folder / "dataset.json").read_text())
+    meta["roots"] = "tokens"
+    (folder / "dataset.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="roots must be one of positions, steps"):
+        inspect_dataset(folder, "specinfer")
