@@ -116,13 +116,15 @@ class RuleProfile:
     """What a halting rule earned on its fitting roots (in-sample).
 
     Attributes:
-        be: its Ê[τ+1] over the roots (harmonic mean of each root's mean over its trees: tokens per step).
+        be: its Ê[τ+1] over the roots (each root's mean over its trees, then the roots' tokens per step: the plain
+            mean over step roots, the harmonic mean over position roots; decode/policies/throughput.py).
         trees: the fraction of episodes that drafted each tree (``"K,L1,L2"`` → fraction, summing to 1).
         looked: the fraction of episodes that paid one draft pass more than their tree's T̂ (a chain stopped at
             1 ≤ d < cap: the loop ran node d's forward to look at it; selector/expander/expansion_fit.py
             ``rule_step_ms``).
         lengths: the roots' context lengths (:func:`length_quantiles`).
-        inverse_be: per tree, Σ over the episodes that drafted it of 1 / (N s Ē_i) (Ē_i: its root's Ê): the stream
+        inverse_be: per tree, Σ over the episodes that drafted it of 1 / (N s Ē_i) (Ē_i: its root's Ê; over step
+            roots 1 / (N s mean Ē)): the stream
             throughput under any table is then 1 / Σ_tree T(tree) · inverse_be[tree] (+ the looks), which keeps the
             rule's pairing of small trees with low Ê. None in files written before it: then Ê / mean T, which
             drops that pairing and reads a rule low.

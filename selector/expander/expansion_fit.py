@@ -96,8 +96,9 @@ class EpisodeData:
 
 def static_profile(data: EpisodeData) -> StaticProfile:
     """The machine-free profile of every static action on ``data`` (decode/policies/guard.py): Ê averaged over each
-    root's trees, then over the roots (harmonically: tokens per step)."""
-    return StaticProfile.from_labels([a.key for a in data.actions], np.nanmean(data.be, axis=1), data.lengths)
+    root's trees, then over the roots as they stand for a stream (tokens per step)."""
+    return StaticProfile.from_labels([a.key for a in data.actions], np.nanmean(data.be, axis=1), data.lengths,
+                                     data.per_step)
 
 
 def rule_profile(data: EpisodeData, signal: np.ndarray, rule: Rule, min_gain: float) -> RuleProfile:
@@ -114,12 +115,19 @@ def rule_profile(data: EpisodeData, signal: np.ndarray, rule: Rule, min_gain: fl
     shares = {str(k): float((keys == k).mean()) for k in np.unique(keys)}
     looked_at = looks_at_halting_node(rule, depth)
     per_root = np.nanmean(data.be[rows, trees, columns], axis=1)  # (N,) Ē_i
-    # the stream's Σ_i T̄_i / Ē_i, with T̄_i the mean over the root's trees, split by tree: Σ_tree T(tree) · w_tree
-    weight = (1.0 / per_root)[:, None] / columns.size  # (N, 1): each episode's 1 / (N s Ē_i)
+    # the stream's ms per token split by tree, Σ_tree T(tree) · w_tree: over position roots Σ_i T̄_i / Ē_i (T̄_i the
+    # mean over the root's trees), each episode weighing 1 / (N s Ē_i); over step roots Σ_i T̄_i / Σ_i Ē_i, each
+    # weighing 1 / (N s mean Ē)
+    if data.per_step:
+        be = float(per_root.mean())
+        weight = np.full((len(per_root), 1), 1.0 / (be * columns.size))
+    else:
+        be = float(harmonic_mean(per_root))
+        weight = (1.0 / per_root)[:, None] / columns.size  # (N, 1)
     inverse_be = {str(k): float((weight * (keys == k)).sum()) for k in shares}
     looked_inverse = float((weight * looked_at).sum())
-    return RuleProfile(float(harmonic_mean(per_root)), shares, float(looked_at.mean()),
-                       length_quantiles(data.lengths), min_gain, inverse_be, looked_inverse)
+    return RuleProfile(be, shares, float(looked_at.mean()), length_quantiles(data.lengths), min_gain, inverse_be,
+                       looked_inverse)
 
 
 def static_best(data: EpisodeData) -> int:

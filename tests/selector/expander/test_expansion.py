@@ -174,3 +174,26 @@ def test_the_report_runs_on_a_collected_data_set(tiny_collected, tmp_path, capsy
         for name in ("top", "entropy", "learned", "beta", "oracle"):
             assert figures[name] > 0
     assert "learned per-node" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("per_step", [False, True])
+def test_a_rule_profile_prices_the_stream_as_its_roots_stand_for_it(per_step):
+    """Under a table whose times do not depend on the context, a rule's machine-free profile gives exactly the
+    stream throughput the rule search scores (rule_terms), over step roots and over position roots alike."""
+    import dataclasses
+
+    from decode.policies.latency import LatencyTable, draft_passes
+    from selector.expander.expansion_fit import rule_profile
+
+    table = LatencyTable([8, 512], [1, 2, 4, 8], [[1.0, 1.2, 1.5, 2.0]] * 2, [[10.0, 11.0, 13.0, 16.0]] * 2)
+    data = _episodes(True, roots=40, pass_ms=table.draft(8, 1))
+    data = dataclasses.replace(data, lengths=np.full(40, 8), per_step=per_step,
+                               step=np.tile(table.step_ms_many(8, draft_passes(data.actions)), (40, 1)))
+    index = _Index(data.actions)
+    rule = Rule(0.5, 0, 3, 1, 0)
+    (tokens, ms), _ = rule_terms(data, data.top, rule, index)
+    profile = rule_profile(data, data.top, rule, min_gain=0.0)
+    assert profile.tokens_per_ms(table) == pytest.approx(tokens.sum() / ms.sum(), rel=1e-9)
+    other = dataclasses.replace(data, per_step=not per_step)
+    (tokens, ms), _ = rule_terms(other, data.top, rule, index)
+    assert profile.tokens_per_ms(table) != pytest.approx(tokens.sum() / ms.sum(), rel=1e-3)  # the placement matters
