@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from decode.models.attention import ATTENTION
 from decode.models.draft_vocab import support_logits
 from decode.models.hooks import ForwardHook, UpProjectionBias
 from decode.models.loading import context_limit, default_dtype
@@ -50,8 +51,9 @@ class CachedLM:
         layer_windows: each layer's sliding window (None: full attention); ``type_windows`` the same per layer type.
 
     All returned logits and hidden states are float32 tensors on ``device``. The constructor switches the model
-    to sdpa attention (eager is kept if sdpa is unavailable), moves it to ``device``/``dtype`` and sets eval
-    mode, all in place.
+    to sdpa attention as :mod:`decode.models.attention` runs it (config ``_attn_implementation`` ``ddte_sdpa``: a
+    masked pass of several rows keeps grouped-query heads unrepeated on a CPU; eager is kept if sdpa is
+    unavailable), moves it to ``device``/``dtype`` and sets eval mode, all in place.
 
     ``forward_name`` is ``"hf"`` (HF's forward; :class:`~decode.models.fast_llama.FastCachedLM` says ``"fast"``), and
     ``fast_fallback`` why :func:`~decode.models.fast_llama.cached_lm` did not take the fast forward (None if not asked).
@@ -73,7 +75,7 @@ class CachedLM:
         self.device = torch.device(device)
         self.dtype = default_dtype(self.device, dtype)
         attn = getattr(model.config, "_attn_implementation", None)
-        if attn != "sdpa":
+        if attn not in ("sdpa", ATTENTION):
             try:
                 model.set_attn_implementation("sdpa")
             except (ValueError, ImportError, AttributeError) as err:
@@ -82,6 +84,8 @@ class CachedLM:
                     raise ValueError(
                         f"{type(model).__name__} supports neither sdpa nor eager attention (has {attn!r})"
                     ) from err
+        if model.config._attn_implementation == "sdpa":  # sdpa with grouped-query heads unrepeated under our masks
+            model.set_attn_implementation(ATTENTION)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.config = model.config
         self.vocab_size: int = int(model.config.get_text_config().vocab_size)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, Qwen2Config
 
+from decode.models.attention import ATTENTION
 from decode.models.cached_lm import CachedLM, run_nodes
 from decode.models.fast_llama import FastCachedLM, cached_lm
 from decode.models.loading import check_same_vocab, load_causal_lm
@@ -321,7 +322,7 @@ def test_hidden_states(lm: CachedLM) -> None:
 def test_eager_model_switched_to_sdpa_and_bf16_runs() -> None:
     model = _llama(attn="eager")
     lm = CachedLM(model)
-    assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == ATTENTION  # sdpa as decode.models.attention runs it
     assert lm.vocab_size == V
     lm16 = CachedLM(_llama(), dtype=torch.bfloat16)
     lm16.prefill([1, 2, 3, 4])
