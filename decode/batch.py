@@ -18,7 +18,10 @@ attention alone; and a request that leaves leaves dead slots, compacted once the
 the Zen 5 (Qwen pair, one thread) a pass beside 4 requests of 256 tokens cost 1.16-1.25x the one-sequence pass of as
 many tokens for the target and, before the fast draft took torch's flash attention, 1.5x for the draft; at 64 tokens
 1.03-1.2x. The machine's latency table carries these ratios for a batch (``LatencyTable.batch``, measured once
-through this layout's own passes), which is what the shared budget prices a step with.
+through this layout's own passes), which is what the shared budget prices a step with. The target's attention reads
+the cache's grouped-query key/value heads unrepeated (:mod:`decode.models.attention`; transformers' sdpa copied them
+per query head under a mask): in process, 4 requests' steps took 0.99x the time at the serve bench's contexts and
+0.95x at 300-token prompts (target pass 0.985x and 0.93x), the same tokens.
 
 **A step's time** (same machine, 4 requests, static (1,3,0) chains, contexts 18-70, a 300 ms step): the target pass
 ~195-205 ms, three draft passes ~93 ms (105 before the fast draft's flash attention; the requests' pending tokens, then
