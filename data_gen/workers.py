@@ -14,6 +14,7 @@ The driver (data_gen/collection.py, ``open_engine``) picks one.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import queue as queue_module
 import signal
@@ -40,14 +41,19 @@ class WorkPlan:
     label: str = "collect"
 
     def expected_roots(self, context_limit: int) -> int:
+        """The progress bar's total: exact for position roots; for step roots an estimate, each reference step
+        taken as halfway between one token and a full trunk and its bonus."""
         from data_gen.collector import root_positions
 
+        spec = self.config
+        if spec.roots == "steps":
+            spec = dataclasses.replace(spec, stride=max(1, round(spec.stride * (spec.reference_trunk + 2) / 2)))
         per = len(self.metadata["sampling"]) * self.config.trajectories
         n = 0
         for c in self.todo:
             for i in self.chunks[c]:
                 if len(self.prompts[i]) >= 2:
-                    n += per * len(root_positions(len(self.prompts[i]), self.config, context_limit))
+                    n += per * len(root_positions(len(self.prompts[i]), spec, context_limit))
         return n
 
 

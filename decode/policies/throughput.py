@@ -4,14 +4,18 @@ A rule that drafts ``chosen[i]`` at root i is scored by the tokens per ms of a s
 How a root stands for the stream depends on where the collector put it (``dataset.json``'s ``roots``):
 
 - **steps**: roots at a uniform sample of a reference loop's step starts (data_gen/collector.py). Each root is one
-  step, so TP = Σ_i Ê[i, chosen_i] / Σ_i T̂[i, chosen_i], tokens over time. The loop starts its steps right after
-  the tokens the target drew, where the next token is rarely hard; on the bench's own 12 prompts for the
-  Qwen2.5-Coder pair this reads the loop's tokens per step within 1.6 % on average over 12 static rows.
+  step, so TP = Σ_i Ê[i, chosen_i] / Σ_i T̂[i, chosen_i], tokens over time: exact for the reference loop, and for
+  another tree as far as that tree's loop starts its steps where the reference's does.
 - **positions**: roots every ``stride`` tokens of a target trajectory. Each root stands for as many tokens, which
   the loop crosses in about stride / Ê steps: TP = N / Σ_i T̂[i, chosen_i] / Ê[i, chosen_i], the inverse of the time
-  per token averaged over positions. The loop does not visit positions evenly, and how it departs from them depends
-  on the pair: on the shipped pair this read the loop's tokens per step 2.4 % high and the plain mean of Ê 9 % high;
-  on the Qwen pair 22 % low, where the plain mean read 4 % low (docs/selector.md).
+  per token averaged over positions.
+
+How far each reads the loop's tokens per step, on the bench's own 12 held-out prompts at the bench's context (12 and
+14 static rows at T = 0.6 and 1, 128 tokens, prompts that made at least 32 tokens pooled; AMD EPYC Zen 5,
+docs/selector.md): over step roots the plain mean of Ê reads the shipped pair 0.3 % low and the Qwen2.5-Coder pair
+3 % low, the harmonic form 9 % and 20 % low; over position roots the harmonic form reads them 5 % and 22 % low, the
+plain mean 4 % high and 4 % low. The loop starts its steps right after the tokens the target drew, where the next
+token is seldom hard, so a uniform sample of positions is not what it meets.
 
 Either way TP is a ratio of sums of per-root terms (:func:`stream_terms`: tokens and ms). Over position roots the
 per-root argmax of Ê / T̂ is the stream optimum; over step roots the optimum maximises Σ Ê / Σ T̂, where a root may
@@ -95,7 +99,3 @@ def block_efficiency(be: np.ndarray, per_step: bool = False) -> float:
     roots, N / Σ 1/Ê over position roots."""
     return float(be.mean() if per_step else len(be) / (1.0 / be).sum())
 
-
-def harmonic_block_efficiency(be: np.ndarray) -> float:
-    """N / Σ 1/Ê: :func:`block_efficiency` over position roots."""
-    return block_efficiency(be, per_step=False)
