@@ -50,8 +50,8 @@ Value = TypeVar("Value", bound=Measured)
 def machine_identity(target: CachedLM, draft: CachedLM, kernels: bool = True) -> str:
     """What a measured time depends on besides the pair: the processor (its model name and a digest of its flags, as a
     hypervisor may give every Xeon one name; or the GPU's name), torch's threads, both models' dtypes and, with
-    ``kernels``, the path each runs. A kernel choice is cached under it without the paths (it chooses them), a latency
-    table with them."""
+    ``kernels``, the path each runs and its attention where it is not plain sdpa. A kernel choice is cached under it
+    without the paths (it chooses them), a latency table with them."""
     import torch
 
     from ddte_core.machine import cpu_flags_digest, cpu_model
@@ -63,7 +63,12 @@ def machine_identity(target: CachedLM, draft: CachedLM, kernels: bool = True) ->
 
     def model(lm: CachedLM) -> str:
         dtype = str(lm.dtype).removeprefix("torch.")
-        return dtype if not kernels or lm.kernel == DEFAULT else f"{dtype} {lm.kernel}"
+        if not kernels:
+            return dtype
+        path = dtype if lm.kernel == DEFAULT else f"{dtype} {lm.kernel}"
+        # the attention a multi-row pass runs moves its time (grouped heads unrepeated: decode/models/attention.py)
+        attention = getattr(getattr(lm, "config", None), "_attn_implementation", None)
+        return path if attention in (None, "sdpa") else f"{path} {attention}"
 
     return (f"{processor}; {threads} torch thread{'' if threads == 1 else 's'}; "
             f"target {model(target)}, draft {model(draft)}")

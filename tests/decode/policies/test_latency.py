@@ -323,3 +323,16 @@ def test_the_machines_batch_cost_is_measured_once_beside_its_table(monkeypatch, 
     assert cost.machine == identity and len(heard) == 1 and "batch cost" in heard[0]
     again, same = latency.machine_batch_cost(target, draft, "f" * 64, tmp_path, heard.append)
     assert (again, same, len(calls), len(heard)) == (cost, path, 1, 1)  # read, not measured
+
+
+def test_a_table_is_keyed_by_the_attention_that_ran():
+    """A table measured with stock sdpa (keys and values repeated per head under a mask) is not read for models that
+    run ddte's grouped-heads attention, whose multi-row passes cost less; the kernel choice ignores it."""
+    from decode.models.machine_cache import machine_identity
+
+    target = CachedLM(tiny_llama(seed=1, vocab=32, hidden=32, layers=1))
+    draft = CachedLM(tiny_llama(seed=2, vocab=32, hidden=32, layers=1))
+    ours, choice = machine_identity(target, draft), machine_identity(target, draft, kernels=False)
+    target.config._attn_implementation = "sdpa"
+    assert machine_identity(target, draft) != ours and "ddte_sdpa" in ours
+    assert machine_identity(target, draft, kernels=False) == choice
