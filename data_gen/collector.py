@@ -40,9 +40,9 @@ from decode.models.cached_lm import CachedLM, run_nodes
 from decode.pair import LoadedPair
 from decode.policies.features import HIDDEN_NAMES, root_features
 from decode.policies.latency import LatencyTable, draft_passes
+from decode.policies.throughput import ROOT_PLACEMENTS
 from decode.verifiers import Verifier
 
-ROOT_SPACINGS = ("positions", "steps")  # roots every stride tokens, or at every stride-th step of a reference loop
 STEP_STREAM = 7919  # seeds the step sampling apart from the trajectory's tokens
 
 
@@ -98,8 +98,8 @@ class Collector:
         self.k_max, self.l_max, self.trees = k_max, l_max, trees_per_root
         self.new_tokens, self.stride, self.seed = new_tokens, stride, seed
         self.target_chunk, self.eos = target_chunk, eos_token_id
-        if roots not in ROOT_SPACINGS:
-            raise ValueError(f"roots must be one of {', '.join(ROOT_SPACINGS)}, not {roots!r}")
+        if roots not in ROOT_PLACEMENTS:
+            raise ValueError(f"roots must be one of {', '.join(ROOT_PLACEMENTS)}, not {roots!r}")
         if reference_trunk < 1:
             raise ValueError("reference_trunk must be >= 1")
         self.roots, self.reference_trunk = roots, reference_trunk

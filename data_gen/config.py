@@ -9,6 +9,7 @@ from pathlib import Path
 
 from data_gen.schema import DEFAULT_VERIFIERS
 from ddte_core.yamlconfig import load_yaml_config
+from decode.policies.throughput import ROOT_PLACEMENTS
 
 
 @dataclass
@@ -100,7 +101,7 @@ def check_collect_config(config: CollectConfig) -> CollectConfig:
         (config.trajectories >= 1, "trajectories must be >= 1"),
         (config.new_tokens >= 1, "new_tokens must be >= 1"),
         (config.stride >= 1, "stride must be >= 1"),
-        (config.roots in ("positions", "steps"), "roots must be positions or steps"),
+        (config.roots in ROOT_PLACEMENTS, "roots must be positions or steps"),
         (config.reference_trunk >= 1, "reference_trunk must be >= 1"),
         (config.prompts_per_shard >= 1, "prompts_per_shard must be >= 1"),
         (config.workers >= 1, "workers must be >= 1"),

@@ -32,6 +32,7 @@ from decode.policies.rule_fit import (
     rule_terms,
     static_throughputs,
 )
+from decode.policies.throughput import ROOT_PLACEMENTS
 
 FOLDS = 5
 BETA_SIGNALS = ("acceptance",)  # β̂ signals: the marginal rule is computed from them on each machine's times
@@ -91,7 +92,7 @@ class FitSet:
     roots: str = "positions"
 
     def __post_init__(self) -> None:
-        if self.roots not in ("positions", "steps"):
+        if self.roots not in ROOT_PLACEMENTS:
             raise ValueError(f"a fit set's roots are positions or steps, not {self.roots!r}")
         n, s, a = self.be.shape
         if len(self.actions) != a or self.lengths.shape != (n,) or self.prompts.shape != (n,):

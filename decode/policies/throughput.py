@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# where a collection puts its roots (dataset.json's "roots"; a folder written before the key: positions)
+ROOT_PLACEMENTS = ("positions", "steps")
+
 
 def time_per_token(be: np.ndarray, step: np.ndarray) -> np.ndarray:
     """``step / be`` elementwise (ms per token), NaN where ``be`` has no label; ValueError for Ê < 1 (E[τ+1] >= 1)."""

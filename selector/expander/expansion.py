@@ -175,7 +175,7 @@ def _oracle_sums(data: EpisodeData) -> tuple[float, float]:
 def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], dict[int, np.ndarray]]:
     """(metadata, episodes per sampling index, root-row indices per sampling index) of a schema-2 data set with
     trunk states; ValueError for one without them."""
-    from data_gen.schema import TRUNK_COLUMNS, TRUNK_DRAW_COLUMNS, TRUNK_STATE_COLUMNS, trees_column
+    from data_gen.schema import TRUNK_COLUMNS, TRUNK_DRAW_COLUMNS, TRUNK_STATE_COLUMNS, roots_per_step, trees_column
     from data_gen.store import read_metadata
     from decode.policies.features import SCALAR_NAMES
     from selector.root.root_data import list_column
@@ -213,7 +213,7 @@ def load_episodes(folder, verifier: str) -> tuple[dict, dict[int, EpisodeData], 
         episodes[int(c)] = EpisodeData(be[rows], step[rows], prompts[rows], top[rows], entropy[rows], beta[rows],
                                        features[rows], trunk_pass_ms[rows], actions, lengths[rows],
                                        *(None if d is None else d[rows] for d in draws),
-                                       per_step=metadata.get("roots", "positions") == "steps")
+                                       per_step=roots_per_step(metadata))
     return metadata, episodes, rows_by_config
 
 
