@@ -68,8 +68,8 @@ class CollectConfig:
     sampling: SamplingGrid = field(default_factory=SamplingGrid)
     trajectories: int = 1  # target trajectories per (prompt, sampling configuration)
     new_tokens: int = 128  # length of each trajectory
-    stride: int = 16  # a root every stride tokens of the trajectory (the first at the prompt's end), or steps
-    roots: str = "positions"  # positions: every stride tokens; steps: every stride-th step of a reference chain loop
+    roots: str = "steps"  # steps: every stride-th step of a reference chain loop; positions: every stride tokens
+    stride: int = 6  # steps (or tokens) between roots
     reference_trunk: int = 3  # the reference loop's chain length (roots: steps)
     k_max: int = 4
     l_max: int = 8

@@ -82,7 +82,8 @@ def collect_overrides(folder: Path, out: Path, **extra) -> list[str]:
     """KEY=VALUE overrides of a fast collection on :func:`save_collect_pair`'s pair into ``out``."""
     base = {
         "pair": str(folder / "pair.yaml"), "output": str(out), "prompts.source": str(folder / "prompts.jsonl"),
-        "prompts.max_tokens": 20, "new_tokens": 12, "stride": 6, "k_max": 2, "l_max": 2, "trees_per_root": 2,
+        "prompts.max_tokens": 20, "new_tokens": 12, "roots": "positions", "stride": 6, "k_max": 2, "l_max": 2,
+        "trees_per_root": 2,
         "prompts_per_shard": 2, "workers": 1, "device": "cpu", "threads": 1,
         "latency.file": str(folder / "latency.json"),
         "sampling.temperatures": "[0.7, 1.0]", "verifiers": "[specinfer, traversal, gbv]",
