@@ -146,7 +146,7 @@ class Collector:
         ``stride``, then every ``stride``-th. Each root stands for one step, and the stream's tokens per step is the
         roots' mean Ê (decode/policies/throughput.py).
         """
-        last = min(prompt_length - 1 + self.new_tokens - 1, self.context_limit - 2 * self.l_max - 2)
+        last = last_root(prompt_length, self, self.context_limit)
         steps = torch.Generator().manual_seed(derive_seed(self.seed, job.prompt_index, job.sampling_index,
                                                           job.trajectory, STEP_STREAM))
         offset = int(torch.randint(self.stride, (1,), generator=steps))
@@ -315,8 +315,13 @@ def root_positions(prompt_length: int, spec, context_limit: int) -> list[int]:
     ``spec`` has ``new_tokens``, ``stride`` and ``l_max``. Only roots whose largest union tree (2·L_max deep)
     still fits the context window are kept.
     """
-    last = min(prompt_length - 1 + spec.new_tokens - 1, context_limit - 2 * spec.l_max - 2)
-    return list(range(prompt_length - 1, last + 1, spec.stride))
+    return list(range(prompt_length - 1, last_root(prompt_length, spec, context_limit) + 1, spec.stride))
+
+
+def last_root(prompt_length: int, spec, context_limit: int) -> int:
+    """The last position a root may sit at: within ``spec.new_tokens`` of the prompt's end, and with room for the
+    largest union tree (2·L_max deep) in the context."""
+    return min(prompt_length - 1 + spec.new_tokens - 1, context_limit - 2 * spec.l_max - 2)
 
 
 def load_collect_pair(config: CollectConfig) -> LoadedPair:

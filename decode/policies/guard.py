@@ -25,6 +25,7 @@ import numpy as np
 
 from decode.drafting.actions import Action
 from decode.policies.latency import LatencyTable, draft_passes
+from decode.policies.throughput import block_efficiency
 
 LENGTH_QUANTILES = 16
 
@@ -36,11 +37,6 @@ def length_quantiles(lengths: np.ndarray) -> list[int]:
         raise ValueError("no root lengths to profile")
     points = np.quantile(lengths, (np.arange(LENGTH_QUANTILES) + 0.5) / LENGTH_QUANTILES)
     return sorted({int(round(p)) for p in points})
-
-
-def harmonic_mean(be: np.ndarray) -> np.ndarray:
-    """Over axis 0 of ``be`` ``(N, ...)``: N / Σ 1/Ê, the tokens per step a stream of such roots makes."""
-    return len(be) / (1.0 / be).sum(axis=0)
 
 
 def mean_step_ms(table: LatencyTable, lengths: Sequence[int], actions: Sequence[Action]) -> np.ndarray:
@@ -81,7 +77,7 @@ class StaticProfile:
         starts (the plain mean of Ê is then its tokens per step), else trajectory positions (the harmonic mean)."""
         be = np.asarray(be, dtype=np.float64)
         labelled = np.isfinite(be).all(axis=0)
-        mean = be[:, labelled].mean(axis=0) if per_step else harmonic_mean(be[:, labelled])
+        mean = block_efficiency(be[:, labelled], per_step)
         kept = [a for a, keep in zip(actions, labelled, strict=True) if keep]
         return cls(kept, [float(v) for v in mean], length_quantiles(lengths))
 

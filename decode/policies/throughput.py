@@ -97,8 +97,9 @@ def per_root_best(be: np.ndarray, step: np.ndarray, per_step: bool = False) -> n
     return chosen
 
 
-def block_efficiency(be: np.ndarray, per_step: bool = False) -> float:
-    """The tokens per step the loop makes with one action whose per-root Ê is ``be`` ``(N,)``: the mean over step
-    roots, N / Σ 1/Ê over position roots."""
-    return float(be.mean() if per_step else len(be) / (1.0 / be).sum())
+def block_efficiency(be: np.ndarray, per_step: bool = False) -> float | np.ndarray:
+    """The tokens per step the loop makes with an action whose per-root Ê is ``be`` ``(N, ...)``, over axis 0: the
+    mean over step roots, N / Σ 1/Ê over position roots (a float for ``(N,)``, else one value per column)."""
+    out = be.mean(axis=0) if per_step else len(be) / (1.0 / be).sum(axis=0)
+    return float(out) if np.ndim(out) == 0 else out
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from decode.drafting.actions import Action
-from decode.policies.guard import RuleProfile, StaticProfile, harmonic_mean, length_quantiles
+from decode.policies.guard import RuleProfile, StaticProfile, length_quantiles
 from decode.policies.halting import HaltingRule as Rule  # the rule the decoder runs
 from decode.policies.halting import halting_depth
 from decode.policies.rule_fit import ActionIndex as _Index
@@ -37,7 +37,7 @@ from decode.policies.rule_fit import (  # noqa: F401  (the fit's names, re-expor
     rule_terms,
 )
 from decode.policies.signals import SIGNALS, TrunkArrays, signal_names
-from decode.policies.throughput import best_static
+from decode.policies.throughput import best_static, block_efficiency
 
 
 @dataclass
@@ -118,11 +118,10 @@ def rule_profile(data: EpisodeData, signal: np.ndarray, rule: Rule, min_gain: fl
     # the stream's ms per token split by tree, Σ_tree T(tree) · w_tree: over position roots Σ_i T̄_i / Ē_i (T̄_i the
     # mean over the root's trees), each episode weighing 1 / (N s Ē_i); over step roots Σ_i T̄_i / Σ_i Ē_i, each
     # weighing 1 / (N s mean Ē)
+    be = block_efficiency(per_root, data.per_step)
     if data.per_step:
-        be = float(per_root.mean())
         weight = np.full((len(per_root), 1), 1.0 / (be * columns.size))
     else:
-        be = float(harmonic_mean(per_root))
         weight = (1.0 / per_root)[:, None] / columns.size  # (N, 1)
     inverse_be = {str(k): float((weight * (keys == k)).sum()) for k in shares}
     looked_inverse = float((weight * looked_at).sum())
