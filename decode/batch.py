@@ -5,7 +5,8 @@ memory, so requests that decode together cost about one request's passes. A step
 once: one draft pass over their pending tokens, one draft pass per drafting level over the nodes every tree asks for,
 and **one target pass over every request's root and tree**; then each request's own verifier accepts a path of its
 own tree. Requests join and leave between steps (:meth:`BatchDecoder.join`, :meth:`BatchDecoder.leave`; one ends by
-itself at EOS or its token budget).
+itself at EOS or its token budget). A request that joins runs its prompt inside the next step's passes (its pending
+tokens), not in passes of its own that every other request would wait for.
 
 **Layout: one KV sequence, disjoint trees, a block-diagonal mask** (:mod:`decode.models.shared_cache`). Every request
 is a sequence of its own inside each model's one cache, with its own positions; a token attends to its own request's
@@ -94,8 +95,9 @@ class StepReport:
 
 @dataclass
 class _Live:
-    """A request between steps. ``target_pending``: its root (the target runs it in the step's tree pass);
-    ``draft_pending``: tokens the draft has not run (the root, after an accepted leaf); ``draft_root_logits``
+    """A request between steps. ``target_pending``: tokens the target has not run, its root last (the target runs
+    them in the step's tree pass: a new request's whole prompt, then the root alone); ``draft_pending``: tokens the
+    draft has not run (a new request's prompt; the root, after an accepted leaf); ``draft_root_logits``
     ``(V,)`` and ``draft_root_hidden`` ``(H,)``: the draft at the root, once it ran it."""
 
     job: Job
@@ -146,22 +148,18 @@ class BatchDecoder:
         self.pass_tokens = 0  # tokens in the last step's shared target pass (every root and tree node), for metrics
 
     def join(self, job: Job) -> int:
-        """Add a request between steps: its prompt runs through both models now (the target all but its last
-        token, which is its first root; the draft the whole prompt). Returns its id."""
+        """Add a request between steps (checked now; nothing runs): its prompt runs in the next step's passes, the
+        draft's over every request's pending tokens and the target's beside the others' trees, its last token the
+        first root. A prompt run apart would hold every other request for a pass of its own. Returns its id."""
         check_request(job.prompt_ids, job.max_new_tokens, self.vocab, self.context_limit)
+        self.target.check_owned()
+        self.draft.check_owned()
         policy = job.policy.start(job.sampling)
         if policy.needs_root_features:
             raise ValueError(f"the policy '{policy.name}' reads root features, which a batch does not compute")
-        started = time.perf_counter()
-        live = _Live(job, policy, self.target.add(), self.draft.add(), started)
+        live = _Live(job, policy, self.target.add(), self.draft.add(), time.perf_counter())
         prompt = [int(t) for t in job.prompt_ids]
-        if len(prompt) > 1:
-            self.target.settle({live.target_seq: prompt[:-1]}, last=1)
-        out = self.draft.settle({live.draft_seq: prompt}, output_hidden=live.draft_hidden, last=1)[0]
-        live.draft_root_logits = out.logits[-1]
-        live.draft_root_hidden = out.hidden[-1] if live.draft_hidden else None
-        live.target_pending = [prompt[-1]]
-        live.stats.seconds["prefill"] += time.perf_counter() - started
+        live.target_pending, live.draft_pending = list(prompt), list(prompt)
         rid = next(self._ids)
         self.requests[rid] = live
         return rid
@@ -210,7 +208,8 @@ class BatchDecoder:
         pending = {rid: r for rid, r in live.items() if r.draft_pending}
         if pending:
             hidden = any(r.draft_hidden for r in pending.values())
-            outs = self.draft.settle({r.draft_seq: r.draft_pending for r in pending.values()}, output_hidden=hidden)
+            outs = self.draft.settle({r.draft_seq: r.draft_pending for r in pending.values()}, output_hidden=hidden,
+                                     last=1)
             for r, out in zip(pending.values(), outs, strict=True):
                 r.draft_pending, r.draft_root_logits = [], out.logits[-1]
                 r.draft_root_hidden = out.hidden[-1] if r.draft_hidden else None
@@ -283,14 +282,16 @@ class BatchDecoder:
                 raise ValueError(f"request {rid} with verifier '{r.job.verifier.name}': {err}") from err
 
     def _target_pass(self, live: dict[int, _Live], drafted: dict[int, DraftedTree]) -> dict[int, BlockOutput]:
-        """One target forward over every request's root and tree nodes (node u at row u of its block)."""
-        blocks = []
+        """One target forward over every request's pending tokens (its root last: a new request's whole prompt)
+        and tree nodes; each block's output starts at its root (node u at row u, ``base`` the root's slot)."""
+        blocks, skip = [], []
         for rid, r in live.items():
-            tree = drafted[rid].tree
-            parents = [None] + [-(tree.parents[v] + 1) for v in range(1, tree.num_nodes)]
+            tree, n = drafted[rid].tree, len(r.target_pending)
+            parents = [None] + [-j for j in range(1, n)] + [-(tree.parents[v] + n) for v in range(1, tree.num_nodes)]
             blocks.append(Block(r.target_seq, r.target_pending + list(tree.tokens[1:]), parents))
+            skip.append(n - 1)
         self.pass_tokens = sum(len(block.tokens) for block in blocks)
-        return dict(zip(live, self.target.run(blocks), strict=True))
+        return dict(zip(live, self.target.run(blocks, skip=skip), strict=True))
 
     def _verify(self, live: dict[int, _Live], drafted: dict[int, DraftedTree],
                 outs: dict[int, BlockOutput]) -> dict[int, VerifyResult]:
@@ -311,7 +312,8 @@ class BatchDecoder:
         target_chains, draft_chains = {}, {}
         for rid, r in live.items():
             tree, slots, result = drafted[rid].tree, drafted[rid].slots, results[rid]
-            target_chains[r.target_seq] = [outs[rid].base + u for u in (ROOT, *result.path)]
+            before_root = range(outs[rid].base - len(r.target_pending) + 1, outs[rid].base)  # a new prompt's slots
+            target_chains[r.target_seq] = [*before_root, *(outs[rid].base + u for u in (ROOT, *result.path))]
             ran = [slots[u] for u in result.path if slots[u] >= 0]  # leaves were never run by the draft
             draft_chains[r.draft_seq] = ran
             r.draft_pending = [tree.tokens[u] for u in result.path[len(ran):]] + [result.extra_token]

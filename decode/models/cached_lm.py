@@ -248,11 +248,13 @@ class CachedLM:
         return (out.logits, out.hidden) if output_hidden else out.logits
 
     def _forward(self, ids: Sequence[int], allowed: np.ndarray | None, pos: np.ndarray, output_hidden: bool,
-                 up_bias: torch.Tensor | None, tap_layers: tuple[int, ...], last: int | None = None) -> ForwardOutput:
+                 up_bias: torch.Tensor | None, tap_layers: tuple[int, ...],
+                 last: int | np.ndarray | None = None) -> ForwardOutput:
         """Run ``ids`` after the cache. ``allowed (n, length + n)`` bool: which cached/new columns each new token
         sees (None = causal); ``pos (n,)``: position ids; ``up_bias (L, d_ff)``: added to each layer's MLP up
         projection (None: nothing); ``tap_layers``: hidden-state indices to return; ``last``: logits (through HF's
-        ``logits_to_keep``) and the final hidden state of the last rows only."""
+        ``logits_to_keep``) and the final hidden state of those rows only: an int k, the last k; an index array
+        ``(k,)``, those rows in its order (:func:`kept_rows`)."""
         with torch.inference_mode():
             input_ids = torch.as_tensor(ids, dtype=torch.long).view(1, -1).to(self.device)
             kwargs = {}
@@ -266,14 +268,17 @@ class CachedLM:
                                                 for t, w in self.type_windows.items()}
             kwargs["position_ids"] = torch.from_numpy(pos).view(1, -1).to(self.device)
             if last is not None:
-                kwargs["logits_to_keep"] = last
+                kwargs["logits_to_keep"] = kept_rows(last, self.device)
             with self._up_projection_bias(up_bias):
                 out = self.model(input_ids=input_ids, cache=self._cache, use_cache=True,
                                  output_hidden_states=output_hidden or bool(tap_layers), **kwargs)
             tapped = None
             if tap_layers:
                 tapped = torch.stack([out.hidden_states[i][0] for i in tap_layers], dim=1).float()
-            hidden = out.hidden_states[-1][0, -(last or len(ids)):].float() if output_hidden else None
+            hidden = out.hidden_states[-1][0] if output_hidden else None
+            if hidden is not None and last is not None:
+                hidden = select_rows(hidden, last)
+            hidden = None if hidden is None else hidden.float()
             return ForwardOutput(out.logits[0].float(), hidden, tapped)
 
     def _up_projection_bias(self, bias: torch.Tensor | None):
@@ -369,3 +374,14 @@ def run_nodes(lm: CachedLM, nodes: Sequence[int], tokens: Sequence[int], parent_
     slots.update({v: base + i for i, v in enumerate(nodes)})
     return out
 
+
+def kept_rows(last: int | np.ndarray, device: torch.device) -> int | torch.Tensor:
+    """A forward's ``last`` as HF's ``logits_to_keep`` takes it: an int k (the last k rows) as it is, an index
+    array ``(k,)`` as a long tensor on ``device``."""
+    return last if isinstance(last, int) else torch.as_tensor(np.asarray(last), dtype=torch.long, device=device)
+
+
+def select_rows(x: torch.Tensor, last: int | np.ndarray) -> torch.Tensor:
+    """The rows ``last`` names of ``x`` ``(n, ...)``: the last k for an int k, else those of the index array."""
+    return x[-last:] if isinstance(last, int) else x[torch.as_tensor(np.asarray(last), dtype=torch.long,
+                                                                     device=x.device)]

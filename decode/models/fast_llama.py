@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from decode.models.cached_lm import CachedLM, ForwardOutput
+from decode.models.cached_lm import CachedLM, ForwardOutput, select_rows
 from decode.models.kernels import DEFAULT, kernel_path
 from decode.models.masks import additive_mask, attention_windows, block_patterns, causal_pattern, window_of
 
@@ -173,9 +173,10 @@ class FastCachedLM(CachedLM):
 
     # --- the forward ----------------------------------------------------------------------------------
     def _forward(self, ids, allowed: np.ndarray | None, pos: np.ndarray, output_hidden: bool,
-                 up_bias: torch.Tensor | None, tap_layers: tuple[int, ...], last: int | None = None) -> ForwardOutput:
+                 up_bias: torch.Tensor | None, tap_layers: tuple[int, ...],
+                 last: int | np.ndarray | None = None) -> ForwardOutput:
         """Logits ``(n, V)`` (and final normed hidden states ``(n, H)``, the tapped layers' inputs) of ``ids`` after
-        the cached slots, as :meth:`CachedLM._forward`."""
+        the cached slots, as :meth:`CachedLM._forward` (``last``: the rows to keep)."""
         n, start = len(ids), self.length
         self._reserve(start + n)
         with torch.inference_mode():
@@ -201,8 +202,8 @@ class FastCachedLM(CachedLM):
             if tap_layers:  # hidden_states[L] is the final normed state, as in HF's output
                 tapped = torch.stack([(inputs + [hidden])[i] for i in tap_layers], dim=1).float()
             if last is not None:
-                hidden = hidden[-last:]
-            logits = self._head(hidden).float()  # (n, V), or (last, V)
+                hidden = select_rows(hidden, last)
+            logits = self._head(hidden).float()  # (n, V), or the kept rows
             return ForwardOutput(logits, hidden.float() if output_hidden else None, tapped)
 
     def _masks(self, allowed: np.ndarray | None, pos: np.ndarray, n: int,

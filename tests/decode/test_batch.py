@@ -55,6 +55,42 @@ def test_requests_join_and_leave_between_steps():
     assert decoder.target.slots.length == 0 and decoder.draft.slots.length == 0
 
 
+def test_a_joining_prompt_runs_inside_the_next_steps_passes():
+    """Joining runs nothing; the next step's one target pass holds the new prompt beside the other request's tree,
+    the output head runs over roots and tree nodes only, and both requests still decode as alone."""
+    target, draft = pair()
+    decoder = BatchDecoder(target, draft)
+    calls = []
+    for name, lm in (("target", target), ("draft", draft)):
+        forward = lm._forward
+
+        def counted(ids, *args, _forward=forward, _name=name, **kwargs):
+            out = _forward(ids, *args, **kwargs)
+            calls.append((_name, len(ids), out.logits.shape[0]))
+            return out
+
+        lm._forward = counted
+    first = decoder.join(job([2, 0, 1], 6, seed=0))
+    first_tokens = decoder.step()[first].tokens
+    calls.clear()
+    second = decoder.join(job([1, 2, 0, 2, 1], 6, seed=1, name="specinfer", action=Action(1, 2, 0)))
+    assert calls == []
+    reports = decoder.step()
+    target_calls = [c for c in calls if c[0] == "target"]
+    assert len(target_calls) == 1  # the prompt ran in the shared pass, not in one of its own
+    _, rows, heads = target_calls[0]
+    assert rows - heads == 4  # the new prompt's first four tokens: no logits
+    tokens = {first: first_tokens, second: []}
+    while decoder.requests:
+        for rid, report in reports.items():
+            tokens[rid] += report.tokens
+        reports = decoder.step()
+    for rid, report in reports.items():
+        tokens[rid] += report.tokens
+    assert tokens[second] == alone(job([1, 2, 0, 2, 1], 6, 1, "specinfer", Action(1, 2, 0)), 1)
+    assert tokens[first] == alone(job([2, 0, 1], 6, 0), 0)
+
+
 def test_requests_end_at_eos_as_alone():
     target, draft = pair()
     eos, stopped = 1, set()
