@@ -25,7 +25,7 @@ class BatchRunner:
         self._ids: dict[Job, tuple[int, int]] = {}  # job -> (its id in the decoder, its seed)
 
     def admit(self, job: Job) -> bool:
-        """Start ``job`` in the batch (its prompt runs through both models now); False when it failed, answered."""
+        """Start ``job`` in the batch (its prompt runs in the next step's passes); False when it failed, answered."""
         from decode.batch import Job as BatchJob
         from decode.drafting.rng import TorchRandom
 
