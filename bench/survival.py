@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from decode.policies.halting import marginal_gain
+from selector.acceptance.acceptance import soft_cross_entropy
 from selector.acceptance.survival import (
     DRAW_GROUPS,
     DenseDraws,
-    cross_entropy,
     draw_basis,
     fit_logistic,
     fit_survival,
@@ -118,8 +118,8 @@ def transfer_rows(draws: DenseDraws, folder: Path, episodes: dict, metadata: dic
         law = law_basis(data.entropy[..., :-1], data.top[..., :-1], temperature)
         draw = draw_basis(data.draw_q[..., 1:], data.draw_rank[..., 1:], data.draw_top[..., 1:])
         rows.append({"T": temperature, "tokens": int(label.size), "label entropy": binary_entropy(label),
-                     "law (no draw)": cross_entropy(law_model.predict(law), label),
-                     "law + draw": cross_entropy(draw_model.predict(np.concatenate([law, draw], axis=-1)), label)})
+                     "law (no draw)": soft_cross_entropy(law_model.predict(law), label),
+                     "law + draw": soft_cross_entropy(draw_model.predict(np.concatenate([law, draw], axis=-1)), label)})
     return rows
 
 

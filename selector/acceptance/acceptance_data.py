@@ -78,8 +78,6 @@ def read_dense_metadata(folder: str | Path) -> dict:
 def load_dense(folder: str | Path) -> tuple[dict, DenseArrays]:
     """(metadata, every node) of a dense data set, of any readable schema (its realized labels None before
     schema 2); ValueError for a folder without one, without shards, or of a schema this code cannot read."""
-    import pyarrow.parquet as pq
-
     from data_gen.dense_collection import READABLE_VERSIONS
 
     metadata = read_dense_metadata(folder)
@@ -87,22 +85,33 @@ def load_dense(folder: str | Path) -> tuple[dict, DenseArrays]:
     if version not in READABLE_VERSIONS:
         raise ValueError(f"{folder}: dense schema version {version!r}, this code reads "
                          f"{', '.join(map(str, READABLE_VERSIONS))}")
+    names = ["prompt_id", "category", "temperature", "depth", "draft_hidden", "entropy", "top1", "beta"]
+    column = read_dense_columns(folder, names + (["realized"] if version >= 2 else []))
+    scalars = np.stack([column[name].astype(np.float32) for name in ("entropy", "top1", "depth", "temperature")],
+                       axis=1)
+    realized = column["realized"].astype(np.float32) if version >= 2 else None
+    return metadata, DenseArrays(column["draft_hidden"].astype(np.float32), scalars,
+                                 column["beta"].astype(np.float32), column["prompt_id"], column["category"], realized)
+
+
+def read_dense_columns(folder: str | Path, names: list[str]) -> dict[str, np.ndarray]:
+    """``names`` of every row of a dense data set's shards, in shard order: ``(N,)`` each, ``draft_hidden``
+    ``(N, H)``, the string columns (``prompt_id``, ``category``) as object arrays. ValueError without shards."""
+    import pyarrow.parquet as pq
+
     shards = sorted(Path(folder).glob("dense-*.parquet"))
     if not shards:
         raise ValueError(f"{folder}: no dense-*.parquet shards yet")
-    columns = ["prompt_id", "category", "temperature", "depth", "draft_hidden", "entropy", "top1", "beta"]
-    if version >= 2:
-        columns.append("realized")
-    tables = [pq.read_table(path, columns=columns) for path in shards]
-    hidden = np.concatenate([np.stack(t.column("draft_hidden").to_numpy(zero_copy_only=False)) for t in tables])
-    scalars = np.stack([np.concatenate([t.column(name).to_numpy() for t in tables]).astype(np.float32)
-                        for name in ("entropy", "top1", "depth", "temperature")], axis=1)
-    beta = np.concatenate([t.column("beta").to_numpy() for t in tables]).astype(np.float32)
-    prompts = np.concatenate([np.asarray(t.column("prompt_id").to_pylist(), dtype=object) for t in tables])
-    categories = np.concatenate([np.asarray(t.column("category").to_pylist(), dtype=object) for t in tables])
-    realized = (np.concatenate([t.column("realized").to_numpy() for t in tables]).astype(np.float32)
-                if version >= 2 else None)
-    return metadata, DenseArrays(hidden.astype(np.float32), scalars, beta, prompts, categories, realized)
+    tables = [pq.read_table(path, columns=names) for path in shards]
+    column = {}
+    for name in names:
+        if name == "draft_hidden":
+            column[name] = np.concatenate([np.stack(t.column(name).to_numpy(zero_copy_only=False)) for t in tables])
+        elif name in ("prompt_id", "category"):
+            column[name] = np.asarray([v for t in tables for v in t.column(name).to_pylist()], dtype=object)
+        else:
+            column[name] = np.concatenate([t.column(name).to_numpy() for t in tables])
+    return column
 
 
 def split_by_prompt(prompts: np.ndarray, val_fraction: float, test_fraction: float, seed: int

@@ -28,6 +28,7 @@ import numpy as np
 from decode.policies.halting import survival_gain
 from decode.policies.rule_fit import folds_by_prompt
 from decode.policies.signals import TrunkArrays
+from selector.acceptance.acceptance import soft_cross_entropy
 
 LAW_FEATURES = ("entropy", "sqrt_entropy", "top", "log_top", "temperature", "entropy_x_temperature")
 # the drawn token's features by group: the study removes one group at a time to see what moves the held-out loss
@@ -109,13 +110,6 @@ def fit_logistic(x: np.ndarray, label: np.ndarray, l2: float = 1e-3, iterations:
     return Logistic(w[:-1], float(w[-1]), mean, std)
 
 
-def cross_entropy(predicted: np.ndarray, label: np.ndarray) -> float:
-    """Mean binary cross-entropy (nats) of probabilities ``predicted`` against a soft ``label`` (same shape)."""
-    p = np.clip(np.asarray(predicted, dtype=np.float64), 1e-7, 1 - 1e-7)
-    y = np.asarray(label, dtype=np.float64)
-    return float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())
-
-
 # ------------------------------------------------------------------------------------------------- dense data
 
 
@@ -177,31 +171,21 @@ def load_dense_draws(folder: str | Path, hidden: bool = False) -> DenseDraws:
     Raises:
         ValueError: no dense data set there, one before schema 2, or one whose continuations the target drew.
     """
-    import pyarrow.parquet as pq
-
-    from selector.acceptance.acceptance_data import read_dense_metadata
+    from selector.acceptance.acceptance_data import read_dense_columns, read_dense_metadata
 
     metadata = read_dense_metadata(folder)
     if metadata.get("schema_version", 1) < 2 or metadata.get("spec", {}).get("source", "draft") != "draft":
         raise ValueError(f"{folder}: the survival model needs a dense set of schema 2 drawn from the draft")
-    shards = sorted(Path(folder).glob("dense-*.parquet"))
-    if not shards:
-        raise ValueError(f"{folder}: no dense-*.parquet shards")
     names = ["prompt_id", "temperature", "continuation", "position", "depth", "entropy", "top1", "beta", "token_q",
              "realized", "draw_rank"] + (["draft_hidden"] if hidden else [])
-    tables = [pq.read_table(path, columns=names) for path in shards]
-    column = {name: np.concatenate([t.column(name).to_numpy(zero_copy_only=False) for t in tables])
-              for name in names if name != "draft_hidden"}
-    prompts = np.asarray([str(p) for t in tables for p in t.column("prompt_id").to_pylist()], dtype=object)
+    column = read_dense_columns(folder, names)
+    prompts = np.asarray([str(p) for p in column["prompt_id"]], dtype=object)
     prompt_code = np.unique(prompts.astype(str), return_inverse=True)[1]
     order = np.lexsort((column["position"], column["continuation"], column["temperature"], prompt_code))
     continuation = np.unique(np.stack([prompt_code, np.unique(column["temperature"], return_inverse=True)[1],
                                        column["continuation"]], axis=1), axis=0, return_inverse=True)[1]
     ranks = token_ranks(continuation.reshape(-1)[order], column["depth"][order], column["draw_rank"][order])
-    states = None
-    if hidden:
-        states = np.concatenate([np.stack(t.column("draft_hidden").to_numpy(zero_copy_only=False))
-                                 for t in tables]).astype(np.float32)[order]
+    states = column["draft_hidden"].astype(np.float32)[order] if hidden else None
     as_float = {name: column[name][order].astype(np.float64) for name in
                 ("entropy", "top1", "temperature", "token_q", "beta", "realized")}
     return DenseDraws(as_float["entropy"], as_float["top1"], as_float["temperature"], as_float["token_q"], ranks,
@@ -276,5 +260,5 @@ def heldout_cross_entropy(x: np.ndarray, label: np.ndarray, prompts: np.ndarray,
         kept = np.array(sorted(set(prompts[rest].tolist())), dtype=object)
         kept = kept[rng.permutation(len(kept))[:max(1, round(fraction * len(kept)))]]
         train = rest[np.isin(prompts[rest], kept)]
-        total += cross_entropy(fit_logistic(x[train], label[train], l2).predict(x[test]), label[test]) * len(test)
+        total += soft_cross_entropy(fit_logistic(x[train], label[train], l2).predict(x[test]), label[test]) * len(test)
     return total / len(label)
