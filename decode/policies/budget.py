@@ -135,9 +135,15 @@ def step_ms(lengths: Sequence[int], length: float, table: LatencyTable, fixed: S
     widths = [[1] * n for n in lengths] + [[1] * a.l1 + [a.k] * a.l2 for a in fixed]
     runs = [w[:-1] for w in widths]  # the draft runs every level but the last (leaves)
     levels = max((len(w) for w in runs), default=0)
-    requests = len(widths)
-    drafting = sum(table.batch_draft(length + j + 1, sum(w[j] for w in runs if len(w) > j), requests)
-                   for j in range(levels))
-    tokens = sum(1 + sum(w) for w in widths)
+    level_rows = [sum(w[j] for w in runs if len(w) > j) for j in range(levels)]
+    return passes_ms(len(widths), level_rows, sum(1 + sum(w) for w in widths), length, table)
+
+
+def passes_ms(requests: int, level_rows: Sequence[int], target_rows: int, length: float, table: LatencyTable) -> float:
+    """T of one batch step of ``requests`` requests in ms from its passes, at context ``length``: the per-step term,
+    the draft pass over every request's pending token, one draft pass per drafting level j over ``level_rows[j]``
+    nodes (none where 0), and one target pass over ``target_rows`` tokens (every root and node), each priced beside
+    ``requests`` requests of one cache."""
+    drafting = sum(table.batch_draft(length + j + 1, rows, requests) for j, rows in enumerate(level_rows) if rows)
     return table.step_extra(length) + table.batch_draft(length, requests, requests) + drafting + \
-        table.batch_target(length, tokens, requests)
+        table.batch_target(length, target_rows, requests)
