@@ -17,6 +17,11 @@ are fitted on the other folds' prompts and scored on the fold's. ``beta`` reads 
 oracle ceiling for any acceptance model under this admission rule, not a policy. Each admission policy runs twice:
 stopping at its halting depth (``chain``) and drafting K = 2 leaves there (``branch``, the shipped expanders' terminal).
 
+Beside them, decisions made at the root with no draft pass looking ahead (:func:`at_root`): each request's chain
+admitted a token at a time by P̂ (β̂ of the root's signal, then each deeper depth's mean on the training folds), as the
+shared budget decided before; one chain length for the whole batch (``one chain``, decode/policies/budget.py now);
+and the oracle that knows every depth's exact P at the root.
+
 Run: ``python -m bench.batch_admission --expander models/expanders/qwen-coder-traversal.onnx``.
 """
 
@@ -124,11 +129,12 @@ def admitted(episodes: Episodes, batch: list[tuple[int, int]], length: float, ta
 
 
 def at_root(episodes: Episodes, batch: list[tuple[int, int]], length: float, table: LatencyTable,
-            reach: np.ndarray) -> tuple[float, float]:
+            reach: np.ndarray, common: bool = False) -> tuple[float, float]:
     """(Ê tokens, T ms) of one batch step whose chains are all decided at the root, as the shared budget decides them
     (decode/policies/budget.py): tokens are admitted one at a time to the request whose next one has the highest
     ``reach`` ``(R, D + 1)`` (P̂_d, the chance its first d tokens are accepted), the admission order's prefix with
-    the most expected tokens per ms kept. No draft pass looks ahead: a chain of L runs L − 1 draft levels."""
+    the most expected tokens per ms kept. No draft pass looks ahead: a chain of L runs L − 1 draft levels.
+    ``common``: one length for every request, the one with the most expected tokens per ms."""
     requests, cap = len(batch), episodes.cap
 
     def cost(depths: list[int]) -> float:
@@ -137,7 +143,12 @@ def at_root(episodes: Episodes, batch: list[tuple[int, int]], length: float, tab
 
     depth, expected = [0] * requests, float(requests)
     best, best_rate = list(depth), expected / cost(depth)
-    while True:
+    while common and depth[0] < cap:
+        depth = [d + 1 for d in depth]
+        expected += float(reach[:, depth[0]].sum())
+        if expected / cost(depth) > best_rate:
+            best, best_rate = list(depth), expected / cost(depth)
+    while not common:
         open_ = [r for r in range(requests) if depth[r] < cap]
         if not open_:
             break
@@ -187,6 +198,8 @@ def study(episodes: Episodes, table: LatencyTable, sizes: list[int], batches: in
                     reach = np.cumprod(np.concatenate([np.ones((size, 1)), first[:, None], np.tile(
                         depth_beta[1:], (size, 1))], axis=1), axis=1)[:, :episodes.cap + 1]
                     _add(totals, f"{name} at the root", *at_root(episodes, batch, length, table, reach))
+                    _add(totals, f"{name}, one chain at the root", *at_root(episodes, batch, length, table, reach,
+                                                                              common=True))
                 exact = np.stack([episodes.survival[i, s] for i, s in batch])
                 _add(totals, "beta at the root (oracle)", *at_root(episodes, batch, length, table, exact))
         base = totals["static"][0] / totals["static"][1]

@@ -65,11 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"how to decode, as in `ddte bench`: VERIFIER@K,L1,L2, VERIFIER@selector=FILE, "
                         f"VERIFIER@expander=FILE, VERIFIER@adaptive ... (default: {DEFAULT_METHOD}, or the policy "
                         "file's verifier). VERIFIER@shared[:max-draft=D]: with --max-batch above 1, one draft budget "
-                        "shared across the batch: each step every request's chain length (0 to D, default 6) is "
-                        "decided together, a token admitted while the expected tokens it adds per ms beat the "
-                        "batch's on this machine's latency table, each request's acceptance estimated from its own "
-                        "earlier steps (so each stays the target's law); alone, the same rule over the one request. "
-                        "Measured no faster than the static chain yet (docs/results.md)")
+                        "shared across the batch: each step one chain length (0 to D, default 6) for every request, "
+                        "the one with the most expected tokens per ms on this machine's latency table, each "
+                        "request's acceptance estimated from its own earlier steps (so each stays the target's law): "
+                        "the best static chain at the batch's size; alone, the best chain for the one request")
     parser.add_argument("--policy-file", default=None, metavar="policy.json",
                         help="serve what `ddte pipeline` chose (its verifier, unless --verifier names another)")
     parser.add_argument("--verifier", default=None, help="with --policy-file: the verifier whose choices to serve")

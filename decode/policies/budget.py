@@ -1,11 +1,9 @@
-"""A draft budget shared across a batch (``VERIFIER@shared``): each step every request's chain is decided together.
+"""A draft budget shared across a batch (``VERIFIER@shared``): each step one chain length for the whole batch.
 
 Each request r keeps a survival estimate β_r: the chance that its next drafted token is accepted, given the ones
 before it were, from its OWN earlier steps only (discounted counts of accepted tokens over the drafted positions the
-verifier tested, with a prior). Its tree is a chain (1, L_r, 0). Every step starts at L_r = 0 for all and admits one
-token at a time, to the request whose next token adds the most expected tokens (β_r^(L_r + 1)), up to each request's
-cap (``max-draft``, its room in the context and its token budget); the lengths kept are those of the admission order's
-prefix with the most expected tokens per ms:
+verifier tested, with a prior). Every request of the step drafts the chain (1, L, 0), L clipped to its own cap
+(``max-draft``, its room in the context and its token budget), with the L of the most expected tokens per ms:
 
     E = Σ_r (1 + Σ_{j ≤ L_r} β_r^j),
     T = c(l) + t_q(l, R) + Σ_{j ≥ 1} t_q(l + j, n_j) + t_p(l, Σ_r (1 + L_r))
@@ -15,10 +13,14 @@ the R requests' pending tokens, one draft pass per level j over the n_j nodes th
 L − 1, its last token a leaf), and one target pass over every root and node. Each pass runs through the batch's one
 cache of R requests, which costs more than the table's one-sequence pass of as many tokens (every query attends over
 every request's slots, masked), so t_q and t_p are the table's times its measured batch ratios at R
-(``LatencyTable.batch_draft``, ``batch_target``; :class:`~decode.policies.latency.BatchCost`). Along the admission
-order E/T first rises while a token earns more than the batch's current rate, so the best prefix is where the greedy
-rule "admit while (E + gain) / T(after) > E / T(before)" stops, except that it does not stop at one dear block size (a
-CPU pass of 3 tokens may cost more than one of 4: decode/policies/latency.py ``every_size``).
+(``LatencyTable.batch_draft``, ``batch_target``; :class:`~decode.policies.latency.BatchCost`). Alone (R = 1) this is
+the request's own best chain; in a batch it is the best static chain at the batch's size (a single-token pass costs
+the same for the batch, so a larger batch wants shorter chains), following the batch's acceptance.
+
+Why one length, not one per request: a request's own longer chain adds draft levels that every request of the step
+waits for, and a closed batch lasts as long as its slowest request. Offline (bench/batch_admission.py, Qwen pair on
+the Zen 5, cross-fitted) chains chosen per request at the root read 0.95–0.98x the batch's best static tree at 2–8
+requests, one chain for all 1.00–1.03x; served, the per-request rule read 0.87–0.92x.
 
 **Exactness.** The lengths read only what is known before the step's drafting: each request's earlier outcomes, the
 context lengths, the caps and the table; never this step's draft draws nor the target's outputs. So each step's tree
@@ -46,8 +48,8 @@ DISCOUNT = 0.9  # earlier steps' counts shrink by this every step, so β follows
 
 
 class SharedBudgetPolicy(Policy):
-    """One generation's runner: its survival estimate β (``survival``) and its cap; the batch decides its chain
-    together with the others' (:func:`batch_actions`), alone ``choose`` decides it over itself."""
+    """One generation's runner: its survival estimate β (``survival``) and its cap; the batch decides one chain for
+    it and the others (:func:`batch_actions`), alone ``choose`` decides it over itself."""
 
     name = "shared"
     stateful = True
@@ -86,7 +88,7 @@ class SharedBudgetSource(PolicySource):
         return SharedBudgetPolicy(self.table, self.max_draft)
 
     def describe(self, sampling: SamplingConfig) -> str:
-        return f"shared budget (chains of up to {self.max_draft} tokens, decided across the batch)"
+        return f"shared budget (one chain of up to {self.max_draft} tokens for the batch, each step)"
 
 
 def batch_actions(policies: Sequence[SharedBudgetPolicy], rooms: Sequence[int], context_lengths: Sequence[int],
@@ -104,19 +106,16 @@ def batch_actions(policies: Sequence[SharedBudgetPolicy], rooms: Sequence[int], 
 
 def shared_lengths(survival: Sequence[float], caps: Sequence[int], length: float, table: LatencyTable,
                    fixed: Sequence[Action] = ()) -> list[int]:
-    """``(R,)`` chain lengths: the best prefix of the greedy admission order (module docstring), ``survival`` β_r and
-    ``caps`` per request, the table read at context ``length``; ``fixed``: other requests' trees, priced only."""
-    lengths = [0] * len(survival)
-    best, best_rate = list(lengths), _rate(survival, lengths, length, table, fixed)
-    while True:
-        open_ = [r for r in range(len(lengths)) if lengths[r] < caps[r]]
-        if not open_:
-            return best
-        r = max(open_, key=lambda i: survival[i] ** (lengths[i] + 1))
-        lengths[r] += 1
+    """``(R,)`` chain lengths: the one length L (each request's clipped to its cap) with the most expected tokens per
+    ms (module docstring), ``survival`` β_r and ``caps`` per request, the table read at context ``length``;
+    ``fixed``: other requests' trees, priced only."""
+    best, best_rate = [0] * len(survival), _rate(survival, [0] * len(survival), length, table, fixed)
+    for common in range(1, max(caps, default=0) + 1):
+        lengths = [min(common, cap) for cap in caps]
         rate = _rate(survival, lengths, length, table, fixed)
         if rate > best_rate:
-            best, best_rate = list(lengths), rate
+            best, best_rate = lengths, rate
+    return best
 
 
 def _rate(survival: Sequence[float], lengths: Sequence[int], length: float, table: LatencyTable,

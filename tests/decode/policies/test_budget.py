@@ -38,9 +38,24 @@ def test_a_likelier_request_drafts_no_shorter_and_the_caps_hold():
     lengths = [shared_lengths([beta], [8], 100, TABLE)[0] for beta in (0.3, 0.5, 0.7, 0.85, 0.95)]
     assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
     assert shared_lengths([0.99, 0.99], [0, 2], 100, TABLE) == [0, 2]
-    # the tokens go to the likelier request first
-    first, second = shared_lengths([0.9, 0.5], [8, 8], 100, TABLE)
-    assert first > second
+
+
+def test_the_batch_drafts_one_length_which_its_likelier_requests_lengthen():
+    """Every request gets the same chain (below its cap); a likelier batch drafts no shorter, and the length is the
+    one whose step has the most expected tokens per ms."""
+    mixed = shared_lengths([0.9, 0.5, 0.7], [8, 8, 8], 100, TABLE)
+    assert len(set(mixed)) == 1
+    capped = shared_lengths([0.9, 0.5, 0.7], [8, 1, 8], 100, TABLE)
+    assert capped[0] == capped[2] >= 1 and capped[1] == 1
+    likelier = shared_lengths([0.95, 0.9, 0.9], [8, 8, 8], 100, TABLE)
+    assert likelier[0] > mixed[0]
+    betas = [0.9, 0.5, 0.7]
+
+    def rate(length: int) -> float:
+        expected = sum(1 + sum(b ** j for j in range(1, length + 1)) for b in betas)
+        return expected / step_ms([length] * 3, 100, TABLE)
+
+    assert mixed[0] == max(range(9), key=rate)
 
 
 def test_the_step_prices_every_pass():
