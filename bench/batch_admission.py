@@ -18,9 +18,9 @@ oracle ceiling for any acceptance model under this admission rule, not a policy.
 stopping at its halting depth (``chain``) and drafting K = 2 leaves there (``branch``, the shipped expanders' terminal).
 
 Beside them, decisions made at the root with no draft pass looking ahead (:func:`at_root`): each request's chain
-admitted a token at a time by P̂ (β̂ of the root's signal, then each deeper depth's mean on the training folds), as the
-shared budget decided before; one chain length for the whole batch (``one chain``, decode/policies/budget.py now);
-and the oracle that knows every depth's exact P at the root.
+admitted a token at a time by P̂ (β̂ of the root's signal, then each deeper depth's mean on the training folds); one
+chain length for the whole batch (``one chain``, the shared budget's rule, decode/policies/budget.py); and the oracle
+that knows every depth's exact P at the root.
 
 Run: ``python -m bench.batch_admission --expander models/expanders/qwen-coder-traversal.onnx``.
 """
