@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from decode.drafting.actions import Action
-from decode.policies.budget import passes_ms
+from decode.policies.budget import passes_ms, step_ms
 from decode.policies.expander_file import ExpanderFileError, read_expander_metadata
 from decode.policies.latency import BatchCost, LatencyTable
 from decode.policies.machine_fit import FitSet
@@ -86,9 +86,7 @@ def calibration(signal: np.ndarray, survival: np.ndarray, bins: int = BINS):
 
 def static_step(action: Action, requests: int, length: float, table: LatencyTable) -> float:
     """T of a batch step in which every request drafts ``action``."""
-    widths = [1] * action.l1 + [action.k] * action.l2
-    level_rows = [requests * w for w in widths[:-1]]
-    return passes_ms(requests, level_rows, requests * (1 + sum(widths)), length, table)
+    return step_ms([], length, table, [action] * requests)
 
 
 def admitted(episodes: Episodes, batch: list[tuple[int, int]], length: float, table: LatencyTable,
@@ -130,16 +128,16 @@ def admitted(episodes: Episodes, batch: list[tuple[int, int]], length: float, ta
 
 def at_root(episodes: Episodes, batch: list[tuple[int, int]], length: float, table: LatencyTable,
             reach: np.ndarray, common: bool = False) -> tuple[float, float]:
-    """(Ê tokens, T ms) of one batch step whose chains are all decided at the root, as the shared budget decides them
-    (decode/policies/budget.py): tokens are admitted one at a time to the request whose next one has the highest
-    ``reach`` ``(R, D + 1)`` (P̂_d, the chance its first d tokens are accepted), the admission order's prefix with
-    the most expected tokens per ms kept. No draft pass looks ahead: a chain of L runs L − 1 draft levels.
-    ``common``: one length for every request, the one with the most expected tokens per ms."""
+    """(Ê tokens, T ms) of one batch step whose chains are all decided at the root, each priced as the shared budget
+    prices them (decode/policies/budget.py ``step_ms``: no draft pass looks ahead, a chain of L runs L − 1 draft
+    levels): tokens are admitted one at a time to the request whose next one has the highest ``reach`` ``(R, D + 1)``
+    (P̂_d, the chance its first d tokens are accepted), the admission order's prefix with the most expected tokens per
+    ms kept. ``common``: one length for every request (the shared budget's rule), the one with the most expected
+    tokens per ms."""
     requests, cap = len(batch), episodes.cap
 
     def cost(depths: list[int]) -> float:
-        level_rows = [sum(d > j + 1 for d in depths) for j in range(max(depths) - 1)] if max(depths) > 1 else []
-        return passes_ms(requests, level_rows, sum(1 + d for d in depths), length, table)
+        return step_ms(depths, length, table)
 
     depth, expected = [0] * requests, float(requests)
     best, best_rate = list(depth), expected / cost(depth)
