@@ -109,9 +109,9 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype | None:
     ``bfloat16-native``: bf16 where the device runs bf16 matrix products natively (CUDA, or a CPU with AVX-512 BF16
     or AMX), fp32 elsewhere.
 
-    Why the last: on a 2-core AMD EPYC without AVX-512 (one thread), a 1.5B target in bf16 took 79 s to prefill 256
-    tokens and 15 s for a 48-token tree, in fp32 13 s and 3.9 s; only a one-token pass was faster in bf16 (554 against
-    665 ms). Where bf16 is native, its tree pass is nearly flat and bf16 wins everywhere."""
+    Why the last: on a CPU without native bf16, a bf16 target prefills and runs tree passes several times slower than
+    in fp32, and only its one-token pass is faster (docs/pairs.md). Where bf16 is native, its tree pass is nearly flat
+    and bf16 wins everywhere."""
     if name in (None, "auto"):
         return None
     if name not in DTYPES:
@@ -248,7 +248,7 @@ def pair_fingerprint(target: str | Path, draft: str | Path, tokenizer: str | Pat
     """sha256 over both models' config.json and safetensors weights and the tokenizer's tokenizer.json.
 
     The weights are part of it: a draft distilled from the shipped one keeps its config but is another pair, and
-    labels or selectors made for one must not pass for the other. (Reading the shipped pair's 33 MB takes ~0.1 s.)
+    labels or selectors made for one must not pass for the other.
     The tokenizer is looked up like :func:`load_pair` does when not given.
     """
     target, draft = Path(target), Path(draft)

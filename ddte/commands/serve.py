@@ -50,13 +50,12 @@ from ddte.serve.server import DEFAULT_MAX_BODY_BYTES, listen_socket, url_of
 DEFAULT_METHOD = "traversal@1,3,0"
 DEFAULT_MAX_BATCH = 1
 MAX_BATCH_HELP = ("requests decoded together (continuous batching on one shared KV cache); 1 runs one at a time on "
-                  "the single loop. Default 1. Measured on a 2-core AMD EPYC (Zen 5, AVX-512 BF16), Qwen pair, 4 "
-                  "clients: --max-batch 4 served 2.0-2.35x the output tokens/s and cut TTFT from 6-11 s to 0.5-1.2 s, "
-                  "but each request's TPOT rose 1.5-1.7x; alone a request ran no slower (docs/results.md, "
-                  "'Serving several users'). 1 stays the default because it keeps each request's latency, which "
-                  "speculative decoding is for, and serves every policy: a selector (which a pipeline's policy.json "
-                  "may deploy) reads root features, which a batch does not compute. Raise it where several users "
-                  "share a server")
+                  "the single loop. Default 1. Batching several clients raises their output tokens/s together and "
+                  "cuts their time to the first token, but raises each request's TPOT; alone a request runs no "
+                  "slower (docs/results.md, 'Serving several users'). 1 stays the default because it keeps each "
+                  "request's latency, which speculative decoding is for, and serves every policy: a selector (which "
+                  "a pipeline's policy.json may deploy) reads root features, which a batch does not compute. Raise "
+                  "it where several users share a server")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

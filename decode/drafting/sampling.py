@@ -72,8 +72,8 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
 def law_entropy(q: torch.Tensor) -> float:
     """:func:`entropy` (nats) of one law ``q`` ``(Vs,)``, as a float: the per-node signal. The drafting loop hands
     over its laws on the draft's support (a draft vocabulary is a sixth of SmolLM2's). On the CPU numpy's three
-    operations ran about 10 % faster in the loop than :func:`entropy`'s four (89 against 97 µs, SmolLM2), both
-    dominated by the cache refill after each draft forward (docs/selector.md)."""
+    operations beat :func:`entropy`'s four in the loop, where both are dominated by the cache refill after each
+    draft forward."""
     if q.device.type != "cpu":
         return float(entropy(q))
     probs = q.numpy()

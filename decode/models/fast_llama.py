@@ -7,8 +7,8 @@ through :class:`~decode.models.cached_lm.CachedLM`'s masks. Any other draft (Gem
 SmolLM3's NoPE layers, a rope scaling, ...) runs HF's forward: :func:`cached_lm` falls back to
 :class:`~decode.models.cached_lm.CachedLM` and records why in ``fast_fallback``.
 
-A 0.8 M-parameter draft computes almost nothing per token; HF's forward spends ~0.5 ms per call on framework work
-(cache objects, mask construction, hooks, output dataclasses). :class:`FastCachedLM` reads the HF model's weights
+A 0.8 M-parameter draft computes almost nothing per token, so HF's forward spends most of each call on framework
+work (cache objects, mask construction, hooks, output dataclasses). :class:`FastCachedLM` reads the HF model's weights
 (QKV and gate/up fused into one matrix each, rotary tables precomputed) and runs a handful of torch ops per layer
 on key/value tensors it owns. The slot layout, tree attention and rollback are
 :class:`~decode.models.cached_lm.CachedLM`'s (shared :mod:`decode.models.slots` bookkeeping): only the key/value store
@@ -235,9 +235,8 @@ class FastCachedLM(CachedLM):
         if n > 1:
             # Batched 4-D inputs reach torch's flash attention for CPU, which pairs each kv head with its heads /
             # kv_heads queries itself (enable_gqa). The 3-D call below falls back to the math kernel, after a copy of
-            # the whole cache per layer: on the Zen 5 in bf16, 2-10x the time from 2 query rows on (8 rows over 2,400
-            # slots: 5.3 ms a layer against 2.1), which a batch's cache, holding every request's slots, paid in every
-            # draft pass. One query row stays below: flash ran it up to 3x slower there (600 slots: 1.1 against 0.3).
+            # the whole cache per layer, which a batch's cache, holding every request's slots, would pay in every
+            # draft pass from 2 query rows on. One query row stays below: flash runs it slower than the math kernel.
             out = F.scaled_dot_product_attention(q[None], keys[None], values[None],
                                                  attn_mask=None if mask is None else mask[None],
                                                  is_causal=mask is None, enable_gqa=self.n_kv != self.n_heads)[0]

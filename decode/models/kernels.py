@@ -145,8 +145,8 @@ def _prepare_onednn(weight, bias):
 
 
 def _prepare_onednn_wide(weight, bias):
-    # one-token passes on F.linear, wider ones on the oneDNN copy: both exact, and on some CPUs (an AMD EPYC without
-    # AVX-512: fp32, 415 against 531 ms a one-token target pass, 794 against ~1,300 for 8 tokens) each wins its own
+    # one-token passes on F.linear, wider ones on the oneDNN copy: both exact, and on some CPUs (fp32 without AVX-512)
+    # each wins its own
     packed, nbytes = _prepare_onednn(weight, bias)
 
     def run(x):

@@ -1,9 +1,9 @@
 """The per-machine cache: what ddte measures once on a machine (kernel choices, latency tables), read by every later
 command, and measured by one process at a time.
 
-Two commands started together on an empty cache once measured at once: each timed its passes while the other loaded
-both cores (a one-token pass 29.5 ms against 10.5 alone), they chose different kernels, and the last writer's
-contended timings stayed cached for every later run. So every measurement holds the cache's one lock
+Two commands started together on an empty cache would measure at once: each would time its passes while the other
+loads both cores, they would choose different kernels, and the last writer's contended timings would stay cached for
+every later run. So every measurement holds the cache's one lock
 (:func:`measurement_lock`), and :func:`read_or_measure` reads the cache again once it holds it: a command that waited
 for another's measurement of the same thing takes that one instead of measuring beside it.
 

@@ -18,9 +18,8 @@ import numpy as np
 from decode.policies.throughput import stream_throughput
 
 MARGINS = (0.0, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
-# The policy phase (root features, the network call, the decision) took 2.3 % of wall time in the one bench row
-# where a guard let the network decide (results/bench_selector.json: SpecInfer, T = 0.6, 0.46 of 20.4 ms per step);
-# a validation gain below that cannot pay for it.
+# What the policy phase (root features, the network call, the decision) costs in the loop where a guard lets the
+# network decide (docs/selector.md, "The never-lose guard"); a validation gain below that cannot pay for it.
 MIN_GAIN = 0.025
 
 
