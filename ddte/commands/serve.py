@@ -52,7 +52,7 @@ DEFAULT_MAX_BATCH = 1
 MAX_BATCH_HELP = ("requests decoded together (continuous batching on one shared KV cache); 1 runs one at a time on "
                   "the single loop. Default 1. Batching several clients raises their output tokens/s together and "
                   "cuts their time to the first token, but raises each request's TPOT; alone a request runs no "
-                  "slower (docs/results.md, 'Serving several users'). 1 stays the default because it keeps each "
+                  "slower (docs/results.md, 'Serving'). 1 stays the default because it keeps each "
                   "request's latency, which speculative decoding is for, and serves every policy: a selector (which "
                   "a pipeline's policy.json may deploy) reads root features, which a batch does not compute. Raise "
                   "it where several users share a server")
