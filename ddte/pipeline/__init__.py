@@ -17,7 +17,7 @@
 
 Why bench several statics, and why a test before leaving the offline choice: the offline ranking can be wrong by more
 than the candidates differ, and the bench catches a gross error; but near-tied rows of a small bench differ by noise,
-so chasing its fastest row costs more than it gains (docs/selector.md, "What the pipeline deploys", has the runs).
+so chasing its fastest row costs more than it gains (results/NOTEBOOK.md, "Small measurements", has the runs).
 
 Every stage's config is read once and checked before the first stage starts (:func:`load_pipeline`). Everything
 goes to the `output` folder: data/, mlflow.db, selectors/, expanders/, bench.json, bench.png, policy.json and
