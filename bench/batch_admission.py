@@ -4,7 +4,7 @@
 target pass over every tree (decode/batch.py). This study asks, before building it, what issue 62's shared budget
 could gain with a per-node policy: at every drafting level, the growing trunks' next tokens are admitted across the
 batch, best expected gain first, while the batch's expected tokens per ms rise (the marginal rule of
-decode/policies/halting.py, priced on the whole batch's passes, decode/policies/budget.py ``passes_ms``). A trunk
+decode/policies/halting.py, priced on the whole batch's passes, decode/cost/pricing.py ``passes_ms``). A trunk
 that is admitted draws its next token; unless it is at the cap, the draft then runs that token, so the next level
 can decide on its law (a node's signal reads the law it draws from, never the token drawn).
 
@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
+from decode.cost.pricing import passes_ms, step_ms
+from decode.cost.table import BatchCost, LatencyTable
 from decode.drafting.actions import Action
-from decode.policies.budget import passes_ms, step_ms
 from decode.policies.expander_file import ExpanderFileError, read_expander_metadata
-from decode.policies.latency import BatchCost, LatencyTable
 from decode.policies.machine_fit import FitSet
 from decode.policies.rule_fit import folds_by_prompt
 
@@ -129,7 +129,7 @@ def admitted(episodes: Episodes, batch: list[tuple[int, int]], length: float, ta
 def at_root(episodes: Episodes, batch: list[tuple[int, int]], length: float, table: LatencyTable,
             reach: np.ndarray, common: bool = False) -> tuple[float, float]:
     """(Ê tokens, T ms) of one batch step whose chains are all decided at the root, each priced as the shared budget
-    prices them (decode/policies/budget.py ``step_ms``: no draft pass looks ahead, a chain of L runs L − 1 draft
+    prices them (decode/cost/pricing.py ``step_ms``: no draft pass looks ahead, a chain of L runs L − 1 draft
     levels): tokens are admitted one at a time to the request whose next one has the highest ``reach`` ``(R, D + 1)``
     (P̂_d, the chance its first d tokens are accepted), the admission order's prefix with the most expected tokens per
     ms kept. ``common``: one length for every request (the shared budget's rule), the one with the most expected

@@ -2,7 +2,7 @@
 
 Per sampling configuration: the mean ‖p − q‖₁ by trunk depth and each top-down verifier's acceptance rate by depth
 (with K_max draws at that depth), then per verifier the best static action (highest stream throughput over the data
-set's roots: decode/policies/throughput.py, reading the roots as the collection placed them, data_gen/schema.py
+set's roots: decode/cost/throughput.py, reading the roots as the collection placed them, data_gen/schema.py
 ``roots_per_step``) with its block efficiency, and the head-room of data_gen/headroom.py.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 
 from data_gen.headroom import head_room
 from data_gen.schema import SHARD_GLOB, acceptance_column, label_column, roots_per_step, trees_column
-from decode.policies.throughput import best_static, block_efficiency, per_root_best, stream_throughput
+from decode.cost.throughput import best_static, block_efficiency, per_root_best, stream_throughput
 
 
 def data_set_shards(folder: Path) -> list[Path]:
@@ -157,7 +157,7 @@ def category_table(be: np.ndarray, step: np.ndarray, groups: np.ndarray, overall
     """Per category of ``groups`` ``(N,)``: roots, mean root 1 − TV, the category's own best static tree and its
     throughput there as a ratio to the overall best static tree ``overall`` (chosen and scored on the same roots:
     biased up, the cross-fitted per-category figure is in the head-room). ``per_step``: the roots sample a loop's
-    steps (decode/policies/throughput.py)."""
+    steps (decode/cost/throughput.py)."""
     out = []
     for category in sorted(set(groups)):
         rows = groups == category

@@ -49,9 +49,9 @@ from data_gen.store import (
 from data_gen.workers import InProcess, Processes, WorkPlan, run_plan
 from ddte_core.paths import refuse_file_in_the_way
 from ddte_core.signals import sigterm_as_interrupt
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import action_grid
 from decode.policies.features import SCALAR_NAMES
-from decode.policies.latency import LatencyTable
 
 METADATA_WAIT_S = 1800.0  # how long a shard waits for shard 0's dataset.json (and its latency table)
 

@@ -31,6 +31,8 @@ from data_gen.schema import (
     trees_column,
 )
 from data_gen.union import UnionForest, grow_union_forest
+from decode.cost.table import LatencyTable, draft_passes
+from decode.cost.throughput import ROOT_PLACEMENTS
 from decode.drafting.actions import Action
 from decode.drafting.delayed import Draw, draw_of, expand_nodes
 from decode.drafting.sampling import SamplingConfig, distributions, entropy
@@ -39,8 +41,6 @@ from decode.engine import prefill_to_root
 from decode.models.cached_lm import CachedLM, run_nodes
 from decode.pair import LoadedPair
 from decode.policies.features import HIDDEN_NAMES, root_features
-from decode.policies.latency import LatencyTable, draft_passes
-from decode.policies.throughput import ROOT_PLACEMENTS
 from decode.verifiers import Verifier
 
 STEP_STREAM = 7919  # seeds the step sampling apart from the trajectory's tokens
@@ -144,7 +144,7 @@ class Collector:
         drafted tokens would have had accepted is exact to sample token by token (:func:`accepted_as_drafted`), so
         the roots are a uniform sample of that loop's steps: the first kept step at a random offset below
         ``stride``, then every ``stride``-th. Each root stands for one step, and the stream's tokens per step is the
-        roots' mean Ê (decode/policies/throughput.py).
+        roots' mean Ê (decode/cost/throughput.py).
         """
         last = last_root(prompt_length, self, self.context_limit)
         steps = torch.Generator().manual_seed(derive_seed(self.seed, job.prompt_index, job.sampling_index,
@@ -348,7 +348,7 @@ def load_collect_pair(config: CollectConfig) -> LoadedPair:
 
 def measure_collect_latency(config: CollectConfig, pair: LoadedPair) -> LatencyTable:
     """The config's latency grid measured on ``pair``, up to the largest tree of its action grid."""
-    from decode.policies.latency import measure_latency
+    from decode.cost.measure import measure_latency
 
     grid = config.latency
     largest_tree = 1 + config.l_max + config.k_max * config.l_max  # the root, a full trunk and K full branches

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from data_gen.schema import DEFAULT_VERIFIERS
 from ddte_core.yamlconfig import load_yaml_config
-from decode.policies.throughput import ROOT_PLACEMENTS
+from decode.cost.throughput import ROOT_PLACEMENTS
 
 
 @dataclass
@@ -40,10 +40,10 @@ class SamplingGrid:
 
 @dataclass
 class LatencyGrid:
-    """The warm-up micro-benchmark behind t_q(l, n), t_p(l, n) (decode.policies.latency.measure_latency)."""
+    """The warm-up micro-benchmark behind t_q(l, n), t_p(l, n) (decode.cost.measure.measure_latency)."""
 
     lengths: list[int] = field(default_factory=lambda: [32, 128, 256, 400])
-    sizes: list[int] | None = None  # None: every block size up to the largest tree (decode.policies.latency.every_size)
+    sizes: list[int] | None = None  # None: every block size up to the largest tree (decode.cost.measure.every_size)
     repeats: int = 5
     file: str | None = None  # a LatencyTable JSON (e.g. measured on the deployment machine) instead of measuring
 

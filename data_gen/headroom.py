@@ -1,13 +1,13 @@
 """How much a per-root choice could win over the best static action, measured honestly (cross-fitted).
 
 Each root r has, per sampled union tree t, the exact Ê[τ+1] of every action a: ``be[r, t, a]``, and the step time
-``step[r, a]``. A rule that picks ``chosen[r]`` has the stream throughput of ``decode/policies/throughput.py``, which
+``step[r, a]``. A rule that picks ``chosen[r]`` has the stream throughput of ``decode/cost/throughput.py``, which
 reads the roots as the collection placed them (``per_step``: roots at a loop's step starts, Σ Ê / Σ T̂; else at
 trajectory positions, N / Σ_r step[r, chosen_r] / be[r, chosen_r]).
 
 * **best static**: the one action with the highest stream throughput over the roots.
 * **same-tree oracle** (biased): the per-root choice with the highest stream throughput on the mean-over-trees
-  labels (:func:`~decode.policies.throughput.per_root_best`), scored on the same trees. It is the maximum of ~324
+  labels (:func:`~decode.cost.throughput.per_root_best`), scored on the same trees. It is the maximum of ~324
   noisy estimates per root, so it reads high even when every root has the same best action.
 * **cross-fitted oracle**: choose per root on one half of the trees, score on the other half, both ways, averaged.
   The choice never sees the trees it is scored on, so noise cannot inflate it. The static baseline of each half is
@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from decode.policies.throughput import best_static, per_root_best, stream_throughput
+from decode.cost.throughput import best_static, per_root_best, stream_throughput
 
 
 def per_group_static(be: np.ndarray, step: np.ndarray, groups: np.ndarray, per_step: bool = False) -> np.ndarray:
@@ -65,7 +65,7 @@ def head_room(be_trees: np.ndarray | None, be_mean: np.ndarray, step: np.ndarray
         prompts: ``(N,)`` prompt id of each root.
         groups: ``(N,)`` each root's prompt group (category), or None.
         per_step: the roots sample a decoding loop's step starts (the collection's ``roots: steps``), else
-            trajectory positions: how a root stands for the stream (decode/policies/throughput.py).
+            trajectory positions: how a root stands for the stream (decode/cost/throughput.py).
     """
     def rate(be: np.ndarray, chosen: np.ndarray) -> float:
         return stream_throughput(be, step, chosen, per_step)

@@ -26,9 +26,9 @@ from data_gen.config import CollectConfig, check_collect_config, config_to_dict
 from data_gen.schema import METADATA_FILE
 from data_gen.store import list_shards, read_metadata, read_shards, shard_columns
 from ddte_core.yamlconfig import apply_override, build_dataclass
+from decode.cost.table import DraftPasses, LatencyTable, draft_passes
 from decode.drafting.actions import Action
 from decode.policies.features import SCALAR_NAMES
-from decode.policies.latency import DraftPasses, LatencyTable, draft_passes
 
 
 def relabel(

@@ -7,7 +7,7 @@ version.
 
 from __future__ import annotations
 
-from decode.policies.throughput import ROOT_PLACEMENTS
+from decode.cost.throughput import ROOT_PLACEMENTS
 
 SCHEMA_VERSION = 3  # 3: the trunk's draws; 2: per-tree labels and trunk acceptances (1: means over the trees only)
 # a schema-1 folder still trains a selector (its cross-fitted figures are unavailable); a schema-2 one has no draws,
@@ -43,7 +43,7 @@ def acceptance_column(verifier: str) -> str:
 
 
 # dataset.json's "roots": where the collector put the roots (data_gen/collector.py), which sets how each one stands for
-# a decoding stream (decode/policies/throughput.py, the owner of the names); a folder written before the key: positions
+# a decoding stream (decode/cost/throughput.py, the owner of the names); a folder written before the key: positions
 
 
 def roots_per_step(metadata: dict) -> bool:

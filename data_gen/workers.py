@@ -197,7 +197,7 @@ class ChunkWorker:
 
     def __init__(self, plan: WorkPlan, pair: LoadedPair) -> None:
         from data_gen.collector import Collector
-        from decode.policies.latency import LatencyTable
+        from decode.cost.table import LatencyTable
         from decode.verifiers import get_verifier
 
         config, meta = plan.config, plan.metadata

@@ -33,7 +33,7 @@ def cache_root() -> Path:
 
 
 def latency_cache() -> Path:
-    """Where the running machine's latency tables are kept (decode/policies/latency.py ``machine_table``):
+    """Where the running machine's latency tables are kept (decode/cost/measure.py ``machine_table``):
     ``$DDTE_LATENCY_CACHE``, else ``<cache_root>/latency``."""
     env = os.environ.get("DDTE_LATENCY_CACHE")
     return Path(env).expanduser() if env else cache_root() / "latency"

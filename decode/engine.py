@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.delayed import DraftedTree, TrunkNode, draft_delayed_tree
 from decode.drafting.rng import RandomSource
@@ -30,7 +31,6 @@ from decode.models.cached_lm import CachedLM, run_nodes
 from decode.models.loading import check_same_vocab
 from decode.policies.base import Policy, PolicySource, RootState, StepOutcome
 from decode.policies.features import RootFeatures, root_features
-from decode.policies.latency import LatencyTable
 from decode.stats import GenerationStats
 from decode.verifiers import UnsupportedTreeError, Verifier, VerifyResult
 

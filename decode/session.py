@@ -42,12 +42,12 @@ from decode.policies.spec import PolicySpec, parse_verifier_spec
 
 if TYPE_CHECKING:  # the requests stay light: a command parses them before torch loads
     from decode.batch import BatchDecoder
+    from decode.cost.table import LatencyTable
     from decode.engine import SpeculativeDecoder
     from decode.models.cached_lm import CachedLM
     from decode.models.kernel_choice import KernelChoice
     from decode.policies.base import Policy
     from decode.policies.deployment import Deployment, LoadedPolicy
-    from decode.policies.latency import LatencyTable
 
 STEPS = ("method", "pair", "policy", "kernels", "drafts", "latency", "build")  # in the order they run
 LATENCY_SOURCES = ("machine", "fitted")  # else a latency table file
@@ -130,7 +130,8 @@ class LatencyRequest:
             OSError: a table file that cannot be read, or a cache that cannot be written.
             ValueError: a table that does not parse, or one of another pair.
         """
-        from decode.policies.latency import LatencyTable, machine_batch_cost, machine_table
+        from decode.cost.measure import machine_batch_cost, machine_table
+        from decode.cost.table import LatencyTable
 
         if self.source == "fitted":
             return None, "step times: each policy file's fallback as fitted (--latency fitted)"
@@ -339,8 +340,8 @@ def _decoder_tables(pair: LoadedPair, checked: Mapping[MethodRequest, LoadedPoli
     """The table each draft's decoders hold: the policies' table for the pair's own draft where there is one (it
     also prices plain decoding in a summary); else, where a policy on that draft may read root features, one measured
     now on the target and that draft (part of step ``latency``); else None."""
+    from decode.cost.measure import loop_table
     from decode.policies.deployment import reads_root_features
-    from decode.policies.latency import loop_table
 
     tables: dict[str | None, LatencyTable | None] = {}
     for folder, draft in drafts.items():

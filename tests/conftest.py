@@ -61,7 +61,7 @@ def tracking_uri(tmp_path_factory) -> str:
 def trained(synthetic_dir, tracking_uri, tmp_path_factory):
     """One tiny training run (with baselines) on the synthetic set; returns its TrainResult.
 
-    TRAINED_EPOCHS epochs: against the position-weighted best static action (decode/policies/throughput.py) the tiny net
+    TRAINED_EPOCHS epochs: against the position-weighted best static action (decode/cost/throughput.py) the tiny net
     needs more than 8 to learn the synthetic task (8 epochs: 0.994x the static action, 20: 1.046x)."""
     from selector.root.train import train_selector
 

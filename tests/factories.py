@@ -63,7 +63,7 @@ COLLECT_PROMPTS = [
 
 def save_collect_pair(root: Path) -> Path:
     """A tiny pair for data collection: the pair YAML, a latency table and five prompts (``collect_overrides``)."""
-    from decode.policies.latency import LatencyTable
+    from decode.cost.table import LatencyTable
 
     save_tiny_pair(root, logit_scale=20.0)
     # the collection runs the default kernels: tests recompute its laws with F.linear, and a path auto chose on one

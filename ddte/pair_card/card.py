@@ -3,7 +3,7 @@
 For the pair a pair YAML names, loaded as the decoding loop runs it (the pair's dtypes and kernel paths; a
 ``ddte train-pair`` folder in fp32 on the default path; ``--kernels`` names other paths for either), this measures:
   * the machine (:func:`ddte_core.machine.environment`), the architecture, parameters and dtype of each model;
-  * pass times in the decoding loop (the decoder's wrappers through :func:`decode.policies.latency.measure_latency`):
+  * pass times in the decoding loop (the decoder's wrappers through :func:`decode.cost.measure.measure_latency`):
     the target's one-token and tree passes, the draft's one-token pass warm and its cache-cold first pass of a step
     (warm + c(l)), the draft's level, and their ratios to a one-token target pass;
   * acceptance 1 − TV(p, q) at T = 0.6 and 1 on target-sampled continuations of held-out prompts, per prompt group
@@ -136,7 +136,7 @@ def loop_latency(pair, cache_len: int, tree_nodes: int, repeats: int) -> dict[st
     """Median pass times (ms) as the decoding loop runs them, after ``cache_len`` tokens: the target's one-token and
     ``tree_nodes``-token tree passes, the draft's one-token pass warm and cold (a step's first), its level, and
     their ratios to the one-token target pass."""
-    from decode.policies.latency import measure_latency
+    from decode.cost.measure import measure_latency
 
     table = measure_latency(pair.target, pair.draft, lengths=[cache_len], sizes=[1, tree_nodes], repeats=repeats)
     target_one, target_tree = table.target_ms[0]

@@ -72,9 +72,9 @@ def heldout_blocks(tok, fraction: float, seq_len: int, max_blocks: int | None) -
 
 def pass_latency(target, draft, cache_len: int, nodes: int, repeats: int) -> dict[str, Any]:
     """Median pass times (ms) of two cached models, timed as the latency model times the loop's passes
-    (decode.policies.latency): one token, and a ``nodes``-token block (a tree for the target, a level for the draft),
+    (decode.cost.measure): one token, and a ``nodes``-token block (a tree for the target, a level for the draft),
     after ``cache_len`` cached tokens; and the target/draft ratios."""
-    from decode.policies.latency import measure_latency
+    from decode.cost.measure import measure_latency
 
     table = measure_latency(target, draft, lengths=[cache_len], sizes=[1, nodes], repeats=repeats)
     out: dict[str, Any] = {"cache_len": table.lengths[0], "tree_nodes": nodes, "repeats": repeats}

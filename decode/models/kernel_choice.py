@@ -10,7 +10,7 @@ Measurement (:func:`measure_paths`): for each eligible path, one prefill of :dat
 passes of each block size in :data:`ROLE_SHAPES` over that cache, rolled back (the tree widths a step runs; the
 draft's trunk is one-token passes). :func:`choose_path` scores each path by the weighted geometric mean of its times
 over the default path's, the one-token pass weighing most for the draft, and takes the lowest (ties to the earlier
-path). The times and the choice are cached like the latency table (:mod:`decode.policies.latency`): keyed by the
+path). The times and the choice are cached like the latency table (:mod:`decode.cost.measure`): keyed by the
 pair's fingerprint and the machine (processor and its flags, torch threads, both dtypes), never reused elsewhere.
 """
 

@@ -9,7 +9,7 @@ for another's measurement of the same thing takes that one instead of measuring 
 
 One cache, keyed by the pair's fingerprint and the machine's identity (:func:`machine_identity`), holds every kind of
 measurement (:data:`KINDS`: the kernel choice, decode/models/kernel_choice.py; the latency table and what a
-batch's passes cost beyond it, decode/policies/latency.py), each read or measured once through
+batch's passes cost beyond it, decode/cost/measure.py), each read or measured once through
 :func:`cached_measurement`, each kind in files of its own (a kind added later leaves the files cached before it
 readable). A cached file that does not read as this kind's measurement of this pair and machine (an older ddte's,
 say) is measured again once, and the line announcing that measurement says so.

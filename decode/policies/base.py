@@ -45,7 +45,7 @@ class RootState:
         max_depth: the deepest tree that still fits the context window and the token budget.
         sampling: the generation's sampling settings (p and q are formed with them).
         features: the root feature vector (decode.policies.features), for a policy that needs it.
-        latency: the decoder's latency table (decode.policies.latency), when it has one.
+        latency: the decoder's latency table (decode.cost.table), when it has one.
     """
 
     context_length: int

@@ -8,12 +8,8 @@ verifier tested, with a prior). Every request of the step drafts the chain (1, L
     E = Σ_r (1 + Σ_{j ≤ L_r} β_r^j),
     T = c(l) + t_q(l, R) + Σ_{j ≥ 1} t_q(l + j, n_j) + t_p(l, Σ_r (1 + L_r))
 
-on the machine's latency table (decode/policies/latency.py) at the batch's mean context length l: the draft pass over
-the R requests' pending tokens, one draft pass per level j over the n_j nodes the trees run there (a chain of L runs
-L − 1, its last token a leaf), and one target pass over every root and node. Each pass runs through the batch's one
-cache of R requests, which costs more than the table's one-sequence pass of as many tokens (every query attends over
-every request's slots, masked), so t_q and t_p are the table's times its measured batch ratios at R
-(``LatencyTable.batch_draft``, ``batch_target``; :class:`~decode.policies.latency.BatchCost`). Alone (R = 1) this is
+on the machine's latency table at the batch's mean context length l, each pass priced beside the batch's R requests
+(decode/cost/pricing.py ``step_ms``, whose docstring reads T term by term). Alone (R = 1) this is
 the request's own best chain; in a batch it is the best static chain at the batch's size (a single-token pass costs
 the same for the batch, so a larger batch wants shorter chains), following the batch's acceptance.
 
@@ -34,12 +30,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from decode.cost.pricing import step_ms
 from decode.drafting.actions import Action
 from decode.policies.base import Policy, PolicySource, RootState, StepOutcome
 
 if TYPE_CHECKING:
+    from decode.cost.table import LatencyTable
     from decode.drafting.sampling import SamplingConfig
-    from decode.policies.latency import LatencyTable
 
 DEFAULT_MAX_DRAFT = 6
 PRIOR_SURVIVAL = 0.7  # β before any step: the prior's mean ...
@@ -123,26 +120,3 @@ def _rate(survival: Sequence[float], lengths: Sequence[int], length: float, tabl
     """E / T of one step with these chains (module docstring); the fixed trees add their time, not their tokens."""
     expected = sum(1 + sum(beta ** j for j in range(1, n + 1)) for beta, n in zip(survival, lengths, strict=True))
     return expected / step_ms(lengths, length, table, fixed)
-
-
-def step_ms(lengths: Sequence[int], length: float, table: LatencyTable, fixed: Sequence[Action] = ()) -> float:
-    """T of one batch step in ms: chains of ``lengths`` beside the trees ``fixed``, at context ``length``.
-
-    Every pass runs through the batch's one cache, which holds all R requests however few of them a draft level
-    runs, so each is priced as a pass beside R requests (:meth:`~decode.policies.latency.LatencyTable.batch_draft`:
-    the one-sequence time times the table's measured batch ratio; R = 1 is the single loop's step)."""
-    widths = [[1] * n for n in lengths] + [[1] * a.l1 + [a.k] * a.l2 for a in fixed]
-    runs = [w[:-1] for w in widths]  # the draft runs every level but the last (leaves)
-    levels = max((len(w) for w in runs), default=0)
-    level_rows = [sum(w[j] for w in runs if len(w) > j) for j in range(levels)]
-    return passes_ms(len(widths), level_rows, sum(1 + sum(w) for w in widths), length, table)
-
-
-def passes_ms(requests: int, level_rows: Sequence[int], target_rows: int, length: float, table: LatencyTable) -> float:
-    """T of one batch step of ``requests`` requests in ms from its passes, at context ``length``: the per-step term,
-    the draft pass over every request's pending token, one draft pass per drafting level j over ``level_rows[j]``
-    nodes (none where 0), and one target pass over ``target_rows`` tokens (every root and node), each priced beside
-    ``requests`` requests of one cache."""
-    drafting = sum(table.batch_draft(length + j + 1, rows, requests) for j, rows in enumerate(level_rows) if rows)
-    return table.step_extra(length) + table.batch_draft(length, requests, requests) + drafting + \
-        table.batch_target(length, target_rows, requests)

@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ddte_core.paths import staged_file
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action, check_in_grid
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.base import AdaptiveLengthPolicy, EntropyStopPolicy, Policy, PolicySource, StaticPolicy
 from decode.policies.guard import StaticProfile
-from decode.policies.latency import LatencyTable
 from decode.policies.sampling_table import SamplingTable
 from decode.policies.spec import PolicySpec, check_spec_verifier
 from decode.verifiers import VERIFIERS, get_verifier, verifier_names

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.delayed import TrunkNode
 from decode.drafting.sampling import SamplingConfig, law_entropy
@@ -38,7 +39,6 @@ from decode.policies.expander_file import (
 )
 from decode.policies.guard import machine_note
 from decode.policies.halting import marginal_gain
-from decode.policies.latency import LatencyTable
 from decode.policies.machine_fit import FitSet, MachineRule, refit
 from decode.policies.onnx_session import policy_session
 from decode.policies.sampling_table import SamplingTable

@@ -35,12 +35,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.features import FEATURE_SCHEMA_VERSION, SCALAR_NAMES
 from decode.policies.guard import RuleProfile, StaticProfile
 from decode.policies.halting import HaltingRule
-from decode.policies.latency import LatencyTable
 from decode.policies.policy_file import PolicyFileMetadata, read_props
 from decode.policies.sampling_table import SamplingTable, static_on_machine
 from decode.policies.signals import SIGNALS as NODE_SIGNALS

@@ -11,7 +11,7 @@ of the machine it runs on, :meth:`StaticProfile.best` names that machine's best 
 :meth:`RuleProfile.tokens_per_ms` says whether the rule still beats it.
 
 Throughput of a static action a over the fitting roots: Ē_a / mean over the roots' lengths l of T̂(l, a), where Ē_a is
-the tokens per step the loop makes with it (decode/policies/throughput.py ``block_efficiency``: the harmonic mean of
+the tokens per step the loop makes with it (decode/cost/throughput.py ``block_efficiency``: the harmonic mean of
 its per-root Ê over trajectory positions, the plain mean over a loop's step starts) and the lengths are ≤ 16 quantiles
 of the roots'.
 """
@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from decode.cost.pricing import mean_step_ms
+from decode.cost.table import LatencyTable
+from decode.cost.throughput import block_efficiency
 from decode.drafting.actions import Action
-from decode.policies.latency import LatencyTable, draft_passes
-from decode.policies.throughput import block_efficiency
 
 LENGTH_QUANTILES = 16
 
@@ -37,12 +38,6 @@ def length_quantiles(lengths: np.ndarray) -> list[int]:
         raise ValueError("no root lengths to profile")
     points = np.quantile(lengths, (np.arange(LENGTH_QUANTILES) + 0.5) / LENGTH_QUANTILES)
     return sorted({int(round(p)) for p in points})
-
-
-def mean_step_ms(table: LatencyTable, lengths: Sequence[int], actions: Sequence[Action]) -> np.ndarray:
-    """``(A,)`` T̂ of each action averaged over ``lengths`` under ``table``."""
-    passes = draft_passes(list(actions))
-    return np.mean([table.step_ms_many(int(length), passes) for length in lengths], axis=0)
 
 
 @dataclass(frozen=True)
@@ -113,7 +108,7 @@ class RuleProfile:
 
     Attributes:
         be: its Ê[τ+1] over the roots (each root's mean over its trees, then the roots' tokens per step: the plain
-            mean over step roots, the harmonic mean over position roots; decode/policies/throughput.py).
+            mean over step roots, the harmonic mean over position roots; decode/cost/throughput.py).
         trees: the fraction of episodes that drafted each tree (``"K,L1,L2"`` → fraction, summing to 1).
         looked: the fraction of episodes that paid one draft pass more than their tree's T̂ (a chain stopped at
             1 ≤ d < cap: the loop ran node d's forward to look at it; selector/expander/expansion_fit.py

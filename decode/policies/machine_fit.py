@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from decode.cost.table import LatencyTable, draft_passes
+from decode.cost.throughput import ROOT_PLACEMENTS
 from decode.drafting.actions import Action
 from decode.policies.halting import HaltingRule, marginal_gain
-from decode.policies.latency import LatencyTable, draft_passes
 from decode.policies.rule_fit import (
     ActionIndex,
     best_rule,
@@ -32,7 +33,6 @@ from decode.policies.rule_fit import (
     rule_terms,
     static_throughputs,
 )
-from decode.policies.throughput import ROOT_PLACEMENTS
 
 FOLDS = 5
 BETA_SIGNALS = ("acceptance",)  # β̂ signals: the marginal rule is computed from them on each machine's times
@@ -59,7 +59,7 @@ class MachineEpisodes:
     trunk_pass_ms: np.ndarray  # (N,)
     actions: list[Action]
     prompts: np.ndarray  # (N,)
-    per_step: bool  # the roots sample a loop's steps (decode/policies/throughput.py)
+    per_step: bool  # the roots sample a loop's steps (decode/cost/throughput.py)
 
     def take(self, rows: np.ndarray) -> MachineEpisodes:
         return MachineEpisodes(self.be[rows], self.step[rows], self.trunk_pass_ms[rows], self.actions,
@@ -79,7 +79,7 @@ class FitSet:
             out of fold: as noisy as on new prompts).
         l_max, k_max: the grid's bounds.
         roots: where the collection put its roots, ``"positions"`` or ``"steps"`` (how they stand for a stream:
-            decode/policies/throughput.py); files written before it was recorded are positions.
+            decode/cost/throughput.py); files written before it was recorded are positions.
     """
 
     actions: list[str]

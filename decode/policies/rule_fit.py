@@ -7,7 +7,7 @@ chosen by the same code. numpy only.
 An *episode set* is anything with ``be`` ``(N, s, A)`` (each root's per-tree Ê[τ+1] of every action, NaN where the
 verifier has no label), ``step`` ``(N, A)`` (T̂ of every action at the root's context length, on some machine),
 ``trunk_pass_ms`` ``(N,)`` (one draft pass there), ``actions`` (the A actions) and ``per_step`` (the roots sample
-a loop's steps, else trajectory positions: decode/policies/throughput.py): selector's ``EpisodeData`` and
+a loop's steps, else trajectory positions: decode/cost/throughput.py): selector's ``EpisodeData`` and
 machine_fit's ``MachineEpisodes`` both are.
 """
 
@@ -18,10 +18,10 @@ from typing import Protocol
 
 import numpy as np
 
+from decode.cost.throughput import static_throughputs as static_over_roots
+from decode.cost.throughput import stream_terms
 from decode.drafting.actions import Action
 from decode.policies.halting import HaltingRule, halting_depth
-from decode.policies.throughput import static_throughputs as static_over_roots
-from decode.policies.throughput import stream_terms
 
 
 class Episodes(Protocol):
@@ -77,7 +77,7 @@ def rule_step_ms(data: Episodes, rule: HaltingRule, depth: np.ndarray, columns: 
 def episode_sums(be: np.ndarray, step: np.ndarray, per_step: bool) -> tuple[float, float]:
     """(tokens, ms) of the stream for ``be`` ``(N, s)`` and ``step`` ``(N, s)`` or ``(N, 1)``: each root's Ê and T̂
     averaged over its trees (the episodes a step there could draw), then the roots combined as the decoding loop
-    meets them (decode/policies/throughput.py): the throughput is the first over the second."""
+    meets them (decode/cost/throughput.py): the throughput is the first over the second."""
     tokens, ms = stream_terms(np.nanmean(be, axis=1), step.mean(axis=1), per_step)
     return float(tokens.sum()), float(ms.sum())
 
@@ -85,7 +85,7 @@ def episode_sums(be: np.ndarray, step: np.ndarray, per_step: bool) -> tuple[floa
 def rule_terms(data: Episodes, signal: np.ndarray, rule: HaltingRule, index: ActionIndex
                ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
     """(``(N,)`` tokens and ``(N,)`` ms each root adds to the stream under ``rule`` halting on ``signal``
-    ``(N, s, D)`` (:func:`~decode.policies.throughput.stream_terms`), ``(N, s)`` the action column each episode
+    ``(N, s, D)`` (:func:`~decode.cost.throughput.stream_terms`), ``(N, s)`` the action column each episode
     drafts)."""
     depth = halting_depth(signal, rule.theta, rule.floor, rule.cap)
     columns = index.terminal_columns(rule)[depth]

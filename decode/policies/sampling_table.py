@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.guard import StaticProfile
-from decode.policies.latency import LatencyTable
 
 T = TypeVar("T")
 U = TypeVar("U")

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from decode.cost.table import LatencyTable, draft_passes
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.base import Policy, PolicySource, RootState, StaticPolicy, StepOutcome
 from decode.policies.guard import machine_note
-from decode.policies.latency import LatencyTable, draft_passes
 from decode.policies.onnx_session import policy_session
 from decode.policies.selector_file import INPUT_NAMES, SelectorFileError, SelectorMetadata
 

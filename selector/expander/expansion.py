@@ -7,7 +7,7 @@ Each union tree of the data set is one drafting episode: its trunk is a real dra
 picks on it is scored with that tree's own exact Ê[τ+1] (the per-tree labels of schema 2) and the latency model's
 T̂. Rule parameters, the static action and the learned head are fitted on the other folds of prompts and scored on
 the held-out fold (cross-fitted by prompt); the scored trees never influence the choice made on them. Figures are
-stream throughputs (decode/policies/throughput.py): per root, Ê and T̂ are averaged over its trees (the episodes a step
+stream throughputs (decode/cost/throughput.py): per root, Ê and T̂ are averaged over its trees (the episodes a step
 at that position could draw), and the roots are combined as N / Σ T̂/Ê; as ratios to the best static action.
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from decode.cost.throughput import per_root_best, stream_terms
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.machine_fit import cross_fitted_ratios
-from decode.policies.throughput import per_root_best, stream_terms
 from selector.expander.expansion_fit import (
     EpisodeData,
     _Index,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from decode.cost.throughput import best_static, block_efficiency
 from decode.drafting.actions import Action
 from decode.policies.guard import RuleProfile, StaticProfile, length_quantiles
 from decode.policies.halting import HaltingRule as Rule  # the rule the decoder runs
@@ -37,7 +38,6 @@ from decode.policies.rule_fit import (  # noqa: F401  (the fit's names, re-expor
     rule_terms,
 )
 from decode.policies.signals import SIGNALS, TrunkArrays, signal_names
-from decode.policies.throughput import best_static, block_efficiency
 
 
 @dataclass
@@ -57,7 +57,7 @@ class EpisodeData:
         draw_q, draw_rank, draw_top: ``(N, s, D)`` the trunk's draws (decode/policies/signals.py ``TrunkArrays``);
             None for collections made before they were stored.
         per_step: the roots sample a reference loop's steps (``roots: steps``), else trajectory positions: how
-            they stand for a stream (decode/policies/throughput.py).
+            they stand for a stream (decode/cost/throughput.py).
     """
 
     be: np.ndarray

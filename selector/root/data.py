@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from decode.cost.throughput import static_throughputs
 from decode.drafting.actions import distinct_trees
 from decode.policies.features import HIDDEN_NAMES, SCALAR_NAMES
-from decode.policies.throughput import static_throughputs
 from selector.root.info import DataFacts, sampling_configs
 from selector.root.root_data import RootArrays, data_fingerprint, inspect_dataset, load_rows
 
@@ -117,7 +117,7 @@ def fit_normalisation(train_scalars: np.ndarray, log1p: Sequence[str]) -> Normal
 
 
 def ranked_static_actions(arrays: RootArrays) -> dict[int, list[int]]:
-    """Per sampling configuration, the actions by stream throughput, best first (decode/policies/throughput.py, over
+    """Per sampling configuration, the actions by stream throughput, best first (decode/cost/throughput.py, over
     the rows as the collection placed them: ``arrays.per_step``).
 
     Only actions valid on every row of the configuration are ranked (a static shape must be usable at every step).
@@ -136,7 +136,7 @@ def ranked_static_actions(arrays: RootArrays) -> dict[int, list[int]]:
 
 
 def best_static_actions(arrays: RootArrays, ranking: dict[int, list[int]] | None = None) -> dict[int, int]:
-    """a_base per sampling configuration: the action with the highest stream throughput (decode/policies/throughput.py),
+    """a_base per sampling configuration: the action with the highest stream throughput (decode/cost/throughput.py),
     the first of ``ranking`` (:func:`ranked_static_actions` of ``arrays`` when not given)."""
     ranking = ranked_static_actions(arrays) if ranking is None else ranking
     return {config: ranked[0] for config, ranked in ranking.items()}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decode.policies.throughput import stream_throughput
+from decode.cost.throughput import stream_throughput
 
 MARGINS = (0.0, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 # What the policy phase (root features, the network call, the decision) costs in the loop where a guard lets the
@@ -66,7 +66,7 @@ def fit_margin(value: np.ndarray, be: np.ndarray, step_ms: np.ndarray, fallback:
         be, step_ms: ``(N, A)`` their labels (NaN be: no label).
         fallback: the configuration's fallback action index (best static on the training split).
         per_step: the roots sample a loop's step starts, else trajectory positions: how the stream throughput
-            reads them (decode/policies/throughput.py).
+            reads them (decode/cost/throughput.py).
     """
     rows = np.full(len(value), fallback, dtype=np.int64)
     static = stream_throughput(be, step_ms, rows, per_step)

@@ -33,7 +33,7 @@ class DataFacts:
     ``fit_prompts``: the prompts whose roots trained or validated the network or fitted its guard (an offline score
     of the exported file leaves them out). ``per_step``: the data set's roots sample a reference loop's step starts
     (``"roots": "steps"``), else trajectory positions: how the offline metrics read them
-    (decode/policies/throughput.py); checkpoints written before it: positions.
+    (decode/cost/throughput.py); checkpoints written before it: positions.
     """
 
     schema_version: int

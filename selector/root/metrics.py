@@ -1,7 +1,7 @@
 """Offline metrics of a selector on labelled roots, and the plots that go with them.
 
 Throughput of an action on a root = Ê[τ+1] / T̂ = ``be / step_ms`` (tokens per ms). Over a set of roots we use the
-**stream throughput** of a rule that picks ``chosen[i]`` on root i (``decode/policies/throughput.py``, which says why),
+**stream throughput** of a rule that picks ``chosen[i]`` on root i (``decode/cost/throughput.py``, which says why),
 read as the collection placed its roots (``per_step``, from dataset.json's ``roots``):
 
     positions:  TP(chosen) = N / Σ_i step_ms[i, chosen[i]] / be[i, chosen[i]]
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decode.policies.throughput import per_root_best, stream_throughput
+from decode.cost.throughput import per_root_best, stream_throughput
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def oracle_actions(be: np.ndarray, step_ms: np.ndarray, per_step: bool = False,
     """(N,) the per-root oracle's action of each row, among labelled actions (finite be, positive finite step_ms):
     the choice with the highest stream throughput over the rows of each sampling configuration
     (``sampling_index``; None: one configuration). Over positions that is the argmax of be / step_ms per row; over
-    steps it depends on the configuration's other rows (decode/policies/throughput.py ``per_root_best``)."""
+    steps it depends on the configuration's other rows (decode/cost/throughput.py ``per_root_best``)."""
     valid = np.isfinite(row_throughput(be, step_ms))
     be = np.where(valid, be, np.nan).astype(np.float64)
     step_ms = np.where(valid, step_ms, np.nan).astype(np.float64)

@@ -55,7 +55,7 @@ class RootArrays:
 
     ``per_step``: the collection put its roots at a reference loop's step starts (``"roots": "steps"``), else at
     trajectory positions: how the rows stand for a decoding stream, which every throughput over them reads
-    (decode/policies/throughput.py).
+    (decode/cost/throughput.py).
     """
 
     prompt_id: np.ndarray  # (N,) str

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from bench.batch_admission import Episodes, admitted, at_root, calibration, static_step
+from decode.cost.pricing import passes_ms
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
-from decode.policies.budget import passes_ms
-from decode.policies.latency import LatencyTable
 
 CAP = 4
 

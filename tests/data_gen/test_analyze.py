@@ -37,12 +37,12 @@ def test_the_four_findings_are_measured_per_sampling_configuration(tiny_collecte
 
 def test_a_steps_collection_is_analysed_with_the_step_estimator(tiny_collected):
     """The same labels read as step roots: the best static tree maximises Σ Ê / Σ T̂ and its block efficiency is the
-    plain mean of Ê (decode/policies/throughput.py), where position roots give the harmonic mean."""
+    plain mean of Ê (decode/cost/throughput.py), where position roots give the harmonic mean."""
     import numpy as np
 
     from data_gen.analyze import analyze, format_report, load_columns
     from data_gen.schema import label_column
-    from decode.policies.throughput import block_efficiency, static_throughputs
+    from decode.cost.throughput import block_efficiency, static_throughputs
 
     metadata, columns = load_columns(tiny_collected)
     assert "roots" not in metadata or metadata["roots"] == "positions"

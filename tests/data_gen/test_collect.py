@@ -16,9 +16,9 @@ import yaml
 from data_gen.collection import collect
 from data_gen.config import load_collect_config
 from ddte.cli import main
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action, action_grid
 from decode.pair import DEFAULT_TOKENIZER
-from decode.policies.latency import LatencyTable
 from tests.factories import collect_overrides, tiny_llama
 
 

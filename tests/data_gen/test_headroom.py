@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from data_gen.headroom import head_room
-from decode.policies.throughput import best_static, stream_throughput
+from decode.cost.throughput import best_static, stream_throughput
 
 ROOTS, TREES, ACTIONS = 600, 4, 30
 

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from ddte.cli import main
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import action_grid
 from decode.policies.features import SCALAR_NAMES
-from decode.policies.latency import LatencyTable
 from selector.root.root_data import inspect_dataset, load_rows
 from tests.data_gen.test_collect import _rows
 from tests.factories import tiny_llama

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from ddte.cli import main
-from decode.policies.latency import LatencyTable
+from decode.cost.table import LatencyTable
 from tests.factories import TINY_TRAIN_CONFIG, save_tiny_pair
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from decode.cost.table import LatencyTable
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig
 from decode.pair import LoadedPair
 from decode.policies.deployment import Choice, Deployment
-from decode.policies.latency import LatencyTable
 from decode.session import Hooks, LatencyRequest, MethodRequest, PairRequest, open_pair, open_session, open_sessions
 from tests.factories import SHIPPED_TOKENIZER, save_tiny_pair
 
@@ -47,9 +47,9 @@ def policy_file(folder: Path, fingerprint: str = "") -> Path:
 def steps(monkeypatch) -> list[str]:
     """What ran, in order: each step the builder entered (its ``errors`` hook) and each library call it made there,
     with the kernel path the draft ran when a latency table was read or measured."""
+    import decode.cost.measure as latency
     import decode.engine
     import decode.policies.deployment as deployment
-    import decode.policies.latency as latency
 
     seen: list[str] = []
 

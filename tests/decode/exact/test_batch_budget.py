@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from decode.batch import BatchDecoder
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig, distributions
 from decode.engine import SpeculativeDecoder
 from decode.policies.base import StaticPolicy
 from decode.policies.budget import SharedBudgetPolicy
-from decode.policies.latency import LatencyTable
 from decode.verifiers import get_verifier, verifier_names
 from tests.decode.exact.harness import enumerate_runs, outcome_law, recomputed_law
 from tests.decode.exact.test_batch import WATCHED, Entry, drive, job, other

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.delayed import DraftedTree
 from decode.drafting.sampling import SamplingConfig, distributions
@@ -28,7 +29,6 @@ from decode.models.cached_lm import CachedLM
 from decode.models.fast_llama import cached_lm
 from decode.policies.expander import HaltingPolicy
 from decode.policies.expander_file import HaltingRule, NodeRule
-from decode.policies.latency import LatencyTable
 from decode.verifiers import get_verifier, verifier_names
 from tests.decode.exact.harness import enumerate_runs, outcome_law, recomputed_law
 from tests.factories import tiny_llama

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from decode.cost.pricing import step_ms
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.base import RootState, StepOutcome
-from decode.policies.budget import PRIOR_SURVIVAL, SharedBudgetPolicy, batch_actions, shared_lengths, step_ms
+from decode.policies.budget import PRIOR_SURVIVAL, SharedBudgetPolicy, batch_actions, shared_lengths
 from decode.policies.deployment import build_policy, needs_latency
-from decode.policies.latency import LatencyTable
 from decode.policies.spec import PolicySpec, parse_policy_spec, parse_verifier_spec
 
 SIZES = list(range(1, 30))
@@ -91,7 +92,7 @@ def _steep(ratio_at_4: float) -> LatencyTable:
     """TABLE with a batch cost: a target pass beside 4 requests costs up to ``ratio_at_4`` times the table's, the
     ratio rising from 1 at one token to ``ratio_at_4`` at 29 (each token dearer as it attends over every request's
     slots), linear in the requests from 1 at one; the draft's passes no dearer."""
-    from decode.policies.latency import BatchCost
+    from decode.cost.table import BatchCost
 
     ones = [[[1.0, 1.0]] * 2]
     cost = BatchCost([1, 4], [1, 512], [1, 29], ones * 2, ones + [[[1.0, ratio_at_4]] * 2])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig, distributions, entropy, law_entropy
@@ -12,7 +13,6 @@ from decode.engine import SpeculativeDecoder
 from decode.models.cached_lm import CachedLM
 from decode.policies.base import StaticPolicy
 from decode.policies.features import SCALAR_NAMES, kl_divergence, root_features
-from decode.policies.latency import LatencyTable
 from tests.factories import tiny_llama
 
 LATENCY = LatencyTable([8, 64], [1, 16], [[0.5, 0.6], [0.7, 0.8]], [[2.0, 3.0], [4.0, 5.0]])

@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.expander_file import HaltingRule, NodeRule
 from decode.policies.guard import RuleProfile, StaticProfile, length_quantiles
-from decode.policies.latency import LatencyTable
 
 LENGTHS, SIZES = [64, 512], [1, 2, 4, 8, 16]
 # Where trees are nearly free (a target pass over 8 tokens costs 1.15x one) and where each token costs a pass.

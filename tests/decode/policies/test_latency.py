@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
+from decode.cost.measure import measure_batch_cost, measure_latency
+from decode.cost.table import BatchCost, LatencyTable
 from decode.drafting.actions import Action
 from decode.models.cached_lm import CachedLM
-from decode.policies.latency import BatchCost, LatencyTable, measure_batch_cost, measure_latency
 from tests.factories import tiny_llama
 
 # draft: 1 ms + 0.01 ms per context token, +0.1 ms per extra block token; target: 10x that
@@ -98,7 +99,7 @@ class _RecordingLM:
 
 def _recording_pair(monkeypatch, cold_ms: float = 0.0):
     clock = _FakeClock()
-    monkeypatch.setattr("decode.policies.latency.time.perf_counter", clock)
+    monkeypatch.setattr("decode.cost.measure.time.perf_counter", clock)
     return _RecordingLM("target", clock, ms_per_token=10.0), _RecordingLM("draft", clock, cold_ms=cold_ms)
 
 
@@ -185,7 +186,7 @@ def test_vectorised_step_time_equals_eq_11_per_action():
     inside, on and beyond its points, for every default action."""
     import numpy as np
 
-    from decode.policies.latency import draft_passes
+    from decode.cost.table import draft_passes
 
     g = np.random.default_rng(0)
     lengths, sizes = [16, 40, 200, 333], [1, 2, 3, 5, 9, 17, 41]
@@ -225,8 +226,8 @@ def test_a_table_that_cannot_be_read_is_refused_in_user_terms(change, words):
 def test_the_machines_table_is_measured_once_per_pair_and_machine(monkeypatch, tmp_path):
     """`--latency machine`: the first call measures and caches (saying so first), the next reads the cache; another
     pair, or a cached file that is not a table of this pair and machine, is measured anew."""
+    from decode.cost.measure import MACHINE_SIZES, machine_table
     from decode.models.machine_cache import machine_identity
-    from decode.policies.latency import MACHINE_SIZES, machine_table
 
     target, draft = _recording_pair(monkeypatch)
     heard = []
@@ -304,8 +305,8 @@ def test_measure_batch_cost_times_the_shared_caches_own_passes():
 
 
 def test_the_machines_batch_cost_is_measured_once_beside_its_table(monkeypatch, tmp_path):
+    from decode.cost import measure as latency
     from decode.models.machine_cache import cache_file, machine_identity
-    from decode.policies import latency
 
     target = CachedLM(tiny_llama(seed=1, vocab=32, hidden=32, layers=2))
     draft = CachedLM(tiny_llama(seed=2, vocab=32, hidden=32, layers=1))

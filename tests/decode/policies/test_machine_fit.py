@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 
+from decode.cost.table import LatencyTable
+from decode.cost.throughput import best_static
 from decode.drafting.actions import Action, action_grid
 from decode.policies.halting import halting_depth
-from decode.policies.latency import LatencyTable
 from decode.policies.machine_fit import FitSet, refit
 from decode.policies.rule_fit import ActionIndex, best_rule, candidate_rules, rule_terms
-from decode.policies.throughput import best_static
 
 L_MAX, K_MAX, TREES = 3, 2, 2
 LENGTHS, SIZES = [64, 512], [1, 2, 4, 8, 16]

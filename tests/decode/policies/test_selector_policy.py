@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
+from decode.cost.measure import loop_table
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig
 from decode.engine import SpeculativeDecoder
 from decode.models.cached_lm import CachedLM
-from decode.policies.latency import loop_table
 from decode.policies.selector import Guard, SelectorError, SelectorPolicy
 from decode.policies.selector_file import INPUT_NAMES
 from decode.verifiers import get_verifier

@@ -9,13 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from decode.policies.throughput import (
-    best_static,
-    block_efficiency,
-    per_root_best,
-    static_throughputs,
-    stream_throughput,
-)
+from decode.cost.throughput import best_static, block_efficiency, per_root_best, static_throughputs, stream_throughput
 
 
 def _loop(advance: np.ndarray, step_ms: np.ndarray) -> tuple[float, float, np.ndarray]:

@@ -182,7 +182,7 @@ def test_a_rule_profile_prices_the_stream_as_its_roots_stand_for_it(per_step):
     stream throughput the rule search scores (rule_terms), over step roots and over position roots alike."""
     import dataclasses
 
-    from decode.policies.latency import LatencyTable, draft_passes
+    from decode.cost.table import LatencyTable, draft_passes
     from selector.expander.expansion_fit import rule_profile
 
     table = LatencyTable([8, 512], [1, 2, 4, 8], [[1.0, 1.2, 1.5, 2.0]] * 2, [[10.0, 11.0, 13.0, 16.0]] * 2)

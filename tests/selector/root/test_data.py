@@ -130,10 +130,10 @@ def test_too_few_prompts_to_split(tmp_path):
 def test_a_steps_collection_is_scored_per_step_from_the_data_module_to_the_logged_metrics(synthetic_dir, tmp_path,
                                                                                         monkeypatch):
     """dataset.json's ``"roots": "steps"`` travels with the rows: the static baseline is the best Σ Ê / Σ T̂ and the
-    module logs the metrics of that estimator (decode/policies/throughput.py), not the positions one."""
+    module logs the metrics of that estimator (decode/cost/throughput.py), not the positions one."""
     import torch
 
-    from decode.policies.throughput import best_static
+    from decode.cost.throughput import best_static
     from selector.root.info import SelectorInfo
     from selector.root.metrics import offline_metrics
     from selector.root.model import SelectorModule
