@@ -8,7 +8,7 @@ decode/policies/halting.py, priced on the whole batch's passes, decode/cost/pric
 that is admitted draws its next token; unless it is at the cap, the draft then runs that token, so the next level
 can decide on its law (a node's signal reads the law it draws from, never the token drawn).
 
-Batches of R roots are drawn from an expander file's fit set (decode/policies/machine_fit.py: Ê[τ+1] of every tree
+Batches of R roots are drawn from an expander file's fit set (decode/policies/fit/machine_fit.py: Ê[τ+1] of every tree
 at every root, exact in the target, and the draft's signals at every trunk depth) and priced on this machine's latency
 table with its batch ratios. Everything is cross-fitted by prompt folds: the static tree (every tree of the file's
 grid, the same for every request) and each signal's calibration (β̂ of a node from its signal: Σ P_{d+1} / Σ P_d over
@@ -39,9 +39,9 @@ import numpy as np
 from decode.cost.pricing import passes_ms, step_ms
 from decode.cost.table import BatchCost, LatencyTable
 from decode.drafting.actions import Action
-from decode.policies.expander_file import ExpanderFileError, read_expander_metadata
-from decode.policies.machine_fit import FitSet
-from decode.policies.rule_fit import folds_by_prompt
+from decode.policies.files.expander_file import ExpanderFileError, read_expander_metadata
+from decode.policies.fit.machine_fit import FitSet
+from decode.policies.fit.rule_fit import folds_by_prompt
 
 SIGNALS = ("entropy", "top")  # calibrated into β̂ on the training folds
 BINS = 12

@@ -47,7 +47,8 @@ if TYPE_CHECKING:  # the requests stay light: a command parses them before torch
     from decode.models.cached_lm import CachedLM
     from decode.models.kernel_choice import KernelChoice
     from decode.policies.base import Policy
-    from decode.policies.deployment import Deployment, LoadedPolicy
+    from decode.policies.build import LoadedPolicy
+    from decode.policies.files.deployment import Deployment
 
 STEPS = ("method", "pair", "policy", "kernels", "drafts", "latency", "build")  # in the order they run
 LATENCY_SOURCES = ("machine", "fitted")  # else a latency table file
@@ -295,7 +296,7 @@ def _method(method: str | MethodRequest) -> MethodRequest:
 
 
 def _needs_latency(requests: Sequence[MethodRequest]) -> bool:
-    from decode.policies.deployment import needs_latency
+    from decode.policies.build import needs_latency
 
     return any(needs_latency(request.spec) for request in requests)
 
@@ -304,7 +305,7 @@ def _check_policies(pair: LoadedPair, requests: Sequence[MethodRequest], deploym
                     hooks: Hooks, batch: bool = False) -> dict[MethodRequest, LoadedPolicy]:
     """Step ``policy``: each spec checked against its verifier and the pair, its file read once; for a batch, one
     that reads root features refused (a batch computes none), before anything is timed."""
-    from decode.policies.deployment import load_policy_spec, reads_root_features
+    from decode.policies.build import load_policy_spec, reads_root_features
 
     checked = {}
     for request in requests:
@@ -341,7 +342,7 @@ def _decoder_tables(pair: LoadedPair, checked: Mapping[MethodRequest, LoadedPoli
     also prices plain decoding in a summary); else, where a policy on that draft may read root features, one measured
     now on the target and that draft (part of step ``latency``); else None."""
     from decode.cost.measure import loop_table
-    from decode.policies.deployment import reads_root_features
+    from decode.policies.build import reads_root_features
 
     tables: dict[str | None, LatencyTable | None] = {}
     for folder, draft in drafts.items():
@@ -358,7 +359,7 @@ def _build(pair: LoadedPair, checked: Mapping[MethodRequest, LoadedPolicy], draf
            hooks: Hooks) -> dict[MethodRequest, Decoding]:
     """Step ``build``: each policy from what step ``policy`` read, on ``table``; one decoder per verifier and draft."""
     from decode.engine import SpeculativeDecoder
-    from decode.policies.deployment import build_policy
+    from decode.policies.build import build_policy
     from decode.verifiers import get_verifier
 
     decoders: dict[tuple[str, str | None], SpeculativeDecoder] = {}
@@ -380,7 +381,7 @@ def _build_batch(pair: LoadedPair, checked: Mapping[MethodRequest, LoadedPolicy]
     """Step ``build`` of a batched session: each policy built on ``table``, one batch decoder per draft (a request
     brings its own verifier there; step ``policy`` refused the policies a batch cannot run)."""
     from decode.batch import BatchDecoder
-    from decode.policies.deployment import build_policy
+    from decode.policies.build import build_policy
 
     decoders: dict[str | None, BatchDecoder] = {}
     decodings = {}

@@ -63,7 +63,7 @@ from ddte_core.paths import staged_file
 
 if TYPE_CHECKING:
     from bench.method import Method
-    from decode.policies.deployment import Deployment
+    from decode.policies.files.deployment import Deployment
 
 DEFAULT_METHODS = [
     "ar", "hf-assisted", "traversal@adaptive", "traversal@entropy",
@@ -137,7 +137,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
             raise UserError(f"bad method '{method}': draft folder {method.draft!r} does not exist")
     files = _read_policy_files(methods)
     if args.policy_file:
-        from decode.policies.deployment import load_deployment
+        from decode.policies.files.deployment import load_deployment
 
         with user_errors(prefix="--policy-file: "):
             deployment = files[args.policy_file] = load_deployment(args.policy_file)
@@ -153,7 +153,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
 
 def _read_policy_files(methods: list[Method]) -> dict[str, Deployment]:
     """Every policy file a method names, read and checked whole once (by path), before any model loads."""
-    from decode.policies.deployment import load_deployment
+    from decode.policies.files.deployment import load_deployment
 
     files: dict[str, Deployment] = {}
     for method in methods:
@@ -267,9 +267,9 @@ def _write(output, args: argparse.Namespace, methods, pair, which, rows, by_cate
 
 def _note_unmeasured_sampling(args: argparse.Namespace, methods, files) -> None:
     """Say once per method and temperature where a selector, expander or policy file has no choice measured there:
-    the nearest one stands in (decode/policies/sampling_table.py)."""
+    the nearest one stands in (decode/policies/files/sampling_table.py)."""
     from decode.drafting.sampling import SamplingConfig
-    from decode.policies.deployment import measured_table
+    from decode.policies.build import measured_table
 
     for method in methods:
         if method.is_hf or not method.policy.reads_file:

@@ -260,7 +260,7 @@ def _samples(args: argparse.Namespace, decoder, policy, ids: list[int], sampling
 def _method(args: argparse.Namespace, spec: PolicySpec) -> tuple[MethodRequest, object | None]:
     """(the method, ``VERIFIER@SPEC`` parsed by its one grammar; the policy file read and checked whole, or None):
     before any model loads, as the policy file names the verifier unless --verifier (or --method) does."""
-    from decode.policies.deployment import load_deployment
+    from decode.policies.files.deployment import load_deployment
     from decode.verifiers import get_verifier
 
     deployment = None

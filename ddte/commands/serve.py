@@ -103,7 +103,7 @@ def check_arguments(args: argparse.Namespace):
     if args.verifier and not args.policy_file:
         raise UserError("--verifier goes with --policy-file (a --method names its own verifier)")
     if args.policy_file:
-        from decode.policies.deployment import load_deployment
+        from decode.policies.files.deployment import load_deployment
         from decode.policies.spec import PolicySpec
         from decode.verifiers import get_verifier
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from bench.compare import SWITCH_LEVEL, choose_static, paired_ratio_interval
 from bench.method import Method, by_method, static_rows
 from decode.drafting.sampling import SamplingConfig
-from decode.policies.sampling_table import SamplingTable
+from decode.policies.files.sampling_table import SamplingTable
 
 
 def static_candidates(metadata, sampling: list[SamplingConfig], ranking: dict[int, list[str]],
@@ -48,7 +48,7 @@ def decide(rows: list[dict], candidates: dict[str, dict[float, list[str]]], meta
     those that beat that static beyond this bench's noise: a paired bootstrap interval over prompts wholly above 1, at
     :data:`~bench.compare.SWITCH_LEVEL` split over the rivals. A policy a few per cent ahead inside the noise is not
     deployed: the static tree it would replace cannot lose to itself."""
-    from decode.policies.deployment import Choice
+    from decode.policies.files.deployment import Choice
 
     kept = keep_statics(rows, candidates) if kept is None else kept
     expanders = expanders or {}

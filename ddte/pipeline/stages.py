@@ -16,7 +16,7 @@ from data_gen.config import CollectConfig
 from ddte.pipeline.config import BenchStage, ExpanderStage, PipelineConfig, PipelinePlan
 from ddte.pipeline.decide import decide, keep_statics, static_candidates
 from ddte.pipeline.results import results_markdown
-from decode.policies.selector_file import read_selector_metadata
+from decode.policies.files.selector_file import read_selector_metadata
 from selector.root.train import TrainResult, train
 from selector.root.train_config import TrainConfig
 
@@ -91,7 +91,7 @@ def run_pipeline(plan: PipelinePlan) -> PipelineResult:
 
 
 def _run_stages(plan: PipelinePlan, out: Path, tracking: _Tracking) -> PipelineResult:
-    from decode.policies.deployment import Deployment
+    from decode.policies.files.deployment import Deployment
 
     config = plan.config
     timings = {}

@@ -116,8 +116,9 @@ def loop_table(target: CachedLM, draft: CachedLM) -> LatencyTable:
     return measure_latency(target, draft, lengths=list(LOOP_LENGTHS), repeats=3)
 
 
-# The running machine's table (decode/policies/guard.py): one-token passes and every small block, then a sparser grid
-# up to the largest default tree (1 + 8 + 4·8), at a short and a long context. Measured once per machine and cached.
+# The running machine's table (decode/policies/files/guard.py): one-token passes and every small block, then a sparser
+# grid up to the largest default tree (1 + 8 + 4·8), at a short and a long context. Measured once per machine and
+# cached.
 MACHINE_LENGTHS = (64, 512)
 MACHINE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 25, 32, 41)
 

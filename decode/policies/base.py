@@ -16,7 +16,7 @@ at any node, from the draft's own state there; decode/drafting/delayed.py) and `
 its tree together with the other requests' from what each knew before the step: decode/policies/budget.py). The
 decoder reads the capabilities of what ``start`` returned. The built-in policies (static, adaptive, entropy) hold
 nothing to load: each is its own source, and starts itself (a fresh copy where it keeps state). :data:`POLICIES`
-names them; decode/policies/deployment.py (``build_policy``) builds any policy source from its spec
+names them; decode/policies/build.py (``build_policy``) builds any policy source from its spec
 (decode/policies/spec.py).
 """
 
@@ -113,8 +113,8 @@ class PolicySource:
 
     def sampling_note(self, sampling: SamplingConfig) -> str | None:
         """One line when this source's choices were measured at other sampling settings than ``sampling``, so the
-        nearest stands in (decode/policies/sampling_table.py); None when they hold at any (the built-in policies) or
-        were measured there."""
+        nearest stands in (decode/policies/files/sampling_table.py); None when they hold at any (the built-in
+        policies) or were measured there."""
         return None
 
 

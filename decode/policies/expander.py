@@ -1,6 +1,6 @@
 """Expansion decided while drafting, at decode time: an exported expander halts the trunk node by node.
 
-The file (decode/policies/expander_file.py) holds, per sampling configuration, a halting rule on one signal of the
+The file (decode/policies/files/expander_file.py) holds, per sampling configuration, a halting rule on one signal of the
 draft's state at each trunk node (its top probability, minus its entropy, β̂ from the acceptance head in the graph, or
 the marginal rule on β̂ and the machine's step times) and the static action to fall back on.
 :class:`ExpanderSource` is the loaded file, with one :class:`DeployedRule` per configuration (what this machine runs
@@ -28,7 +28,7 @@ from decode.drafting.actions import Action
 from decode.drafting.delayed import TrunkNode
 from decode.drafting.sampling import SamplingConfig, law_entropy
 from decode.policies.base import Policy, PolicySource, RootState, StaticPolicy
-from decode.policies.expander_file import (
+from decode.policies.files.expander_file import (
     HEAD_SIGNALS,
     INPUT_NAME,
     OUTPUT_NAME,
@@ -37,11 +37,11 @@ from decode.policies.expander_file import (
     NodeRule,
     node_feature_width,
 )
-from decode.policies.guard import machine_note
+from decode.policies.files.guard import machine_note
+from decode.policies.files.sampling_table import SamplingTable
+from decode.policies.fit.machine_fit import FitSet, MachineRule, refit
 from decode.policies.halting import marginal_gain
-from decode.policies.machine_fit import FitSet, MachineRule, refit
 from decode.policies.onnx_session import policy_session
-from decode.policies.sampling_table import SamplingTable
 from decode.policies.signals import SIGNALS as NODE_SIGNALS
 
 ExpanderError = ExpanderFileError  # the name callers catch
@@ -120,7 +120,7 @@ class ExpanderSource(PolicySource):
     @classmethod
     def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None) -> ExpanderSource:
         """The expander checked against a loaded pair (draft hidden size, fingerprint); ``machine``: the running
-        machine's latency table, which picks the fallback and whether the rule runs (decode/policies/guard.py)."""
+        machine's latency table, which picks the fallback and whether the rule runs (decode/policies/files/guard.py)."""
         return cls(path, verifier=verifier, draft_hidden=int(pair.draft.config.hidden_size),
                    pair_fingerprint=pair.fingerprint(), machine=machine)
 
@@ -184,8 +184,8 @@ class DeployedRule:
 
 def deploy_rule(metadata: ExpanderMetadata, index: int, machine: LatencyTable | None) -> DeployedRule:
     """Rule ``index`` of ``metadata`` as ``machine`` runs it: refitted on the machine's table where the file carries
-    the rule's fit set (decode/policies/machine_fit.py), else the file's rule behind its machine-free profiles
-    (decode/policies/guard.py)."""
+    the rule's fit set (decode/policies/fit/machine_fit.py), else the file's rule behind its machine-free profiles
+    (decode/policies/files/guard.py)."""
     node_rule = metadata.rules[index]
     if machine is None or not metadata.fit_sets:
         fallback, runs = node_rule.on_machine(machine)

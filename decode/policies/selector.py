@@ -1,7 +1,7 @@
 """The neural selector at decode time: an exported ``.onnx`` selector picks the delayed tree at every root.
 
-The file's metadata (:mod:`decode.policies.selector_file`) is checked against the pair and the feature schema before any
-decoding: a selector trained for another pair, verifier, feature order or hidden size is refused with a clear
+The file's metadata (:mod:`decode.policies.files.selector_file`) is checked against the pair and the feature schema
+before any decoding: a selector trained for another pair, verifier, feature order or hidden size is refused with a clear
 error. Each step the decoder computes the root features (decode.policies.features, the same code data_gen ran) and the
 policy runs the network once through onnxruntime. The decision value of an action is its score (``policy``
 selectors) or its predicted Ê[τ+1] over the latency model's step time T̂ (``be`` selectors).
@@ -31,9 +31,9 @@ from decode.cost.table import LatencyTable, draft_passes
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.base import Policy, PolicySource, RootState, StaticPolicy, StepOutcome
-from decode.policies.guard import machine_note
+from decode.policies.files.guard import machine_note
+from decode.policies.files.selector_file import INPUT_NAMES, SelectorFileError, SelectorMetadata
 from decode.policies.onnx_session import policy_session
-from decode.policies.selector_file import INPUT_NAMES, SelectorFileError, SelectorMetadata
 
 SelectorError = SelectorFileError  # the name callers catch
 OVERHEAD_WINDOW = 64  # steps in the running median of the unmodelled step time
@@ -64,12 +64,13 @@ class SelectorSource(PolicySource):
         target_hidden, draft_hidden: the pair's hidden sizes.
         pair_fingerprint: the pair's fingerprint; None skips that check.
         use_cuda: run on onnxruntime's CUDA provider when it is available.
-        machine: the running machine's latency table, which picks each guard's fallback (decode/policies/guard.py).
+        machine: the running machine's latency table, which picks each guard's fallback
+            (decode/policies/files/guard.py).
 
     Attributes:
         actions: the selector's action list (its output order).
         provider: the onnxruntime execution provider actually in use.
-        guards: the guard of each sampling configuration (decode/policies/sampling_table.py).
+        guards: the guard of each sampling configuration (decode/policies/files/sampling_table.py).
     """
 
     name = "selector"
@@ -121,7 +122,7 @@ class SelectorSource(PolicySource):
     @classmethod
     def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None) -> SelectorSource:
         """The selector checked against a loaded pair (hidden sizes, fingerprint), on its device; ``machine``: the
-        running machine's latency table, which picks the guard's fallback (decode/policies/guard.py)."""
+        running machine's latency table, which picks the guard's fallback (decode/policies/files/guard.py)."""
         return cls(path, verifier=verifier, target_hidden=int(pair.target.config.hidden_size),
                    draft_hidden=int(pair.draft.config.hidden_size), pair_fingerprint=pair.fingerprint(),
                    use_cuda=pair.target.device.type == "cuda", machine=machine)

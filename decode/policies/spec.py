@@ -15,7 +15,7 @@ flags amount to:
 
 The canonical text leaves default options out, so the spellings older bench files hold (``adaptive``, ``entropy``,
 ``2,2,4``, ``selector=FILE``) are still the canonical ones. Files are not opened here: the builder
-(decode/policies/deployment.py, :func:`~decode.policies.deployment.build_policy`) opens and checks them.
+(decode/policies/build.py, :func:`~decode.policies.build.build_policy`) opens and checks them.
 """
 
 from __future__ import annotations

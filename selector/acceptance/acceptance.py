@@ -75,7 +75,7 @@ def basis_statistics(scalars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 class AcceptanceGraph(nn.Module):
     """The exported graph: ``node`` ``[batch, H + 3]`` (hidden state, entropy, top probability, depth: the order of an
-    expander's node vector, decode/policies/expander_file.py) to ``beta`` ``[batch, C]``, β̂ at each of the C
+    expander's node vector, decode/policies/files/expander_file.py) to ``beta`` ``[batch, C]``, β̂ at each of the C
     temperatures in ``temperatures`` (the column an expander's rule reads)."""
 
     def __init__(self, net: AcceptanceNet, hidden_size: int, temperatures: list[float]) -> None:

@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 
 from decode.drafting.sampling import SamplingConfig
-from decode.policies.sampling_table import SamplingTable
+from decode.policies.files.sampling_table import SamplingTable
 
 PREFIX = "ddte.acceptance."
 INPUTS = ["draft_hidden", "entropy", "top1", "depth"]

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from decode.policies.fit.rule_fit import folds_by_prompt
 from decode.policies.halting import survival_gain
-from decode.policies.rule_fit import folds_by_prompt
 from decode.policies.signals import TrunkArrays
 from selector.acceptance.acceptance import soft_cross_entropy
 

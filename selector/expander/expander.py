@@ -9,8 +9,8 @@ what that procedure delivers on new ones.
 
 The acceptance head is the ridge regression of selector/expander/expansion_fit.py (standardised features, closed form:
 a gradient loop would only approximate it). Its graph is one affine map ``[batch, F] → [batch, C]``, with the
-standardisation folded into the weights, written with ``onnx.helper``; decode/policies/expander_file.py owns the file's
-names and metadata.
+standardisation folded into the weights, written with ``onnx.helper``; decode/policies/files/expander_file.py owns
+the file's names and metadata.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from decode.policies.expander_file import (
+from decode.policies.files.expander_file import (
     INPUT_NAME,
     OUTPUT_NAME,
     ExpanderMetadata,
@@ -28,9 +28,9 @@ from decode.policies.expander_file import (
     NodeRule,
     node_feature_width,
 )
+from decode.policies.fit.machine_fit import FitSet
+from decode.policies.fit.rule_fit import terminals
 from decode.policies.halting import marginal_gain
-from decode.policies.machine_fit import FitSet
-from decode.policies.rule_fit import terminals
 from selector.acceptance.acceptance_file import AcceptanceMetadata
 from selector.expander.expansion import evaluate_expansion, load_episodes
 from selector.expander.expansion_fit import (
@@ -195,7 +195,7 @@ def _node_rule(data: EpisodeData, metadata: dict, config: int, column: int, fold
                signals, model: AcceptanceFile | None) -> tuple[NodeRule, dict, FitSet]:
     """One sampling configuration's rule: the signal whose cross-fitted rule wins by ``min_gain`` (else static),
     refitted on every episode; the cross-fitted figures that chose it; and the episodes with every signal it may
-    halt on, for a decoder to refit it on its own machine (decode/policies/machine_fit.py)."""
+    halt on, for a decoder to refit it on its own machine (decode/policies/fit/machine_fit.py)."""
     sampling = metadata["sampling"][config]
     temperature = float(sampling["temperature"])
     l_max, k_max = int(metadata["l_max"]), int(metadata["k_max"])

@@ -18,7 +18,7 @@ import numpy as np
 from decode.cost.throughput import per_root_best, stream_terms
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
-from decode.policies.machine_fit import cross_fitted_ratios
+from decode.policies.fit.machine_fit import cross_fitted_ratios
 from selector.expander.expansion_fit import (
     EpisodeData,
     _Index,
@@ -141,7 +141,7 @@ def signal_ratios(data: EpisodeData, signals: dict[str, np.ndarray], l_max: int,
                   folds: int = 5) -> dict[str, float]:
     """Cross-fitted ratio to the best static action of the best threshold rule on each node signal ``(N, s, D)``
     (higher: the draft is surer), fitted and scored as in :func:`evaluate_expansion` and as a decoder's refit does
-    (decode/policies/machine_fit.py ``cross_fitted_ratios``): a signal computed elsewhere (bench/node_signals.py
+    (decode/policies/fit/machine_fit.py ``cross_fitted_ratios``): a signal computed elsewhere (bench/node_signals.py
     recomputes laws from the stored hidden states) is compared on the same footing."""
     return cross_fitted_ratios(data, signals, l_max, k_max, folds)
 
@@ -248,8 +248,8 @@ def checked_root_selector(path, metadata: dict, verifier: str):
     """``(onnxruntime session, SelectorMetadata)`` of an exported selector, checked as the decoder checks it
     (decode/policies/selector.py): against the data set's ``metadata`` (its pair fingerprint and hidden sizes) and
     ``verifier``, which must be one the data set has labels for. ValueError (in one line) otherwise."""
+    from decode.policies.files.selector_file import SelectorMetadata
     from decode.policies.onnx_session import policy_session
-    from decode.policies.selector_file import SelectorMetadata
 
     if verifier not in metadata.get("verifiers", []):
         raise ValueError(f"--selector {verifier}={path}: this data set has labels for "

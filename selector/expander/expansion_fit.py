@@ -25,11 +25,9 @@ import numpy as np
 
 from decode.cost.throughput import best_static, block_efficiency
 from decode.drafting.actions import Action
-from decode.policies.guard import RuleProfile, StaticProfile, length_quantiles
-from decode.policies.halting import HaltingRule as Rule  # the rule the decoder runs
-from decode.policies.halting import halting_depth
-from decode.policies.rule_fit import ActionIndex as _Index
-from decode.policies.rule_fit import (  # noqa: F401  (the fit's names, re-exported for selector/)
+from decode.policies.files.guard import RuleProfile, StaticProfile, length_quantiles
+from decode.policies.fit.rule_fit import ActionIndex as _Index
+from decode.policies.fit.rule_fit import (  # noqa: F401  (the fit's names, re-exported for selector/)
     best_rule,
     candidate_rules,
     episode_sums,
@@ -37,6 +35,8 @@ from decode.policies.rule_fit import (  # noqa: F401  (the fit's names, re-expor
     looks_at_halting_node,
     rule_terms,
 )
+from decode.policies.halting import HaltingRule as Rule  # the rule the decoder runs
+from decode.policies.halting import halting_depth
 from decode.policies.signals import SIGNALS, TrunkArrays, signal_names
 
 
@@ -53,7 +53,7 @@ class EpisodeData:
             a rule pays for looking at a node it then stops at (:func:`rule_step_ms`).
         actions: the action list (column order of ``be`` and ``step``).
         lengths: ``(N,)`` the roots' context lengths (what a machine-free profile of the fit keeps:
-            decode/policies/guard.py).
+            decode/policies/files/guard.py).
         draw_q, draw_rank, draw_top: ``(N, s, D)`` the trunk's draws (decode/policies/signals.py ``TrunkArrays``);
             None for collections made before they were stored.
         per_step: the roots sample a reference loop's steps (``roots: steps``), else trajectory positions: how
@@ -95,8 +95,8 @@ class EpisodeData:
 
 
 def static_profile(data: EpisodeData) -> StaticProfile:
-    """The machine-free profile of every static action on ``data`` (decode/policies/guard.py): Ê averaged over each
-    root's trees, then over the roots as they stand for a stream (tokens per step)."""
+    """The machine-free profile of every static action on ``data`` (decode/policies/files/guard.py): Ê averaged over
+    each root's trees, then over the roots as they stand for a stream (tokens per step)."""
     return StaticProfile.from_labels([a.key for a in data.actions], np.nanmean(data.be, axis=1), data.lengths,
                                      data.per_step)
 
@@ -105,7 +105,7 @@ def rule_profile(data: EpisodeData, signal: np.ndarray, rule: Rule, min_gain: fl
     """The machine-free profile of ``rule`` halting on ``signal`` ``(N, s, D)`` over ``data`` (in-sample): its mean
     Ê, the share of episodes drafting each tree, the share paying one draft pass more (:func:`rule_step_ms`), and
     per tree the stream weight Σ 1/Ê of the roots that drafted it (``inverse_be``), which keeps what the rule is
-    for: small trees where Ê is low, large ones where it is high (decode/policies/guard.py ``RuleProfile``)."""
+    for: small trees where Ê is low, large ones where it is high (decode/policies/files/guard.py ``RuleProfile``)."""
     index = _Index(data.actions)
     depth = halting_depth(signal, rule.theta, rule.floor, rule.cap)  # (N, s)
     columns = index.terminal_columns(rule)[depth]

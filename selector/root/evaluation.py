@@ -69,14 +69,14 @@ def deployed_scores(model, arrays) -> Any:
 def fit_guard(logger, model, dm) -> dict[str, float]:
     """The never-lose guard (selector/root/guard.py): per sampling configuration, the fallback (best static action of
     the training split), the training split's static profile (so the running machine's latency table can re-pick the
-    fallback: decode/policies/guard.py) and the margin fitted on the validation split, stored in
+    fallback: decode/policies/files/guard.py) and the margin fitted on the validation split, stored in
     ``model.info.fallbacks``. Logs each margin's validation curve and returns the test metrics of the guarded rule."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     from decode.policies.features import SCALAR_NAMES
-    from decode.policies.guard import StaticProfile
-    from decode.policies.selector_file import Fallback
+    from decode.policies.files.guard import StaticProfile
+    from decode.policies.files.selector_file import Fallback
     from selector.root.guard import MarginFit, decision_values, fit_margin, guarded_choice, margin_figure
     from selector.root.metrics import offline_metrics
 

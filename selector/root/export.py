@@ -1,8 +1,8 @@
 """Export a trained selector to one ONNX file with metadata and a parity check against onnxruntime.
 
-The file's inputs, output and metadata are the contract of :mod:`decode.policies.selector_file` (its
-:class:`~decode.policies.selector_file.SelectorMetadata` is filled here and read back by the decoder). Actions that
-never had a label for the verifier score ``invalid_score``.
+The file's inputs, output and metadata are the contract of :mod:`decode.policies.files.selector_file` (its
+:class:`~decode.policies.files.selector_file.SelectorMetadata` is filled here and read back by the decoder). Actions
+that never had a label for the verifier score ``invalid_score``.
 
 The file is written to a temporary name beside the output and renamed only after the parity check passed
 (max |torch − onnxruntime| ≤ 1e-5 on random and real rows), so a .onnx on disk is always whole and checked.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ddte_core.paths import staged_file
-from decode.policies.selector_file import INPUT_NAMES, OUTPUT_NAME, SelectorMetadata
+from decode.policies.files.selector_file import INPUT_NAMES, OUTPUT_NAME, SelectorMetadata
 
 TOLERANCE = 1e-5
 

@@ -4,7 +4,7 @@
 :class:`SelectorInfo` adds how the network was trained and its never-lose guard. The model carries one in its
 checkpoint (a plain JSON-ready dict under ``checkpoint["ddte"]``: :meth:`SelectorInfo.to_dict` and
 :meth:`SelectorInfo.from_dict`, the keys written before these types), the training run reports from it, and the
-exporter turns it into the file's :class:`~decode.policies.selector_file.SelectorMetadata`
+exporter turns it into the file's :class:`~decode.policies.files.selector_file.SelectorMetadata`
 (:meth:`SelectorInfo.metadata`).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.features import SCALAR_NAMES
-from decode.policies.selector_file import OBJECTIVES, Fallback, SelectorMetadata
+from decode.policies.files.selector_file import OBJECTIVES, Fallback, SelectorMetadata
 
 
 def sampling_configs(values: list[dict[str, Any]]) -> list[SamplingConfig]:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from decode.policies.features import HIDDEN_NAMES, SCALAR_NAMES
-from decode.policies.selector_file import OBJECTIVES
+from decode.policies.files.selector_file import OBJECTIVES
 from selector.root.info import SelectorInfo
 
 # Score given to actions that never had a label for this verifier: finite (ONNX parity compares it exactly, and

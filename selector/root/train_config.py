@@ -27,7 +27,7 @@ from pathlib import Path
 from ddte_core.paths import folder_is_writable, refuse_file_in_the_way
 from ddte_core.tracking import resolve_tracking_uri
 from ddte_core.yamlconfig import load_yaml_config
-from decode.policies.selector_file import OBJECTIVES
+from decode.policies.files.selector_file import OBJECTIVES
 
 DEFAULT_CONFIG = "configs/train/default.yaml"
 

@@ -59,7 +59,7 @@ def served(pair_yaml: Path, method: str = "traversal@1,3,0", max_queue: int = 64
     from ddte.serve.app import Served
     from decode.engine import SpeculativeDecoder
     from decode.pair import load_pair_config
-    from decode.policies.deployment import build_policy
+    from decode.policies.build import build_policy
     from decode.verifiers import get_verifier
 
     pair = load_pair_config(pair_yaml)

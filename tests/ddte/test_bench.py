@@ -170,20 +170,20 @@ def test_prompts_come_from_any_source_collect_reads(tmp_path):
 
 def test_a_policy_file_is_read_once_for_all_its_verifiers(pair_dirs, tmp_path, monkeypatch):
     """--policy-file names two verifiers: the file is read once, to list them and to build both policies."""
-    import decode.policies.deployment
-    from decode.policies.deployment import Choice, Deployment
+    import decode.policies.files.deployment
+    from decode.policies.files.deployment import Choice, Deployment
 
     root, prompts = pair_dirs
     policy = Deployment([Choice("traversal", 1.0, 1.0, "static", "2,1,2"), Choice("specinfer", 1.0, 1.0, "static",
                                                                                     "1,3,0")], "traversal")
     path = policy.write(tmp_path / "policy.json")
-    reads, load = [], decode.policies.deployment.load_deployment
+    reads, load = [], decode.policies.files.deployment.load_deployment
 
     def counted(file):
         reads.append(file)
         return load(file)
 
-    monkeypatch.setattr(decode.policies.deployment, "load_deployment", counted)
+    monkeypatch.setattr(decode.policies.files.deployment, "load_deployment", counted)
     out = tmp_path / "bench.json"
     assert main(["bench", "--target", str(root / "target"), "--draft", str(root / "draft"), "--tokenizer",
                  str(DEFAULT_TOKENIZER), "--prompts", str(prompts), "--field", "text", "--num-prompts", "1",
@@ -206,7 +206,7 @@ def test_bench_says_when_it_cuts_a_prompt_and_names_its_prompt_file(pair_dirs, t
 
 
 def test_bench_says_when_a_policy_file_stands_in_at_another_temperature(pair_dirs, tmp_path, capsys):
-    from decode.policies.deployment import Choice, Deployment
+    from decode.policies.files.deployment import Choice, Deployment
 
     root, prompts = pair_dirs
     path = Deployment([Choice("traversal", 0.7, 1.0, "static", "2,1,2")], "traversal").write(tmp_path / "policy.json")

@@ -118,7 +118,7 @@ def test_pair_config(pair_dirs, tmp_path):
 
 
 def test_a_policy_file_at_another_temperature_says_so_once(pair_dirs, tmp_path, capsys):
-    from decode.policies.deployment import Choice, Deployment
+    from decode.policies.files.deployment import Choice, Deployment
 
     root, _ = pair_dirs
     path = Deployment([Choice("traversal", 0.7, 1.0, "static", "2,1,2"), Choice("traversal", 1.0, 1.0, "static",

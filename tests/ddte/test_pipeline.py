@@ -100,8 +100,8 @@ def _bench_row(method: str, temperature: float, seconds: float, prompts: int = 4
 
 
 def _selector_metadata(fallback: str, margin: float | None):
-    from decode.policies.sampling_table import SamplingTable
-    from decode.policies.selector_file import Fallback
+    from decode.policies.files.sampling_table import SamplingTable
+    from decode.policies.files.selector_file import Fallback
 
     return SimpleNamespace(guard_table=lambda: SamplingTable.of([Fallback(1.0, 1.0, fallback, margin)]))
 

@@ -651,7 +651,7 @@ def test_flags_and_policy_files_that_would_be_dropped_or_fail_late_are_one_line(
     """Issue #54: a flag its policy would not read, a second spelling of one setting, a plot format that is not
     written, a value starting with '-', and a policy.json field the matching flag would refuse (the field to change
     given as ``FIELD=JSON``): exit 2, one line naming it, nothing written, before any model loads."""
-    from decode.policies.deployment import FORMAT
+    from decode.policies.files.deployment import FORMAT
 
     out = tmp_path / "never"
     changes = [a for a in argv if "=" in a and not a.startswith("-") and "@" not in a]

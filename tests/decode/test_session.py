@@ -12,7 +12,7 @@ from decode.cost.table import LatencyTable
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig
 from decode.pair import LoadedPair
-from decode.policies.deployment import Choice, Deployment
+from decode.policies.files.deployment import Choice, Deployment
 from decode.session import Hooks, LatencyRequest, MethodRequest, PairRequest, open_pair, open_session, open_sessions
 from tests.factories import SHIPPED_TOKENIZER, save_tiny_pair
 
@@ -49,7 +49,7 @@ def steps(monkeypatch) -> list[str]:
     with the kernel path the draft ran when a latency table was read or measured."""
     import decode.cost.measure as latency
     import decode.engine
-    import decode.policies.deployment as deployment
+    import decode.policies.build as deployment
 
     seen: list[str] = []
 

@@ -23,7 +23,7 @@ from decode.models.draft_vocab import DraftVocab, attach_draft_vocab, support_id
 from decode.models.fast_llama import cached_lm
 from decode.policies.base import StaticPolicy
 from decode.policies.expander import HaltingPolicy
-from decode.policies.expander_file import HaltingRule, NodeRule
+from decode.policies.files.expander_file import HaltingRule, NodeRule
 from decode.verifiers import get_verifier, verifier_names
 from tests.decode.exact.test_expander_loop import (
     LATENCY,

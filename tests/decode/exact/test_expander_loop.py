@@ -28,7 +28,7 @@ from decode.engine import SpeculativeDecoder
 from decode.models.cached_lm import CachedLM
 from decode.models.fast_llama import cached_lm
 from decode.policies.expander import HaltingPolicy
-from decode.policies.expander_file import HaltingRule, NodeRule
+from decode.policies.files.expander_file import HaltingRule, NodeRule
 from decode.verifiers import get_verifier, verifier_names
 from tests.decode.exact.harness import enumerate_runs, outcome_law, recomputed_law
 from tests.factories import tiny_llama

@@ -11,7 +11,7 @@ from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.base import RootState, StepOutcome
 from decode.policies.budget import PRIOR_SURVIVAL, SharedBudgetPolicy, batch_actions, shared_lengths
-from decode.policies.deployment import build_policy, needs_latency
+from decode.policies.build import build_policy, needs_latency
 from decode.policies.spec import PolicySpec, parse_policy_spec, parse_verifier_spec
 
 SIZES = list(range(1, 30))

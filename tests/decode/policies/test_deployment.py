@@ -10,7 +10,8 @@ import pytest
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.base import StaticPolicy
-from decode.policies.deployment import Choice, Deployment, load_deployment
+from decode.policies.build import deployed_source
+from decode.policies.files.deployment import Choice, Deployment, load_deployment
 
 PAIR = SimpleNamespace(fingerprint=lambda: "f" * 64)
 
@@ -23,7 +24,7 @@ def deployment(tmp_path) -> Deployment:
 
 
 def test_one_policy_serves_every_temperature_with_the_nearest_choice(deployment):
-    policy = deployment.policy_for("specinfer", PAIR)
+    policy = deployed_source(deployment, "specinfer", PAIR)
     cool, warm = policy.start(SamplingConfig(0.5)), policy.start(SamplingConfig(0.9))
     assert type(cool) is StaticPolicy and cool.action == Action(1, 3, 0)
     assert type(warm) is StaticPolicy and warm.action == Action(2, 1, 2)
@@ -32,13 +33,13 @@ def test_one_policy_serves_every_temperature_with_the_nearest_choice(deployment)
 
 def test_a_verifier_without_a_choice_and_another_pair_are_refused(deployment):
     with pytest.raises(ValueError, match="no choice for verifier 'nss'"):
-        deployment.policy_for("nss", PAIR)
+        deployed_source(deployment, "nss", PAIR)
     with pytest.raises(ValueError, match="measured on another pair"):
-        deployment.policy_for("specinfer", SimpleNamespace(fingerprint=lambda: "0" * 64))
+        deployed_source(deployment, "specinfer", SimpleNamespace(fingerprint=lambda: "0" * 64))
 
 
 def test_the_policy_says_once_when_the_nearest_measured_choice_stands_in(deployment):
-    policy = deployment.policy_for("specinfer", PAIR)
+    policy = deployed_source(deployment, "specinfer", PAIR)
     assert policy.sampling_note(SamplingConfig(0.6)) is None  # measured there
     note = policy.sampling_note(SamplingConfig(0.3, 0.9))
     assert note == ("note: the policy file has choices for T=0.6 top-p=1, T=1 top-p=1; T=0.3 top-p=0.9 uses the "
@@ -59,7 +60,7 @@ def test_a_choice_of_an_unknown_policy_is_refused_on_reading(tmp_path):
     ("static", "choice 1 is not an object"),
 ])
 def test_a_malformed_choice_is_named_in_user_terms(tmp_path, choice, message):
-    from decode.policies.deployment import FORMAT, load_deployment
+    from decode.policies.files.deployment import FORMAT, load_deployment
 
     path = tmp_path / "policy.json"
     path.write_text(json.dumps({"format": FORMAT, "verifier": "traversal", "choices": [choice]}))
@@ -68,7 +69,7 @@ def test_a_malformed_choice_is_named_in_user_terms(tmp_path, choice, message):
 
 
 def test_a_file_without_choices_says_so(tmp_path):
-    from decode.policies.deployment import Deployment
+    from decode.policies.files.deployment import Deployment
 
     with pytest.raises(ValueError, match="it holds no choices"):
         Deployment([], "traversal").choices_of("traversal")
@@ -101,7 +102,7 @@ GOOD_CHOICE = {"verifier": "traversal", "temperature": 1.0, "top_p": 1.0, "polic
     ({"profile": "fast"}, "profile is not a static profile (not an object)"),
 ])
 def test_every_field_of_a_policy_file_is_checked_at_load(tmp_path, change, message):
-    from decode.policies.deployment import FORMAT
+    from decode.policies.files.deployment import FORMAT
 
     path = tmp_path / "policy.json"
     path.write_text(json.dumps({"format": FORMAT, "verifier": "traversal", "choices": [GOOD_CHOICE | change]}))
@@ -117,7 +118,7 @@ def test_every_field_of_a_policy_file_is_checked_at_load(tmp_path, change, messa
     ({"choices": [GOOD_CHOICE, GOOD_CHOICE | {"action": "1,2,0"}]}, "two choices for one verifier"),
 ])
 def test_a_policy_file_whose_top_level_is_malformed_is_refused(tmp_path, change, message):
-    from decode.policies.deployment import FORMAT
+    from decode.policies.files.deployment import FORMAT
 
     path = tmp_path / "policy.json"
     path.write_text(json.dumps({"format": FORMAT, "verifier": "traversal", "choices": [GOOD_CHOICE]} | change))
@@ -133,9 +134,9 @@ def test_the_shipped_policy_files_pass_the_validator():
 
 
 def test_the_builder_reads_a_policy_file_once_and_builds_every_spec(deployment, monkeypatch):
-    import decode.policies.deployment as module
+    import decode.policies.files.deployment as module
     from decode.policies.base import AdaptiveLengthPolicy, EntropyStopPolicy
-    from decode.policies.deployment import LoadedPolicy, build_policy, load_policy_spec, needs_latency
+    from decode.policies.build import LoadedPolicy, build_policy, load_policy_spec, needs_latency
     from decode.policies.spec import PolicySpec, parse_policy_spec
 
     monkeypatch.setattr(module, "load_deployment", lambda path: pytest.fail("read again"))
@@ -152,7 +153,7 @@ def test_the_builder_reads_a_policy_file_once_and_builds_every_spec(deployment, 
 
 
 def test_the_builder_checks_the_verifier_and_the_pair_before_building(deployment):
-    from decode.policies.deployment import build_policy, load_policy_spec
+    from decode.policies.build import build_policy, load_policy_spec
     from decode.policies.spec import PolicySpec
 
     with pytest.raises(ValueError, match="not lossless"):

@@ -1,5 +1,5 @@
-"""The expander's file contract (decode/policies/expander_file.py): the runtime halting rule is the offline one, the
-metadata round-trips, and a file for another verifier, draft, pair or schema is refused."""
+"""The expander's file contract (decode/policies/files/expander_file.py): the runtime halting rule is the offline one,
+the metadata round-trips, and a file for another verifier, draft, pair or schema is refused."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from decode.drafting.sampling import SamplingConfig
-from decode.policies.expander_file import ExpanderFileError, ExpanderMetadata, HaltingRule, NodeRule
+from decode.policies.files.expander_file import ExpanderFileError, ExpanderMetadata, HaltingRule, NodeRule
 
 
 def metadata(**extra) -> ExpanderMetadata:

@@ -1,5 +1,6 @@
-"""The never-lose guard on the running machine (decode/policies/guard.py): a policy fitted under one latency table and
-run under another keeps the better static tree of the machine it runs on, for selectors, expanders and policy files."""
+"""The never-lose guard on the running machine (decode/policies/files/guard.py): a policy fitted under one latency table
+and run under another keeps the better static tree of the machine it runs on, for selectors, expanders and policy
+files."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
-from decode.policies.expander_file import HaltingRule, NodeRule
-from decode.policies.guard import RuleProfile, StaticProfile, length_quantiles
+from decode.policies.files.expander_file import HaltingRule, NodeRule
+from decode.policies.files.guard import RuleProfile, StaticProfile, length_quantiles
 
 LENGTHS, SIZES = [64, 512], [1, 2, 4, 8, 16]
 # Where trees are nearly free (a target pass over 8 tokens costs 1.15x one) and where each token costs a pass.
@@ -67,7 +68,8 @@ def test_a_selector_fitted_on_a_flat_machine_falls_back_to_this_machines_best(se
 
 
 def test_a_policy_file_re_picks_its_static_tree_on_this_machine(tmp_path):
-    from decode.policies.deployment import Choice, Deployment, load_deployment
+    from decode.policies.build import deployed_source
+    from decode.policies.files.deployment import Choice, Deployment, load_deployment
 
     class Pair:
         def fingerprint(self):
@@ -76,10 +78,11 @@ def test_a_policy_file_re_picks_its_static_tree_on_this_machine(tmp_path):
     choice = Choice("specinfer", 1.0, 1.0, "static", "2,1,2", profile=PROFILE.as_dict())
     path = Deployment([choice], "specinfer", "abc").write(tmp_path / "policy.json")
     deployment = load_deployment(path)
-    assert deployment.policy_for("specinfer", Pair(), STEEP).chosen(SamplingConfig(1.0)).action == Action(1, 1, 0)
-    assert deployment.policy_for("specinfer", Pair()).chosen(SamplingConfig(1.0)).action == Action(2, 1, 2)
+    assert deployed_source(deployment, "specinfer", Pair(), STEEP).chosen(SamplingConfig(1.0)).action == Action(1, 1, 0)
+    assert deployed_source(deployment, "specinfer", Pair()).chosen(SamplingConfig(1.0)).action == Action(2, 1, 2)
     benched_here = Deployment([choice], "specinfer", "abc", {"machine": STEEP.machine})  # a measurement stays
-    assert benched_here.policy_for("specinfer", Pair(), STEEP).chosen(SamplingConfig(1.0)).action == Action(2, 1, 2)
+    assert deployed_source(benched_here, "specinfer", Pair(), STEEP).chosen(SamplingConfig(1.0)).action == \
+        Action(2, 1, 2)
 
 
 def test_a_latency_table_of_another_pair_is_refused():

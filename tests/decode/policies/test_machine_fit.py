@@ -1,5 +1,5 @@
-"""An expander's rule refitted on the running machine (decode/policies/machine_fit.py) and the rule search both the
-export and the refit run (decode/policies/rule_fit.py)."""
+"""An expander's rule refitted on the running machine (decode/policies/fit/machine_fit.py) and the rule search both the
+export and the refit run (decode/policies/fit/rule_fit.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from decode.cost.table import LatencyTable
 from decode.cost.throughput import best_static
 from decode.drafting.actions import Action, action_grid
+from decode.policies.fit.machine_fit import FitSet, refit
+from decode.policies.fit.rule_fit import ActionIndex, best_rule, candidate_rules, rule_terms
 from decode.policies.halting import halting_depth
-from decode.policies.machine_fit import FitSet, refit
-from decode.policies.rule_fit import ActionIndex, best_rule, candidate_rules, rule_terms
 
 L_MAX, K_MAX, TREES = 3, 2, 2
 LENGTHS, SIZES = [64, 512], [1, 2, 4, 8, 16]

@@ -1,4 +1,4 @@
-"""The one sampling-keyed table (decode/policies/sampling_table.py) that every file measured at some sampling
+"""The one sampling-keyed table (decode/policies/files/sampling_table.py) that every file measured at some sampling
 settings uses to serve the others: nearest temperature first, then nearest top-p; the note; the static fallback
 re-picked on the running machine."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
-from decode.policies.sampling_table import SamplingTable, static_on_machine
+from decode.policies.files.sampling_table import SamplingTable, static_on_machine
 
 
 def test_the_nearest_setting_is_the_nearest_temperature_then_top_p():

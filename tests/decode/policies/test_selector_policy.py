@@ -13,8 +13,8 @@ from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig
 from decode.engine import SpeculativeDecoder
 from decode.models.cached_lm import CachedLM
+from decode.policies.files.selector_file import INPUT_NAMES
 from decode.policies.selector import Guard, SelectorError, SelectorPolicy
-from decode.policies.selector_file import INPUT_NAMES
 from decode.verifiers import get_verifier
 from tests.decode.selectors import HIDDEN, selector_policy, with_guard, with_metadata
 from tests.decode.test_lossless import P_VALUE, PROMPT, SAMPLES, chi2_p_value, exact_first_two

@@ -16,8 +16,8 @@ from decode.drafting.delayed import TrunkNode, draft_delayed_tree
 from decode.drafting.sampling import SamplingConfig, distributions
 from decode.models.cached_lm import CachedLM
 from decode.policies.expander import HaltingPolicy
-from decode.policies.expander_file import SIGNALS as FILE_SIGNALS
-from decode.policies.expander_file import HaltingRule, NodeRule
+from decode.policies.files.expander_file import SIGNALS as FILE_SIGNALS
+from decode.policies.files.expander_file import HaltingRule, NodeRule
 from decode.policies.signals import SIGNALS, TrunkArrays, signal_names
 from tests.data_gen.test_dense import _law, _path  # a recompute's law; a node's path
 from tests.factories import tiny_llama

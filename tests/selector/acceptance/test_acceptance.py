@@ -106,7 +106,7 @@ def test_an_expander_on_the_model_embeds_it_and_decodes_reading_draft_states_onl
     from decode.engine import Request, SpeculativeDecoder
     from decode.pair import load_pair_config
     from decode.policies.expander import ExpanderSource
-    from decode.policies.expander_file import read_expander_metadata
+    from decode.policies.files.expander_file import read_expander_metadata
     from decode.verifiers import get_verifier
     from selector.expander.expander import fit_expander, write_expander
 

@@ -30,7 +30,7 @@ def learned_file(tiny_collected, tmp_path_factory):
 def test_the_graph_is_the_fitted_head_and_the_metadata_says_what_chose_it(learned_file, tiny_collected):
     import onnxruntime as ort
 
-    from decode.policies.expander_file import read_expander_metadata
+    from decode.policies.files.expander_file import read_expander_metadata
     from selector.expander.expansion import load_episodes
     from selector.expander.expansion_fit import fit_beta_head, predict_beta
 
@@ -91,7 +91,7 @@ def test_generate_takes_an_expander_and_refuses_one_for_another_verifier(learned
 
 def test_the_command_writes_a_static_guard_where_no_rule_wins_and_logs_to_mlflow(tiny_collected, tmp_path, capsys):
     from ddte.cli import main
-    from decode.policies.expander_file import read_expander_metadata
+    from decode.policies.files.expander_file import read_expander_metadata
 
     out = tmp_path / "e.onnx"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -109,8 +109,9 @@ def test_a_policy_file_can_deploy_an_expander(learned_file, tiny_pair, tmp_path)
 
     from decode.drafting.sampling import SamplingConfig
     from decode.pair import load_pair_config
-    from decode.policies.deployment import Choice, Deployment, load_deployment
+    from decode.policies.build import deployed_source
     from decode.policies.expander import HaltingPolicy
+    from decode.policies.files.deployment import Choice, Deployment, load_deployment
 
     _, path = learned_file
     (tmp_path / "expanders").mkdir()
@@ -119,19 +120,19 @@ def test_a_policy_file_can_deploy_an_expander(learned_file, tiny_pair, tmp_path)
                Choice("traversal", 1.0, 1.0, "static", "1,2,0")]
     Deployment(choices, "traversal").write(tmp_path / "policy.json")
     pair = load_pair_config(tiny_pair / "pair.yaml")
-    policy = load_deployment(tmp_path / "policy.json").policy_for("traversal", pair)
+    policy = deployed_source(load_deployment(tmp_path / "policy.json"), "traversal", pair)
     assert isinstance(policy.start(SamplingConfig(0.7)), HaltingPolicy)
     assert policy.start(SamplingConfig(1.0)).describe(SamplingConfig(1.0)) == "static (1,2,0)"
     broken = [Choice("traversal", 0.7, 1.0, "expander", "1,0,0")]
     Deployment(broken, "traversal").write(tmp_path / "broken.json")
     with pytest.raises(ValueError, match="without its file"):
-        load_deployment(tmp_path / "broken.json").policy_for("traversal", pair)
+        deployed_source(load_deployment(tmp_path / "broken.json"), "traversal", pair)
 
 
 def test_each_rule_carries_machine_free_profiles_of_its_fitting_roots(learned_file, tiny_collected):
-    """What lets the running machine's table re-pick the fallback (decode/policies/guard.py): the static profile is the
-    mean Ê of every labelled action over the fitting episodes, and the rule profile's tree shares sum to one."""
-    from decode.policies.guard import RuleProfile, StaticProfile
+    """What lets the running machine's table re-pick the fallback (decode/policies/files/guard.py): the static profile
+    is the mean Ê of every labelled action over the fitting episodes, and the rule profile's tree shares sum to one."""
+    from decode.policies.files.guard import RuleProfile, StaticProfile
     from selector.expander.expansion import load_episodes
 
     fitted, _ = learned_file
@@ -154,7 +155,7 @@ def test_the_file_carries_its_episodes_and_each_machine_refits_the_rule_on_them(
     chooses per machine: tests/decode/policies/test_machine_fit.py); without a table it runs the file's rule."""
     from decode.drafting.sampling import SamplingConfig
     from decode.policies.expander import ExpanderSource
-    from decode.policies.machine_fit import FitSet, refit
+    from decode.policies.fit.machine_fit import FitSet, refit
     from tests.decode.policies.test_machine_fit import FLAT, STEEP
 
     fitted, path = learned_file
@@ -178,9 +179,9 @@ def test_the_file_carries_its_episodes_and_each_machine_refits_the_rule_on_them(
 
 def test_every_shipped_expander_carries_the_fit_set_of_each_rule():
     """A shipped file without fit sets would keep its fitting machine's thresholds (the profile guard) on every CPU;
-    with them the decoder refits each rule on its own latency table (decode/policies/machine_fit.py)."""
-    from decode.policies.expander_file import read_expander_metadata
-    from decode.policies.machine_fit import FitSet
+    with them the decoder refits each rule on its own latency table (decode/policies/fit/machine_fit.py)."""
+    from decode.policies.files.expander_file import read_expander_metadata
+    from decode.policies.fit.machine_fit import FitSet
     from tests.factories import REPO
 
     files = sorted((REPO / "models" / "expanders").glob("*.onnx"))

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from decode.drafting.actions import action_grid
+from decode.policies.fit.rule_fit import rule_step_ms, rule_terms
 from decode.policies.halting import halting_depth
-from decode.policies.rule_fit import rule_step_ms, rule_terms
 from selector.expander.expansion import evaluate_expansion
 from selector.expander.expansion_fit import (
     EpisodeData,

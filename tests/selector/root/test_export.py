@@ -11,7 +11,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from decode.policies.selector_file import INPUT_NAMES, SelectorMetadata
+from decode.policies.files.selector_file import INPUT_NAMES, SelectorMetadata
 from selector.root.export import export_selector, load_selector, random_inputs
 
 KEYS = {

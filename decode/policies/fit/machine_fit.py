@@ -10,7 +10,8 @@ one-token ones longer trunks pay, and a threshold fitted elsewhere halts too ear
 prices them with the running machine's table and repeats the export's procedure there: every signal's best rule,
 cross-fitted by prompt against the best static tree, the best signal kept only where its cross-fitted gain clears
 ``min_gain``, then refitted on every episode. The verdict is held-out on this machine's times: the in-sample
-profiles of decode/policies/guard.py could not see a rule's optimism, and let the shipped rules run where they lost.
+profiles of decode/policies/files/guard.py could not see a rule's optimism, and let the shipped rules run where they
+lost.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ import numpy as np
 from decode.cost.table import LatencyTable, draft_passes
 from decode.cost.throughput import ROOT_PLACEMENTS
 from decode.drafting.actions import Action
-from decode.policies.halting import HaltingRule, marginal_gain
-from decode.policies.rule_fit import (
+from decode.policies.fit.rule_fit import (
     ActionIndex,
     best_rule,
     candidate_rules,
@@ -33,6 +33,7 @@ from decode.policies.rule_fit import (
     rule_terms,
     static_throughputs,
 )
+from decode.policies.halting import HaltingRule, marginal_gain
 
 FOLDS = 5
 BETA_SIGNALS = ("acceptance",)  # β̂ signals: the marginal rule is computed from them on each machine's times
@@ -52,7 +53,7 @@ def _decode(blob: dict) -> np.ndarray:
 
 @dataclass(frozen=True)
 class MachineEpisodes:
-    """A fit set's episodes priced on one machine (decode/policies/rule_fit.py ``Episodes``)."""
+    """A fit set's episodes priced on one machine (decode/policies/fit/rule_fit.py ``Episodes``)."""
 
     be: np.ndarray  # (N, s, A)
     step: np.ndarray  # (N, A)

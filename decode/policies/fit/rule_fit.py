@@ -1,7 +1,7 @@
 """Fitting a halting rule on episodes: the grid, the search, and the step time each episode pays.
 
 One owner for the search that the offline fit (selector/expander/expansion_fit.py) and the decoder's refit on the
-running machine (decode/policies/machine_fit.py) both run, so a rule fitted at export and one refitted at load are
+running machine (decode/policies/fit/machine_fit.py) both run, so a rule fitted at export and one refitted at load are
 chosen by the same code. numpy only.
 
 An *episode set* is anything with ``be`` ``(N, s, A)`` (each root's per-tree Ê[τ+1] of every action, NaN where the

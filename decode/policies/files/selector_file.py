@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from decode.policies.features import FEATURE_SCHEMA_VERSION, HIDDEN_NAMES, SCALAR_NAMES
-from decode.policies.guard import StaticProfile
-from decode.policies.policy_file import PolicyFileMetadata, read_props
-from decode.policies.sampling_table import SamplingTable
+from decode.policies.files.guard import StaticProfile
+from decode.policies.files.policy_file import PolicyFileMetadata, read_props
+from decode.policies.files.sampling_table import SamplingTable
 
 INPUT_NAMES = (*HIDDEN_NAMES, "scalars")
 OUTPUT_NAME = "scores"
@@ -45,7 +45,7 @@ class Fallback:
     """The guard of one sampling configuration: the static action and the relative margin needed to leave it.
 
     ``margin`` None: never leave the fallback (the selector did not beat it on validation prompts). ``profile``:
-    what every static tree earned on the training roots (decode/policies/guard.py ``StaticProfile``), so that the
+    what every static tree earned on the training roots (decode/policies/files/guard.py ``StaticProfile``), so that the
     running machine's latency table picks the fallback; None in files written before it (then ``action`` is used).
     """
 
@@ -59,7 +59,7 @@ class Fallback:
 @dataclass
 class SelectorMetadata(PolicyFileMetadata):
     """Everything a decoder needs besides the weights; serialised to ONNX ``metadata_props`` as ``ddte.<field>``
-    (decode/policies/policy_file.py)."""
+    (decode/policies/files/policy_file.py)."""
 
     PREFIX: ClassVar[str] = PREFIX
     ERROR: ClassVar[type[ValueError]] = SelectorFileError

@@ -1,6 +1,6 @@
 """What every exported policy file shares: its metadata in ONNX ``metadata_props``, and the checks against the decoder.
 
-A selector (decode/policies/selector_file.py) and an expander (decode/policies/expander_file.py) each keep a
+A selector (decode/policies/files/selector_file.py) and an expander (decode/policies/files/expander_file.py) each keep a
 dataclass of metadata, written as ``<prefix><field>`` = the value (strings as they are, everything else as JSON).
 :class:`PolicyFileMetadata` is the one owner of that scheme and of the checks both files need before a decoder uses
 them: the feature schema, the verifier and the pair. Each file adds its own fields and checks.

@@ -5,7 +5,7 @@ measured at a few sampling settings (temperature, top-p); a generation at any ot
 nearest (nearest temperature first, then nearest top-p). :class:`SamplingTable` is the one owner of that rule, of the
 list of measured settings, of the line that says a nearest entry stands in (:meth:`SamplingTable.note`), and of the
 static tree an entry falls back on, re-picked under the running machine's latency table where the entry carries its
-static profile (:meth:`SamplingTable.statics`, :func:`static_on_machine`; decode/policies/guard.py).
+static profile (:meth:`SamplingTable.statics`, :func:`static_on_machine`; decode/policies/files/guard.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
-from decode.policies.guard import StaticProfile
+from decode.policies.files.guard import StaticProfile
 
 T = TypeVar("T")
 U = TypeVar("U")

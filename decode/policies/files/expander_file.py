@@ -39,10 +39,10 @@ from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.features import FEATURE_SCHEMA_VERSION, SCALAR_NAMES
-from decode.policies.guard import RuleProfile, StaticProfile
+from decode.policies.files.guard import RuleProfile, StaticProfile
+from decode.policies.files.policy_file import PolicyFileMetadata, read_props
+from decode.policies.files.sampling_table import SamplingTable, static_on_machine
 from decode.policies.halting import HaltingRule
-from decode.policies.policy_file import PolicyFileMetadata, read_props
-from decode.policies.sampling_table import SamplingTable, static_on_machine
 from decode.policies.signals import SIGNALS as NODE_SIGNALS
 
 INPUT_NAME = "node"
@@ -74,7 +74,7 @@ class NodeRule:
         fallback: the best static action of the fitting data (``K,L1,L2``).
         offline: the cross-fitted offline throughput ratios to ``fallback`` that chose the signal, by signal name.
         column: the head's output column fitted at this configuration (``learned`` reads it).
-        profile: what every static tree earned on the fitting roots (decode/policies/guard.py ``StaticProfile``):
+        profile: what every static tree earned on the fitting roots (decode/policies/files/guard.py ``StaticProfile``):
             under the
             running machine's latency table it names that machine's fallback. None in files fitted before it.
         rule_profile: what the rule earned there (``RuleProfile``): the rule runs only where it beats that
@@ -126,7 +126,7 @@ class NodeRule:
 @dataclass
 class ExpanderMetadata(PolicyFileMetadata):
     """Everything a decoder needs besides the head's weights; serialised to ONNX ``metadata_props``
-    (decode/policies/policy_file.py)."""
+    (decode/policies/files/policy_file.py)."""
 
     PREFIX: ClassVar[str] = PREFIX
     ERROR: ClassVar[type[ValueError]] = ExpanderFileError
@@ -146,7 +146,7 @@ class ExpanderMetadata(PolicyFileMetadata):
     # what the graph reads: "node+root" (the ridge head: node features and root scalars) or "node" (an acceptance
     # model: the node's hidden state, entropy, top probability and depth only)
     head_inputs: str = "node+root"
-    # per rule (same order), the episodes it was fitted on without step times (decode/policies/machine_fit.py
+    # per rule (same order), the episodes it was fitted on without step times (decode/policies/fit/machine_fit.py
     # ``FitSet.as_dict``): a decoder with a latency table refits the rule on them; empty in files before them
     fit_sets: list[dict] = field(default_factory=list)
     min_gain: float = 0.01  # the gain over the best static tree a rule needs, cross-fitted, to run
