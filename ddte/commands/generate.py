@@ -37,21 +37,14 @@ from ddte.commands.common import (
     shell_hooks,
     user_errors,
 )
-from decode.policies.base import POLICIES
-from decode.policies.spec import (
-    DEFAULT_ENTROPY_THRESHOLD,
-    DEFAULT_MAX_DRAFT,
-    SPEC_FORMS,
-    PolicySpec,
-    check_entropy_threshold,
-    check_max_draft,
-    parse_policy_spec,
-)
+from decode.policies.kinds import DEFAULT_ENTROPY_THRESHOLD, DEFAULT_MAX_DRAFT, SPEC_FORMS, kind_names
+from decode.policies.spec import PolicySpec, check_entropy_threshold, check_max_draft, parse_policy_spec
 from decode.session import MethodRequest
 from decode.verifiers import VERIFIERS, verifier_names
 
 DEFAULT_ACTION = "2,2,4"
 DEFAULT_VERIFIER = "traversal"
+POLICY_FLAG = kind_names(lambda entry: entry.built_in)  # what --policy names: the policies with nothing to load
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +57,7 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the lossless verifier: {', '.join(verifier_names())} (default: traversal, or the "
                         "--policy-file's)")
     parser.add_argument("--policy", default="static",
-                        help=f"{', '.join(POLICIES.names())}: static drafts --action every step; adaptive is HF's "
+                        help=f"{', '.join(POLICY_FLAG)}: static drafts --action every step; adaptive is HF's "
                         "+2/-1 schedule; entropy stops a single path where the draft is unsure")
     parser.add_argument("--action", default=None, metavar="K,L1,L2",
                         help=f"the static policy's tree shape (default {DEFAULT_ACTION})")
@@ -149,8 +142,8 @@ def policy_spec(args: argparse.Namespace) -> PolicySpec:
     read it."""
     if args.verifier is not None and args.verifier not in VERIFIERS:
         raise UserError(f"--verifier: unknown verifier '{args.verifier}'; known: {', '.join(verifier_names())}")
-    if args.policy not in POLICIES:
-        raise UserError(f"--policy: unknown policy '{args.policy}'; known: {', '.join(POLICIES.names())}")
+    if args.policy.lower() not in POLICY_FLAG:
+        raise UserError(f"--policy: unknown policy '{args.policy}'; known: {', '.join(POLICY_FLAG)}")
     files = [(flag, kind, path) for flag, kind, path in (("--policy-file", "policy", args.policy_file),
                                                           ("--selector", "selector", args.selector),
                                                           ("--expander", "expander", args.expander)) if path]

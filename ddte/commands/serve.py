@@ -88,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_arguments(args: argparse.Namespace):
     """Every flag checked before the pair loads; (the verifier's name, the policy spec to serve, the policy file read
     and checked whole or None)."""
-    from decode.policies.spec import SPEC_FORMS, parse_verifier_spec
+    from decode.policies.kinds import SPEC_FORMS
+    from decode.policies.spec import parse_verifier_spec
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")

@@ -15,9 +15,9 @@ trunk is drafted: the action ``choose`` returns is the widest tree of the step, 
 at any node, from the draft's own state there; decode/drafting/delayed.py) and ``shares_budget`` (a batch decides
 its tree together with the other requests' from what each knew before the step: decode/policies/budget.py). The
 decoder reads the capabilities of what ``start`` returned. The built-in policies (static, adaptive, entropy) hold
-nothing to load: each is its own source, and starts itself (a fresh copy where it keeps state). :data:`POLICIES`
-names them; decode/policies/build.py (``build_policy``) builds any policy source from its spec
-(decode/policies/spec.py).
+nothing to load: each is its own source, and starts itself (a fresh copy where it keeps state). Every kind of policy
+is one entry of decode/policies/kinds.py; decode/policies/build.py (``build_policy``) builds any policy source from
+its spec (decode/policies/spec.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ddte_core.registry import Registry
 from decode.drafting.actions import Action
 
 if TYPE_CHECKING:  # the interface itself is light: listing policy names must not import torch
@@ -196,14 +195,4 @@ class EntropyStopPolicy(Policy, PolicySource):
 
     def __repr__(self) -> str:
         return f"EntropyStopPolicy(max_length={self.action.l1}, threshold={self.threshold:g})"
-
-
-POLICIES = Registry(
-    "policy",
-    {
-        "static": "decode.policies.base:StaticPolicy",
-        "adaptive": "decode.policies.base:AdaptiveLengthPolicy",
-        "entropy": "decode.policies.base:EntropyStopPolicy",
-    },
-)
 

@@ -8,6 +8,10 @@ reads, without a session, the sampling settings a spec's file was measured at. :
 file's choices for one verifier (decode/policies/files/deployment.py) into one policy source
 (:class:`DeployedSource`) that serves any sampling configuration: each generation starts the choice measured nearest
 to its own (decode/policies/files/sampling_table.py).
+
+What a kind reads and how it builds is its entry in decode/policies/kinds.py; the functions below it names (``build_*``,
+``*_reads_root``, ``*_measured``, ``load_policy_file``) are the kinds' own, one each, so nothing here asks which kind a
+spec is.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from pathlib import Path
 from decode.cost.table import LatencyTable
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.base import AdaptiveLengthPolicy, EntropyStopPolicy, Policy, PolicySource, StaticPolicy
-from decode.policies.files import deployment as policy_file
+from decode.policies.files import deployment as deployment_file
 from decode.policies.files.deployment import Deployment
 from decode.policies.files.sampling_table import SamplingTable
+from decode.policies.kinds import ALWAYS, KINDS, PRICES, PolicyKind
 from decode.policies.spec import PolicySpec, check_spec_verifier
 from decode.verifiers import get_verifier
 
@@ -54,30 +59,35 @@ def deployed_source(deployment: Deployment, verifier: str, pair, machine: Latenc
     choice's selector or expander is loaded (once per file) and checked against the pair here. ``machine``: the
     running machine's latency table, which picks every static tree and fallback where the file carries profiles
     (a static tree benched on this very machine, ``source["machine"]``, stays: a measurement beats the model)."""
-    from decode.policies.expander import ExpanderSource  # onnxruntime and numpy: only where a file names one
-    from decode.policies.selector import SelectorSource
-
     if deployment.pair_fingerprint and deployment.pair_fingerprint != pair.fingerprint():
         raise ValueError(f"{deployment.path}: measured on another pair (fingerprint "
                          f"{deployment.pair_fingerprint[:12]}…)")
-    base = deployment.path.parent if deployment.path is not None else Path.cwd()
+    base = _folder(deployment)
     table = deployment.table(verifier)
     benched_here = machine is not None and machine.machine == deployment.source.get("machine")
     statics = table.statics(None if benched_here else machine)
     loaded: dict[tuple[str, str], PolicySource] = {}  # each file once
     sources: list[PolicySource] = []
     for choice, static in zip(table.entries, statics, strict=True):
-        if choice.policy == "static":
+        if choice.static:  # the tree this machine's table picks
             sources.append(StaticPolicy(static))
             continue
-        name = choice.selector if choice.policy == "selector" else choice.expander
-        if not name:
+        if not choice.file:
             raise ValueError(f"{deployment.path}: a {choice.policy} choice without its file")
-        if (choice.policy, name) not in loaded:
-            kind = SelectorSource if choice.policy == "selector" else ExpanderSource
-            loaded[choice.policy, name] = kind.for_pair(base / name, verifier, pair, machine)
-        sources.append(loaded[choice.policy, name])
+        if (choice.policy, choice.file) not in loaded:
+            spec = PolicySpec.file(choice.policy, str(base / choice.file))
+            loaded[choice.policy, choice.file] = _kind(spec).function("build")(spec, verifier, pair, machine)
+        sources.append(loaded[choice.policy, choice.file])
     return DeployedSource(deployment, table.with_entries(sources))
+
+
+def _folder(deployment: Deployment) -> Path:
+    """Where a policy file's choices name their files from."""
+    return deployment.path.parent if deployment.path is not None else Path.cwd()
+
+
+def _kind(spec: PolicySpec) -> PolicyKind:
+    return KINDS[spec.kind]
 
 
 @dataclass(frozen=True)
@@ -99,10 +109,10 @@ class LoadedPolicy:
 
 
 def needs_latency(spec: PolicySpec) -> bool:
-    """Whether the policy of ``spec`` reads the running machine's latency table: a selector, expander or policy
-    file, whose static fallbacks and guards that table picks (decode/policies/files/guard.py); the shared budget, which
-    prices every step on it (decode/policies/budget.py)."""
-    return spec.reads_file or spec.kind == "shared"
+    """Whether the policy of ``spec`` reads the running machine's latency table (its kind's ``latency``): a selector,
+    expander or policy file, whose static fallbacks and guards that table picks (decode/policies/files/guard.py);
+    the shared budget, which prices every step on it (decode/policies/budget.py)."""
+    return _kind(spec).latency is not None
 
 
 def reads_root_features(loaded: LoadedPolicy) -> bool:
@@ -110,23 +120,15 @@ def reads_root_features(loaded: LoadedPolicy) -> bool:
     table (their pass times): a selector, an expander whose head reads the root's scalars, or a policy file with
     either among its verifier's choices. Which generation does depends on its sampling, known only when it starts
     (``Policy.start``); this says whether the decoder must hold a table before the first one."""
-    if loaded.spec.kind == "selector":
-        return True
-    if loaded.spec.kind == "expander":
-        return _expander_reads_root(loaded.spec.path)
-    if loaded.deployment is None:
-        return False
-    base = loaded.deployment.path.parent if loaded.deployment.path is not None else Path.cwd()
-    return any(choice.policy == "selector" or (choice.policy == "expander" and
-                                               _expander_reads_root(base / choice.expander))
-               for choice in loaded.deployment.choices_of(loaded.verifier))
+    return _reads_root(loaded.spec, loaded.verifier, loaded.deployment)
 
 
-def _expander_reads_root(path: str | Path) -> bool:
-    """Whether the expander file's head reads the root's scalars (read from its metadata; the file was checked)."""
-    from decode.policies.files.expander_file import read_expander_metadata
-
-    return read_expander_metadata(path).reads_root
+def _reads_root(spec: PolicySpec, verifier: str, deployment: Deployment | None = None) -> bool:
+    """The kind's ``root_features``: never, always, or as its file says (the kind's ``reads_root``)."""
+    entry = _kind(spec)
+    if entry.reads_root is None:
+        return entry.root_features == ALWAYS
+    return entry.function("reads_root")(spec, verifier, deployment)
 
 
 def load_policy_spec(spec: PolicySpec, pair, verifier: str, deployment: Deployment | None = None) -> LoadedPolicy:
@@ -137,10 +139,10 @@ def load_policy_spec(spec: PolicySpec, pair, verifier: str, deployment: Deployme
     verifier."""
     checker = get_verifier(verifier)
     check_spec_verifier(spec, checker)
-    if spec.kind == "policy":
-        deployment = deployment if deployment is not None else policy_file.load_deployment(spec.path)
-        return LoadedPolicy(spec, checker.name, deployed_source(deployment, checker.name, pair), deployment)
-    return LoadedPolicy(spec, checker.name, _policy_of(spec, checker.name, pair, None))
+    entry = _kind(spec)
+    if entry.load is not None:
+        return entry.function("load")(spec, pair, checker.name, deployment)
+    return LoadedPolicy(spec, checker.name, entry.function("build")(spec, checker.name, pair, None))
 
 
 def build_policy(spec: PolicySpec | LoadedPolicy, pair, verifier: str, latency: LatencyTable | None = None
@@ -151,49 +153,100 @@ def build_policy(spec: PolicySpec | LoadedPolicy, pair, verifier: str, latency: 
     loaded = spec if isinstance(spec, LoadedPolicy) else load_policy_spec(spec, pair, verifier)
     if loaded.verifier != get_verifier(verifier).name:
         raise ValueError(f"the policy was checked for verifier '{loaded.verifier}', not '{verifier}'")
-    if latency is None and loaded.spec.kind == "shared":
-        raise ValueError("the shared budget prices each step on a latency table: --latency machine or a table "
-                         "file, not fitted")
+    entry = _kind(loaded.spec)
+    if latency is None and entry.latency == PRICES:
+        raise ValueError(f"{entry.noun} prices each step on a latency table: --latency machine or a table file, not "
+                         "fitted")
     if latency is None or not needs_latency(loaded.spec):
         return loaded.checked
     if loaded.deployment is not None:
         return deployed_source(loaded.deployment, loaded.verifier, pair, latency)
-    return _policy_of(loaded.spec, loaded.verifier, pair, latency)
-
-
-def _policy_of(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
-    """A built-in policy, or a selector or expander file loaded and checked against ``pair``."""
-    if spec.kind == "selector":
-        from decode.policies.selector import SelectorSource  # onnxruntime and numpy: only where a file names one
-
-        return SelectorSource.for_pair(spec.path, verifier, pair, latency)
-    if spec.kind == "expander":
-        from decode.policies.expander import ExpanderSource
-
-        return ExpanderSource.for_pair(spec.path, verifier, pair, latency)
-    if spec.kind == "static":
-        return StaticPolicy(spec.action)
-    if spec.kind == "adaptive":
-        return AdaptiveLengthPolicy(initial=min(4, spec.max_draft), maximum=spec.max_draft)
-    if spec.kind == "shared":
-        from decode.policies.budget import SharedBudgetSource
-
-        return SharedBudgetSource(latency, spec.max_draft)  # without a table only checked: build_policy needs one
-    return EntropyStopPolicy(max_length=spec.max_draft, threshold=spec.entropy_threshold)
+    return entry.function("build")(loaded.spec, loaded.verifier, pair, latency)
 
 
 def measured_table(spec: PolicySpec, verifier: str, deployment: Deployment | None = None) -> SamplingTable | None:
     """The sampling settings the file of ``spec`` was measured at, read from its metadata without a session (a
     selector's guards, an expander's rules, a policy file's choices for ``verifier``: ``deployment``, read already);
     None for a built-in policy, which holds at any setting, or a policy file without choices for ``verifier``."""
-    if spec.kind == "selector":
-        from decode.policies.files.selector_file import read_selector_metadata
+    entry = _kind(spec)
+    return None if entry.measured is None else entry.function("measured")(spec, verifier, deployment)
 
-        return read_selector_metadata(spec.path).guard_table()
-    if spec.kind == "expander":
-        from decode.policies.files.expander_file import read_expander_metadata
 
-        return read_expander_metadata(spec.path).rule_table()
-    if spec.kind == "policy" and deployment is not None and any(c.verifier == verifier for c in deployment.choices):
+# Each kind's own functions, named by its entry in decode/policies/kinds.py.
+
+def build_static(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
+    return StaticPolicy(spec.action)
+
+
+def build_adaptive(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
+    return AdaptiveLengthPolicy(initial=min(4, spec.max_draft), maximum=spec.max_draft)
+
+
+def build_entropy(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
+    return EntropyStopPolicy(max_length=spec.max_draft, threshold=spec.entropy_threshold)
+
+
+def build_shared(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
+    from decode.policies.budget import SharedBudgetSource
+
+    return SharedBudgetSource(latency, spec.max_draft)  # without a table only checked: build_policy needs one
+
+
+def build_selector(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
+    """The selector file loaded and checked against ``pair``."""
+    from decode.policies.selector import SelectorSource  # onnxruntime and numpy: only where a file names one
+
+    return SelectorSource.for_pair(spec.path, verifier, pair, latency)
+
+
+def build_expander(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
+    """The expander file loaded and checked against ``pair``."""
+    from decode.policies.expander import ExpanderSource  # onnxruntime and numpy: only where a file names one
+
+    return ExpanderSource.for_pair(spec.path, verifier, pair, latency)
+
+
+def build_policy_file(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
+    """The policy file read and its choices for ``verifier`` built (:func:`deployed_source`)."""
+    return deployed_source(deployment_file.load_deployment(spec.path), verifier, pair, latency)
+
+
+def load_policy_file(spec: PolicySpec, pair, verifier: str, deployment: Deployment | None) -> LoadedPolicy:
+    """The policy file read once (unless the caller has: ``deployment``), checked whole, then its choices for
+    ``verifier`` against the pair."""
+    deployment = deployment if deployment is not None else deployment_file.load_deployment(spec.path)
+    return LoadedPolicy(spec, verifier, deployed_source(deployment, verifier, pair), deployment)
+
+
+def expander_reads_root(spec: PolicySpec, verifier: str, deployment: Deployment | None) -> bool:
+    """Whether the expander file's head reads the root's scalars (read from its metadata; the file was checked)."""
+    from decode.policies.files.expander_file import read_expander_metadata
+
+    return read_expander_metadata(spec.path).reads_root
+
+
+def policy_file_reads_root(spec: PolicySpec, verifier: str, deployment: Deployment | None) -> bool:
+    """Whether any of the policy file's choices for ``verifier`` reads root features (a static choice reads none)."""
+    if deployment is None:
+        return False
+    base = _folder(deployment)
+    return any(_reads_root(PolicySpec.file(choice.policy, str(base / choice.file)), verifier)
+               for choice in deployment.choices_of(verifier) if choice.file)
+
+
+def selector_measured(spec: PolicySpec, verifier: str, deployment: Deployment | None) -> SamplingTable:
+    from decode.policies.files.selector_file import read_selector_metadata
+
+    return read_selector_metadata(spec.path).guard_table()
+
+
+def expander_measured(spec: PolicySpec, verifier: str, deployment: Deployment | None) -> SamplingTable:
+    from decode.policies.files.expander_file import read_expander_metadata
+
+    return read_expander_metadata(spec.path).rule_table()
+
+
+def policy_file_measured(spec: PolicySpec, verifier: str, deployment: Deployment | None) -> SamplingTable | None:
+    if deployment is not None and any(c.verifier == verifier for c in deployment.choices):
         return deployment.table(verifier)
     return None

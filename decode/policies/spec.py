@@ -13,6 +13,7 @@ flags amount to:
 * ``selector=FILE``, ``expander=FILE``, ``policy=FILE``: a trained selector, a fitted expander or the policy file
   ``ddte pipeline`` writes.
 
+Each kind's shape (a tree, a file, named options and their defaults) is its entry in decode/policies/kinds.py.
 The canonical text leaves default options out, so the spellings older bench files hold (``adaptive``, ``entropy``,
 ``2,2,4``, ``selector=FILE``) are still the canonical ones. Files are not opened here: the builder
 (decode/policies/build.py, :func:`~decode.policies.build.build_policy`) opens and checks them.
@@ -24,17 +25,18 @@ import math
 from dataclasses import dataclass
 
 from decode.drafting.actions import Action, check_in_grid
+from decode.policies.kinds import (
+    DEFAULT_ENTROPY_THRESHOLD,
+    DEFAULT_MAX_DRAFT,
+    DEFAULT_SHARED_MAX_DRAFT,
+    KINDS,
+    SPEC_FORMS,
+    kind_names,
+)
 
-NAMED_KINDS = ("adaptive", "entropy", "shared")
-FILE_KINDS = ("selector", "expander", "policy")  # SPEC = KIND=FILE
-SPEC_KINDS = ("static", *NAMED_KINDS, *FILE_KINDS)
-DEFAULT_MAX_DRAFT = 8
-DEFAULT_SHARED_MAX_DRAFT = 6  # decode/policies/budget.py DEFAULT_MAX_DRAFT (that module loads the latency model)
-DEFAULT_ENTROPY_THRESHOLD = 2.0
-OPTIONS = {"adaptive": ("max-draft",), "entropy": ("threshold", "max-draft"),
-           "shared": ("max-draft",)}  # in canonical order
-SPEC_FORMS = "K,L1,L2, adaptive[:max-draft=N], entropy[:threshold=H,max-draft=N], shared[:max-draft=N], " \
-             "selector=FILE, expander=FILE or policy=FILE"
+FILE_KINDS = kind_names(lambda entry: entry.file)  # SPEC = KIND=FILE
+NAMED_KINDS = kind_names(lambda entry: bool(entry.options))  # SPEC = KIND[:OPTION=VALUE,...]
+OPTION_FIELDS = {"max-draft": ("max_draft", int), "threshold": ("entropy_threshold", float)}  # option -> field, type
 
 
 def check_max_draft(value: int, name: str = "max-draft") -> None:
@@ -58,9 +60,10 @@ def check_entropy_threshold(value: float, name: str = "threshold") -> None:
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """One policy, typed. ``kind``: one of :data:`SPEC_KINDS`; ``action``: the canonical tree (``static`` only);
-    ``path``: the file as given (the file kinds only); ``max_draft``: the longest draft (``adaptive``, ``entropy``,
-    ``shared``); ``entropy_threshold``: nats (``entropy`` only). Options a kind does not take are None."""
+    """One policy, typed. ``kind``: a kind of decode/policies/kinds.py (``KINDS``); ``action``: the canonical tree
+    (``static`` only); ``path``: the file as given (the file kinds only); ``max_draft``: the longest draft
+    (``adaptive``, ``entropy``, ``shared``); ``entropy_threshold``: nats (``entropy`` only). Options a kind does not
+    take are None."""
 
     kind: str
     action: Action | None = None
@@ -69,10 +72,11 @@ class PolicySpec:
     entropy_threshold: float | None = None
 
     def __post_init__(self) -> None:
-        wants = (self.kind == "static", self.kind in FILE_KINDS, self.kind in NAMED_KINDS, self.kind == "entropy")
+        entry = KINDS.get(self.kind) if isinstance(self.kind, str) else None
+        wants = entry and (entry.action, entry.file, "max-draft" in entry.options, "threshold" in entry.options)
         has = (self.action is not None, bool(self.path), self.max_draft is not None,
                self.entropy_threshold is not None)
-        if self.kind not in SPEC_KINDS or wants != has:
+        if entry is None or wants != has:
             raise ValueError(f"not a policy spec: {self!r} (an action for static, a file for "
                              f"{', '.join(FILE_KINDS)}, a longest draft for adaptive and entropy, a threshold for "
                              "entropy)")
@@ -108,7 +112,7 @@ class PolicySpec:
     @property
     def reads_file(self) -> bool:
         """A selector, expander or policy file: the builder opens it and checks it against the pair."""
-        return self.kind in FILE_KINDS
+        return KINDS[self.kind].file
 
     @property
     def text(self) -> str:
@@ -117,9 +121,9 @@ class PolicySpec:
             return self.action.key
         if self.path is not None:
             return f"{self.kind}={self.path}"
-        values = {"threshold": self.entropy_threshold, "max-draft": self.max_draft}
-        defaults = {"threshold": DEFAULT_ENTROPY_THRESHOLD, "max-draft": _default_max_draft(self.kind)}
-        options = [f"{name}={_shortest(values[name])}" for name in OPTIONS[self.kind] if values[name] != defaults[name]]
+        entry = KINDS[self.kind]
+        values = {option: getattr(self, OPTION_FIELDS[option][0]) for option in entry.options}
+        options = [f"{name}={_shortest(value)}" for name, value in values.items() if value != entry.defaults[name]]
         return self.kind + (":" + ",".join(options) if options else "")
 
     def __str__(self) -> str:
@@ -131,11 +135,11 @@ def parse_policy_spec(text: str) -> PolicySpec:
     flag or method it came from). The action grid
     bounds static shapes and longest drafts; whether a verifier is lossless on a shape is the caller's check
     (:func:`check_spec_verifier`)."""
-    kind, eq, value = text.partition("=")
-    if eq and kind in FILE_KINDS:
+    name, eq, value = text.partition("=")
+    if eq and name in FILE_KINDS:
         if not value:
-            raise ValueError(f"name the file after {kind}=")
-        return PolicySpec.file(kind, value)
+            raise ValueError(f"name the file after {name}=")
+        return PolicySpec.file(name, value)
     name, colon, options = text.partition(":")
     if name in NAMED_KINDS:
         return _parse_named(name, options if colon else None)
@@ -150,26 +154,21 @@ def parse_policy_spec(text: str) -> PolicySpec:
 
 
 def _parse_named(name: str, options: str | None) -> PolicySpec:
-    """``adaptive`` or ``entropy`` with its ``:NAME=VALUE,...`` options (None: none given)."""
+    """A kind with named options and its ``:NAME=VALUE,...`` options (None: none given)."""
+    allowed = KINDS[name].options
     values: dict[str, str] = {}
     for item in [] if options is None else options.split(","):
         key, eq, value = item.partition("=")
-        if key not in OPTIONS[name] or not eq or not value:
-            raise ValueError(f"{name} takes {', '.join(f'{o}=VALUE' for o in OPTIONS[name])}, got '{item}'")
+        if key not in allowed or not eq or not value:
+            raise ValueError(f"{name} takes {', '.join(f'{o}=VALUE' for o in allowed)}, got '{item}'")
         if key in values:
             raise ValueError(f"{name}: {key} is given twice")
         values[key] = value
-    max_draft = _number(values.get("max-draft", str(_default_max_draft(name))), "max-draft", int)
-    threshold = _number(values.get("threshold", str(DEFAULT_ENTROPY_THRESHOLD)), "threshold", float)
-    if name == "adaptive":
-        return PolicySpec.adaptive(max_draft)
-    if name == "shared":
-        return PolicySpec.shared(max_draft)
-    return PolicySpec.entropy(threshold, max_draft)
-
-
-def _default_max_draft(kind: str) -> int:
-    return DEFAULT_SHARED_MAX_DRAFT if kind == "shared" else DEFAULT_MAX_DRAFT
+    typed = {}
+    for option in (option for option in OPTION_FIELDS if option in allowed):  # max-draft's refusal first
+        field_name, kind = OPTION_FIELDS[option]
+        typed[field_name] = _number(values.get(option, str(KINDS[name].defaults[option])), option, kind)
+    return PolicySpec(name, **typed)
 
 
 def _shortest(value: float) -> str:

@@ -19,10 +19,13 @@ from ddte_core.paths import staged_file
 from decode.drafting.actions import Action, check_in_grid
 from decode.policies.files.guard import StaticProfile
 from decode.policies.files.sampling_table import SamplingTable
+from decode.policies.kinds import kind_names
 from decode.verifiers import VERIFIERS, get_verifier, verifier_names
 
 FORMAT = "ddte-deployment/1"
-POLICY_KINDS = ("static", "selector", "expander")
+POLICY_KINDS = kind_names(lambda entry: entry.choice)  # what a choice may run (decode/policies/kinds.py)
+FILE_FIELDS = kind_names(lambda entry: entry.choice and entry.file)  # a choice's file, by its kind's name
+STATIC_CHOICES = kind_names(lambda entry: entry.choice and not entry.file)  # the tree itself: the static policy
 
 
 @dataclass
@@ -53,6 +56,16 @@ class Choice:
     expander: str | None = None
     profile: dict | None = None
 
+    @property
+    def static(self) -> bool:
+        """A static choice: its ``action`` (re-picked from its ``profile`` on the running machine) every step."""
+        return self.policy in STATIC_CHOICES
+
+    @property
+    def file(self) -> str | None:
+        """The file a selector or expander choice names (relative to the policy file); None for a static choice."""
+        return getattr(self, self.policy) if self.policy in FILE_FIELDS else None
+
 
 @dataclass
 class Deployment:
@@ -77,7 +90,7 @@ class Deployment:
         """This verifier's choices by the sampling configuration they were measured at (the others use the
         nearest), each static choice with its profile (:meth:`SamplingTable.statics`)."""
         return SamplingTable.of(self.choices_of(verifier), "the policy file", "has choices for",
-                                static=lambda c: (c.action, c.profile if c.policy == "static" else None))
+                                static=lambda c: (c.action, c.profile if c.static else None))
 
     def check(self) -> None:
         """ValueError where a choice holds what :func:`load_deployment` would refuse (a writer's check, before it
@@ -157,7 +170,7 @@ def check_choice(entry: object, where: str) -> Choice:
         get_verifier(choice.verifier).check_action(action)
     except ValueError as err:
         raise ValueError(f"{where}: action: {err}") from err
-    for name in ("selector", "expander"):
+    for name in FILE_FIELDS:
         value = getattr(choice, name)
         if choice.policy == name and (not isinstance(value, str) or not value):
             raise ValueError(f"{where}: {_a(name)} choice without its file ('{name}': a path relative to the "
