@@ -1,104 +1,89 @@
-"""Batched speculative decoding: one step advances every request of a batch, each exactly the target's law.
+"""The decoding step: one speculative step advances every request of a batch; a single request is a batch of one.
 
-On a CPU a target pass over n tokens costs little more than one over a single token while the weights stream from
-memory, so requests that decode together cost about one request's passes. A step here runs, for all requests at
-once: one draft pass over their pending tokens, one draft pass per drafting level over the nodes every tree asks for,
-and **one target pass over every request's root and tree**; then each request's own verifier accepts a path of its
-own tree. Requests join and leave between steps (:meth:`BatchDecoder.join`, :meth:`BatchDecoder.leave`; one ends by
-itself at EOS or its token budget). A request that joins runs its prompt inside the next step's passes (its pending
-tokens), not in passes of its own that every other request would wait for.
+Glossary (algorithms.md has the rules):
 
-**Layout: one KV sequence, disjoint trees, a block-diagonal mask** (:mod:`decode.models.shared_cache`). Every request
-is a sequence of its own inside each model's one cache, with its own positions; a token attends to its own request's
-committed prefix and its own tree ancestors only. This was chosen over a batch dimension with padding because it
-reuses the tree cache as it is: the same key/value stores (HF's ``DynamicCache``, the fast draft's tensors), the same
-additive masks, and the commit that moves kept slots after the settled ones, while a batch dimension would need every
-request's cache padded to the longest and a per-row rollback that neither store has (HF's crop is batch-wide). Its
-price: each query's attention runs over the other requests' slots too (masked), quadratic in the batch size for the
-attention alone; and a request that leaves leaves dead slots, compacted once they are as many as the live ones. On
-the Zen 5 (Qwen pair, one thread) a pass beside 4 requests of 256 tokens cost 1.16-1.25x the one-sequence pass of as
-many tokens for the target and, before the fast draft took torch's flash attention, 1.5x for the draft; at 64 tokens
-1.03-1.2x. The machine's latency table carries these ratios for a batch (``LatencyTable.batch``, measured once
-through this layout's own passes), which is what the shared budget prices a step with. The target's attention reads
-the cache's grouped-query key/value heads unrepeated (:mod:`decode.models.attention`; transformers' sdpa copied them
-per query head under a mask): in process, 4 requests' steps took 0.99x the time at the serve bench's contexts and
-0.95x at 300-token prompts (target pass 0.985x and 0.93x), the same tokens.
+- **law**: a distribution over the vocabulary ``(V,)`` after the request's sampling transform (temperature, top-p):
+  ``p`` the target's, ``q`` the draft's.
+- **root**: the last committed token of a request; each step drafts a tree of its continuations and one target pass
+  gives the target's law at the root and at every tree node.
+- **trunk** and **branch**: a (K, L1, L2)-delayed tree is a single path of L1 tokens (the trunk), then K branches of
+  L2 tokens from where the trunk ends; a per-node policy may end the trunk early, while it is drafted.
+- **pending**: committed tokens a model has not run yet: a new request's prompt (both models), then the step's extra
+  token (the target), or the extra token after an accepted leaf the draft never ran (the draft).
+- **commit**: keep a request's root and accepted path in a model's cache, drop the rest of its tree.
 
-**A step's time** (same machine, 4 requests, static (1,3,0) chains, contexts 18-70, a 300 ms step): the target pass
-~195-205 ms, three draft passes ~93 ms (105 before the fast draft's flash attention; the requests' pending tokens, then
-two levels), everything else ~10 ms (verifiers 3.3, commits 0.8, slot plans 0.3, the rest bookkeeping and the q of
-each root): the passes are the step.
+A step, for every request at once: (1) for a request whose policy reads root features and that has just joined, its
+prompt before the root through the target (the target's state at the token before the root); (2) **one draft pass**
+over every request's pending tokens, which gives q at each root; (3) each policy's action at its root (the requests
+whose policy shares the budget decided together, decode/policies/budget.py); (4) each tree drafted by the single
+rule :func:`~decode.drafting.delayed.delayed_tree_steps` from the request's own random source, the draft calls of
+all growing trees run as **one draft pass per level**, a per-node policy asked at each trunk node as it grows;
+(5) **one target pass** over every request's pending tokens and tree; (6) each request's verifier on its own tree,
+with its own p and exactly the q each draft token was drawn from; (7) commit, and each request's step closed (its
+tokens cut at EOS or its budget, its policy told the outcome). Requests join and leave between steps.
 
-**Exactness.** Each request keeps its own prompt, sampling settings, random source, verifier and policy. Its tree is
-drafted by the single loop's own rule (:func:`~decode.drafting.delayed.delayed_tree_steps`, the generator behind
-:func:`~decode.drafting.delayed.draft_delayed_tree`), from its own source, and its verifier reads exactly the q each of
-its draft tokens was drawn from and the target's p through its own sampling settings. The mask makes every row of
-another request invisible, so a request's laws are those of its context alone and its output is the target's law
-whatever the others do (tests/decode/exact/test_batch.py, by exact enumeration, with negative controls). Its floats
-are not bit for bit those of a request decoded alone: its rows are computed inside another block shape, which changes
-summation order (~1e-7), so a seeded request gives the same tokens alone and in a batch except where a draw falls
-within rounding of a boundary; its law is the same either way.
+**Layout.** Each model's cache holds every request as a sequence of its own (:mod:`decode.models.shared_cache`):
+one KV store, disjoint trees, a block-diagonal mask, positions per sequence. A request's logits are those of its own
+context alone, up to float rounding (its rows run inside another block shape), so a seeded request gives the same
+tokens alone and in a batch except where a draw falls within rounding of a boundary; its law is the same either way
+(tests/decode/exact/test_batch.py, by exact enumeration, with negative controls). A model with a forward hook (a
+steered pair) holds one request at a time.
 
-Policies: any that reads no root features (static trees, the adaptive schedule, the per-node entropy stop and
-expanders on the draft's own state, which run inside the shared drafting rule); a policy that reads root features (a
-selector) is refused at join, as is a steered pair. ``ddte serve --max-batch N`` schedules requests onto a
-decoder opened by decode/session.py (``batch=True``). A policy that ``shares_budget`` (``VERIFIER@shared``) has its
-chain decided together with the other such requests' each step, from what each knew before it
-(:func:`decode.policies.budget.batch_actions`).
+**What a policy may read.** Its request's root (context length, q at the root, room, sampling, root features built
+from states of earlier passes, the latency table), the draft's own state at each trunk node while drafting, and the
+outcomes of its earlier steps: never the target's outputs of the current step.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.delayed import DraftedTree, TreeDrafting, TrunkNode, delayed_tree_steps
-from decode.drafting.rng import RandomSource
-from decode.drafting.sampling import SamplingConfig, distributions
+from decode.drafting.sampling import distributions
 from decode.drafting.tree import ROOT, Regime
-from decode.engine import Generation, check_request, cut_at_eos
+from decode.generation import Generation, Job, check_request, cut_at_eos
 from decode.models.cached_lm import CachedLM
 from decode.models.loading import check_same_vocab
 from decode.models.shared_cache import Block, BlockOutput, SharedCache
 from decode.models.slots import block_parents
 from decode.policies.base import Policy, RootState, StepOutcome
 from decode.policies.budget import batch_actions
+from decode.policies.features import RootFeatures, root_features
 from decode.stats import GenerationStats
-from decode.verifiers.base import UnsupportedTreeError, Verifier, VerifyResult
+from decode.verifiers.base import UnsupportedTreeError, VerifyResult
 
-
-@dataclass(frozen=True)
-class Job:
-    """A request to decode in a batch: everything that is its own."""
-
-    prompt_ids: Sequence[int]
-    max_new_tokens: int
-    policy: Policy
-    rng: RandomSource
-    sampling: SamplingConfig
-    verifier: Verifier
+State = tuple[torch.Tensor, torch.Tensor]  # (final hidden state (H,), law after it (V,)) of one model at one position
 
 
 @dataclass
 class StepReport:
     """One request's part of a step: the tokens it kept (cut at EOS or its budget) and, when it ended in this step
-    and left the batch, its :class:`~decode.engine.Generation`."""
+    and left the batch, its :class:`~decode.generation.Generation`."""
 
     tokens: list[int]
     finished: Generation | None = None
 
 
 @dataclass
-class _Live:
-    """A request between steps. ``target_pending``: tokens the target has not run, its root last (the target runs
-    them in the step's tree pass: a new request's whole prompt, then the root alone); ``draft_pending``: tokens the
-    draft has not run (a new request's prompt; the root, after an accepted leaf); ``draft_root_logits``
-    ``(V,)`` and ``draft_root_hidden`` ``(H,)``: the draft at the root, once it ran it."""
+class Request:
+    """One request between steps.
+
+    Attributes:
+        job: what the caller asked (prompt, budget, policy source, random source, sampling, verifier).
+        policy: its runner, ``job.policy.start(job.sampling)``.
+        target_seq, draft_seq: its sequence in each model's cache.
+        target_pending: tokens the target has not run, the root last (a new request's prompt, then the root alone).
+        draft_pending: tokens the draft has not run (a new request's prompt; the root, after an accepted leaf).
+        draft_root_logits ``(V,)``, draft_root_hidden ``(H_d,)``: the draft at the root, once it ran it.
+        target_prev, draft_prev: each model's (state, law) at the token before the root, for root features only.
+    """
 
     job: Job
     policy: Policy
@@ -111,6 +96,8 @@ class _Live:
     draft_pending: list[int] = field(default_factory=list)
     draft_root_logits: torch.Tensor | None = None
     draft_root_hidden: torch.Tensor | None = None
+    target_prev: State | None = None
+    draft_prev: State | None = None
 
     @property
     def context_length(self) -> int:
@@ -121,8 +108,14 @@ class _Live:
         return self.job.max_new_tokens - len(self.tokens)
 
     @property
+    def features(self) -> bool:
+        """Whether its policy reads root features (and with them the states of both models)."""
+        return self.policy.needs_root_features
+
+    @property
     def draft_hidden(self) -> bool:
-        return self.policy.needs_draft_hidden
+        """Whether the draft's hidden states are kept for it (root features, or a policy reading trunk states)."""
+        return self.policy.needs_root_features or self.policy.needs_draft_hidden
 
     @property
     def without_replacement(self) -> bool:
@@ -132,36 +125,44 @@ class _Live:
 class BatchDecoder:
     """Decodes a changing batch of requests with one target and one draft (see the module docstring).
 
-    The decoder owns both models' caches while it lives (each holds every request as a sequence of its own).
+    The decoder owns both models' caches while it lives. ``latency``: the table root features read (their pass
+    times); a request whose policy reads them is refused without one.
     """
 
     cache_class = SharedCache  # each model's cache (a test's negative control swaps in a leaking layout)
 
     def __init__(self, target: CachedLM, draft: CachedLM, eos_token_id: int | None = None,
-                 allow_padded_vocab: bool = False) -> None:
+                 allow_padded_vocab: bool = False, latency: LatencyTable | None = None) -> None:
         self.vocab = check_same_vocab(target.config, draft.config, allow_padded_tail=allow_padded_vocab)
         self.target, self.draft = self.cache_class(target), self.cache_class(draft)
         self.eos_token_id = eos_token_id
+        self.latency = latency
         self.context_limit = min(target.context_limit, draft.context_limit)
-        self.requests: dict[int, _Live] = {}
+        self.requests: dict[int, Request] = {}
         self._ids = itertools.count()
-        self.pass_tokens = 0  # tokens in the last step's shared target pass (every root and tree node), for metrics
+        self.pass_tokens = 0  # tokens in the last step's target pass (every pending token and tree node), for metrics
 
     def join(self, job: Job) -> int:
-        """Add a request between steps (checked now; nothing runs): its prompt runs in the next step's passes, the
-        draft's over every request's pending tokens and the target's beside the others' trees, its last token the
-        first root. A prompt run apart would hold every other request for a pass of its own. Returns its id."""
+        """Add a request between steps (checked now; nothing runs): its prompt runs in the next step's passes, its
+        last token the first root. Returns its id."""
         check_request(job.prompt_ids, job.max_new_tokens, self.vocab, self.context_limit)
         self.target.check_owned()
         self.draft.check_owned()
         policy = job.policy.start(job.sampling)
-        if policy.needs_root_features:
-            raise ValueError(f"the policy '{policy.name}' reads root features, which a batch does not compute")
-        live = _Live(job, policy, self.target.add(), self.draft.add(), time.perf_counter())
+        if policy.needs_root_features and self.latency is None:
+            raise ValueError(f"the policy '{policy.name}' reads root features, which need the decoder's latency "
+                             "table: open the decoder with decode.session, or give it one")
+        target_seq = self.target.add()
+        try:
+            draft_seq = self.draft.add()
+        except ValueError:
+            self.target.drop(target_seq)
+            raise
+        request = Request(job, policy, target_seq, draft_seq, time.perf_counter())
         prompt = [int(t) for t in job.prompt_ids]
-        live.target_pending, live.draft_pending = list(prompt), list(prompt)
+        request.target_pending, request.draft_pending = list(prompt), list(prompt)
         rid = next(self._ids)
-        self.requests[rid] = live
+        self.requests[rid] = request
         return rid
 
     def leave(self, rid: int) -> Generation:
@@ -184,39 +185,74 @@ class BatchDecoder:
         live = dict(self.requests)
         if not live:
             return {}
-        clock = _Clock([r.stats for r in live.values()])
+        clock = StepClock([r.stats for r in live.values()])
+        self._run_prefixes(live)
+        clock.lap("prefill")
         q_roots = self._draft_roots(live)
         clock.lap("draft")
         actions = self._choose_all(live, q_roots)
         clock.lap("policy")
+        decided = {rid: len(r.stats.network_seconds) for rid, r in live.items()}
         drafted = self._draft_trees(live, q_roots, actions)
         self._check_trees(live, drafted)
-        clock.lap("draft")
+        clock.lap("draft")  # per-node decisions ran inside the drafting: their time is the policy's
+        clock.move("draft", "policy", sum(sum(r.stats.network_seconds[decided[rid]:]) for rid, r in live.items()))
         outs = self._target_pass(live, drafted)
         clock.lap("target")
-        results = self._verify(live, drafted, outs)
+        laws = {rid: distributions(outs[rid].logits, r.job.sampling) for rid, r in live.items()}  # p, (n, V) each
+        results = self._verify(live, drafted, laws)
         clock.lap("verify")
         self._commit(live, drafted, outs, results)
+        for rid, r in live.items():
+            if r.features:
+                _remember_previous(r, drafted[rid], results[rid], laws[rid], outs[rid].hidden, q_roots[rid])
         reports = {rid: self._close_step(rid, r, actions[rid], drafted[rid], results[rid], clock.elapsed)
                    for rid, r in live.items()}
         clock.lap("other")
         return reports
 
-    def _draft_roots(self, live: dict[int, _Live]) -> dict[int, torch.Tensor]:
+    def _run_prefixes(self, live: dict[int, Request]) -> None:
+        """A new request whose policy reads root features needs the target's state at the token before its first
+        root before it chooses, and a steered draft reads it at its root's pass: such a request's prompt before the
+        root runs through the target now (one pass for every such request), and for a steered draft through the
+        draft too (its root's pass then steered, as at every later root). Every other prompt runs beside the trees
+        in the step's target pass."""
+        steered = self.draft.lm.hook is not None  # a steered pair holds one request
+        fresh = {rid: r for rid, r in live.items() if (r.features or steered) and len(r.target_pending) > 1}
+        if not fresh:
+            return
+        outs = self.target.settle({r.target_seq: r.target_pending[:-1] for r in fresh.values()}, output_hidden=True,
+                                  last=1)
+        for r, out in zip(fresh.values(), outs, strict=True):
+            r.target_prev = (out.hidden[-1], distributions(out.logits[-1], r.job.sampling)) if r.features else None
+            r.target_pending = r.target_pending[-1:]
+        if not steered:
+            return
+        outs = self.draft.settle({r.draft_seq: r.draft_pending[:-1] for r in fresh.values()}, output_hidden=True,
+                                 last=1)
+        for r, out in zip(fresh.values(), outs, strict=True):
+            r.draft_prev = (out.hidden[-1], distributions(out.logits[-1], r.job.sampling)) if r.features else None
+            r.draft_pending = r.draft_pending[-1:]
+            r.stats.draft_calls += 1
+
+    def _draft_roots(self, live: dict[int, Request]) -> dict[int, torch.Tensor]:
         """q after each request's root ``(V,)``: one draft pass over every request's pending tokens (a request that
         has none ran its root before)."""
         pending = {rid: r for rid, r in live.items() if r.draft_pending}
         if pending:
             hidden = any(r.draft_hidden for r in pending.values())
+            last = 2 if any(r.features for r in pending.values()) else 1  # root features read the token before too
             outs = self.draft.settle({r.draft_seq: r.draft_pending for r in pending.values()}, output_hidden=hidden,
-                                     last=1)
+                                     last=last)
             for r, out in zip(pending.values(), outs, strict=True):
-                r.draft_pending, r.draft_root_logits = [], out.logits[-1]
+                ran, r.draft_pending, r.draft_root_logits = r.draft_pending, [], out.logits[-1]
                 r.draft_root_hidden = out.hidden[-1] if r.draft_hidden else None
+                if r.features and len(ran) > 1:  # a prompt, or an accepted leaf the draft had not run before the root
+                    r.draft_prev = (out.hidden[-2], distributions(out.logits[-2], r.job.sampling))
                 r.stats.draft_calls += 1
         return {rid: distributions(r.draft_root_logits, r.job.sampling) for rid, r in live.items()}
 
-    def _choose_all(self, live: dict[int, _Live], q_roots: dict[int, torch.Tensor]) -> dict[int, Action]:
+    def _choose_all(self, live: dict[int, Request], q_roots: dict[int, torch.Tensor]) -> dict[int, Action]:
         """Every request's action: each policy's own, except those that share the budget, decided together beside
         the others' trees (decode/policies/budget.py); each refused before any tree is drafted when its verifier is
         not lossless on it (the batch is then as it was)."""
@@ -230,25 +266,35 @@ class BatchDecoder:
             r.job.verifier.check_action(actions[rid])
         return {rid: actions[rid] for rid in live}
 
-    def _room(self, r: _Live) -> int:
+    def _room(self, r: Request) -> int:
         """The deepest tree that fits the request's context window and its token budget."""
         return min(self.context_limit - r.context_length - 1, r.budget - 1)
 
-    def _choose(self, r: _Live, q_root: torch.Tensor) -> Action:
-        """The request's action from its root, as the single loop clips it."""
+    def _choose(self, r: Request, q_root: torch.Tensor) -> Action:
+        """The request's action at its root, clipped to its room."""
         room = self._room(r)
-        return r.policy.choose(RootState(r.context_length, q_root, room, r.job.sampling)).clipped(max(room, 0))
+        features = self._root_features(r, q_root) if r.features else None
+        root = RootState(r.context_length, q_root, room, r.job.sampling, features, self.latency)
+        return r.policy.choose(root).clipped(max(room, 0))
 
-    def _draft_trees(self, live: dict[int, _Live], q_roots: dict[int, torch.Tensor],
+    def _root_features(self, r: Request, q_root: torch.Tensor) -> RootFeatures:
+        """The request's root features; a one-token prompt's first root has no previous token: zero states and a
+        uniform law stand for it."""
+        uniform = torch.full_like(q_root, 1.0 / q_root.numel())
+        target_hidden, p_prev = r.target_prev or (torch.zeros(self.target.lm.config.hidden_size), uniform)
+        draft_hidden, q_prev = r.draft_prev or (torch.zeros_like(r.draft_root_hidden), uniform)
+        return root_features(target_hidden, draft_hidden, r.draft_root_hidden, p_prev, q_prev, q_root,
+                             r.context_length, r.job.sampling, self.latency.pass_times)
+
+    def _draft_trees(self, live: dict[int, Request], q_roots: dict[int, torch.Tensor],
                      actions: dict[int, Action]) -> dict[int, DraftedTree]:
-        """Each request's tree by the single loop's rule and from its own source; the draft calls of every tree that
+        """Each request's tree by the one drafting rule and from its own source; the draft calls of every tree that
         still grows run as one forward per level."""
         states, steps, asked, done = {}, {}, {}, {}
         for rid, r in live.items():
             states[rid] = TreeDrafting(self.draft.lm, q_roots[rid], r.job.sampling, r.job.rng, r.draft_hidden,
                                        root_slot=self.draft.tip(r.draft_seq))
-            halting = _halting(r)
-            steps[rid] = delayed_tree_steps(states[rid], actions[rid], r.without_replacement, halting,
+            steps[rid] = delayed_tree_steps(states[rid], actions[rid], r.without_replacement, _halting(r),
                                             r.draft_root_hidden)
             _advance(rid, steps[rid], asked, done)
         while asked:
@@ -259,7 +305,8 @@ class BatchDecoder:
             r.stats.draft_calls += done[rid].draft_calls
         return done
 
-    def _expand(self, live: dict[int, _Live], states: dict[int, TreeDrafting], asked: dict[int, list[int]]) -> None:
+    def _expand(self, live: dict[int, Request], states: dict[int, TreeDrafting],
+                asked: dict[int, list[int]]) -> None:
         """One draft forward over the nodes each growing tree asked for; each tree takes its rows' laws."""
         blocks = [Block(live[rid].draft_seq, [states[rid].builder.tokens[v] for v in nodes],
                         block_parents(nodes, states[rid].builder.parents, states[rid].slots))
@@ -271,7 +318,7 @@ class BatchDecoder:
             states[rid].slots.update({v: out.base + i for i, v in enumerate(nodes)})
             states[rid].absorb(nodes, out.logits, out.hidden)
 
-    def _check_trees(self, live: dict[int, _Live], drafted: dict[int, DraftedTree]) -> None:
+    def _check_trees(self, live: dict[int, Request], drafted: dict[int, DraftedTree]) -> None:
         """A per-node policy may cut a trunk into a tree its verifier refuses: drop every speculative slot (the batch
         is then as before the drafting) and say so."""
         for rid, r in live.items():
@@ -281,7 +328,7 @@ class BatchDecoder:
                 self.draft.commit({})
                 raise ValueError(f"request {rid} with verifier '{r.job.verifier.name}': {err}") from err
 
-    def _target_pass(self, live: dict[int, _Live], drafted: dict[int, DraftedTree]) -> dict[int, BlockOutput]:
+    def _target_pass(self, live: dict[int, Request], drafted: dict[int, DraftedTree]) -> dict[int, BlockOutput]:
         """One target forward over every request's pending tokens (its root last: a new request's whole prompt)
         and tree nodes; each block's output starts at its root (node u at row u, ``base`` the root's slot)."""
         blocks, skip = [], []
@@ -291,22 +338,22 @@ class BatchDecoder:
             blocks.append(Block(r.target_seq, r.target_pending + list(tree.tokens[1:]), parents))
             skip.append(n - 1)
         self.pass_tokens = sum(len(block.tokens) for block in blocks)
-        return dict(zip(live, self.target.run(blocks, skip=skip), strict=True))
+        hidden = any(r.features for r in live.values())
+        return dict(zip(live, self.target.run(blocks, output_hidden=hidden, skip=skip), strict=True))
 
-    def _verify(self, live: dict[int, _Live], drafted: dict[int, DraftedTree],
-                outs: dict[int, BlockOutput]) -> dict[int, VerifyResult]:
-        """Each request's verifier on its own tree, p through its own sampling and its own q."""
-        results = {}
-        for rid, r in live.items():
-            p = distributions(outs[rid].logits, r.job.sampling)
-            results[rid] = r.job.verifier.verify(drafted[rid].tree, p, self._q(rid, drafted).to(p.dtype), r.job.rng)
-        return results
+    def _verify(self, live: dict[int, Request], drafted: dict[int, DraftedTree],
+                laws: dict[int, torch.Tensor]) -> dict[int, VerifyResult]:
+        """Each request's verifier on its own tree, with its own p ``(n, V)`` and q ``(n, V)``: the one call site of
+        a verifier in decoding."""
+        return {rid: r.job.verifier.verify(drafted[rid].tree, laws[rid], self._q(rid, drafted).to(laws[rid].dtype),
+                                           r.job.rng)
+                for rid, r in live.items()}
 
     def _q(self, rid: int, drafted: dict[int, DraftedTree]) -> torch.Tensor:
         """The q request ``rid``'s verifier reads ``(n, V)``: the laws its own draft tokens were drawn from."""
         return drafted[rid].q
 
-    def _commit(self, live: dict[int, _Live], drafted: dict[int, DraftedTree], outs: dict[int, BlockOutput],
+    def _commit(self, live: dict[int, Request], drafted: dict[int, DraftedTree], outs: dict[int, BlockOutput],
                 results: dict[int, VerifyResult]) -> None:
         """Keep each request's root and accepted path in both caches; queue what each model has not run."""
         target_chains, draft_chains = {}, {}
@@ -321,15 +368,13 @@ class BatchDecoder:
         self.target.commit(target_chains)
         self.draft.commit(draft_chains)
 
-    def _close_step(self, rid: int, r: _Live, action: Action, drafted: DraftedTree, result: VerifyResult,
+    def _close_step(self, rid: int, r: Request, action: Action, drafted: DraftedTree, result: VerifyResult,
                     seconds: float) -> StepReport:
         """Cut the step's tokens at EOS or the budget, record them, tell the policy; end the request if done."""
         context_length = r.context_length
         kept, hit_eos = cut_at_eos(list(result.emitted), r.budget, self.eos_token_id)
         r.tokens.extend(kept)
-        if r.policy.decides_per_node and drafted.trunk_depth is not None and drafted.trunk_depth < action.l1:
-            depth = drafted.trunk_depth  # the trunk halted early: record the tree drafted, as the single loop does
-            action = Action(1, depth, 0) if action.is_single_path else Action(action.k, depth, action.l2)
+        action = _drafted_action(action, drafted) if r.policy.decides_per_node else action
         r.stats.record_step(str(action), drafted.tree.max_depth, result.accepted, len(kept))
         r.policy.observe(StepOutcome(action, result.accepted, len(result.emitted), context_length, seconds))
         if hit_eos or r.budget == 0:
@@ -345,12 +390,23 @@ class BatchDecoder:
         return Generation(r.tokens, r.stats, stopped_by)
 
 
-def _halting(r: _Live) -> Callable[[TrunkNode], bool] | None:
-    """The request's per-node decision while its trunk grows (None for a policy that decides at the root only)."""
-    return r.policy.halts if r.policy.decides_per_node else None
+def _halting(r: Request) -> Callable[[TrunkNode], bool] | None:
+    """The request's per-node decision while its trunk grows, each decision's wall time in its statistics'
+    ``network_seconds`` (None for a policy that decides at the root only)."""
+    if not r.policy.decides_per_node:
+        return None
+
+    def halts(node: TrunkNode) -> bool:
+        start = time.perf_counter()
+        halt = r.policy.halts(node)
+        r.stats.network_seconds.append(time.perf_counter() - start)
+        return halt
+
+    return halts
 
 
-def _advance(rid: int, steps, asked: dict[int, list[int]], done: dict[int, DraftedTree]) -> None:
+def _advance(rid: int, steps: Generator[list[int], None, DraftedTree], asked: dict[int, list[int]],
+             done: dict[int, DraftedTree]) -> None:
     """Run a tree's drafting rule to its next draft call (its nodes into ``asked``) or its end (``done``)."""
     asked.pop(rid, None)
     try:
@@ -359,9 +415,31 @@ def _advance(rid: int, steps, asked: dict[int, list[int]], done: dict[int, Draft
         done[rid] = end.value
 
 
-class _Clock:
+def _drafted_action(widest: Action, drafted: DraftedTree) -> Action:
+    """The action a per-node policy drafted: its widest tree with the trunk cut where it halted (a single path there
+    when the widest tree has no branches)."""
+    depth = drafted.trunk_depth
+    if depth is None or depth == widest.l1:
+        return widest
+    return Action(1, depth, 0) if widest.is_single_path else Action(widest.k, depth, widest.l2)
+
+
+def _remember_previous(r: Request, drafted: DraftedTree, result: VerifyResult, p: torch.Tensor,
+                       target_hidden: torch.Tensor | None, q_root: torch.Tensor) -> None:
+    """After a step, the last accepted node (the root if none) is the next root's previous token: each model's state
+    and law there. ``p`` ``(n, V)`` and ``target_hidden`` ``(n, H_t)``: the target's rows of the tree, root first."""
+    last = result.path[-1] if result.path else ROOT
+    r.target_prev = (target_hidden[last], p[last])
+    if last == ROOT:
+        r.draft_prev = (r.draft_root_hidden, q_root)
+    elif drafted.slots[last] >= 0:
+        r.draft_prev = (drafted.hidden[last], drafted.q[last])
+    # else: an accepted leaf the draft never ran; the next step's pending pass gives its state
+
+
+class StepClock:
     """Splits a step's wall time into the phases of each request's statistics (each request waited the whole
-    shared pass, so every phase counts for every request)."""
+    step, so every phase counts for every request)."""
 
     def __init__(self, stats: list[GenerationStats]) -> None:
         self.stats, self.start = stats, time.perf_counter()
@@ -376,3 +454,9 @@ class _Clock:
         for stats in self.stats:
             stats.seconds[phase] += now - self.last
         self.last = now
+
+    def move(self, source: str, to: str, seconds: float) -> None:
+        """Count ``seconds`` already lapped in ``source`` as ``to``'s."""
+        for stats in self.stats:
+            stats.seconds[source] -= seconds
+            stats.seconds[to] += seconds

@@ -8,20 +8,20 @@ models itself (collect, dense-labels, bench-signals, pair-card) with :func:`open
 1. ``method``: each ``VERIFIER@SPEC`` parsed (decode/policies/spec.py), before any model loads;
 2. ``pair``: the pair loaded (:class:`PairRequest`), unless the caller passes one it loaded to check it first;
 3. ``policy``: each spec checked against its verifier and the pair, its file read once
-   (decode/policies/deployment.py ``load_policy_spec``): a bad spec fails here, before anything is timed;
+   (decode/policies/build.py ``load_policy_spec``): a bad spec fails here, before anything is timed;
 4. ``kernels``: both models moved to the kernel paths the request names (``auto``: this machine's fastest, measured
    once and cached; decode/models/kernel_choice.py). :func:`_apply_kernels` is the one place a pair's kernels are
    applied;
 5. ``drafts``: another draft a method names (bench's ``+draft=``), loaded on the pair's draft's kernel path;
 6. ``latency``: the table the policies are built on (:class:`LatencyRequest`). A table times the models on their
    kernel paths, and the machine's is cached under them, so it comes after step 4. A decoder whose policies may read
-   root features without such a table gets one measured now on its own models (decode/policies/latency.py
-   ``loop_table``); the decoder never measures one itself. With ``batch=True`` the machine's table also carries what
-   a batch's passes cost beyond it (``machine_batch_cost``, measured once and cached beside it);
-7. ``build``: each policy built on that table, one decoder per verifier and draft; with ``batch=True`` one
-   :class:`~decode.batch.BatchDecoder` per draft instead (each request brings its verifier; a policy that reads root
-   features is refused at step 3 then, since a batch computes none). ``VERIFIER@shared`` is built on the step-6
-   table and, in a batch, decides every sharing request's chain together (decode/policies/budget.py).
+   root features without such a table gets one measured now on its own models (decode/cost/measure.py
+   ``loop_table``); the decoder never measures one itself. With ``batch`` above 1 the machine's table also carries
+   what a batch's passes cost beyond it (``machine_batch_cost``, measured once and cached beside it);
+7. ``build``: each policy built on that table, one decoder per verifier and draft; with ``batch`` (the most
+   requests decoded together, >= 1) one :class:`~decode.batch.BatchDecoder` per draft instead (each request brings
+   its verifier). Both run the one decoding step, so every policy runs in either. ``VERIFIER@shared`` is built on
+   the step-6 table and, in a batch, decides every sharing request's chain together (decode/policies/budget.py).
 
 Libraries never print. What a shell prints comes back as :attr:`Session.lines`; :class:`Hooks` lets the shell hear
 a line before a long measurement (``announce``) and each result line as its step ends (``report``, so the lines come
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # the requests stay light: a command parses them before torch
     from decode.engine import SpeculativeDecoder
     from decode.models.cached_lm import CachedLM
     from decode.models.kernel_choice import KernelChoice
-    from decode.policies.base import Policy
+    from decode.policies.base import PolicySource
     from decode.policies.build import LoadedPolicy
     from decode.policies.files.deployment import Deployment
 
@@ -111,7 +111,7 @@ class MethodRequest:
 
 @dataclass(frozen=True)
 class LatencyRequest:
-    """The table a policy that reads one is built on (decode/policies/deployment.py ``needs_latency``: a selector,
+    """The table a policy that reads one is built on (decode/policies/build.py ``needs_latency``: a selector,
     expander or policy file, whose fallbacks it picks): ``machine``, this machine's, measured once per pair, machine
     and kernel paths and cached; ``fitted``, none (each file's choices as fitted); else a latency table file of this
     pair."""
@@ -192,8 +192,8 @@ class Decoding:
     any policy and sampling) and its policy (started afresh by the decoder for every generation)."""
 
     method: MethodRequest
-    decoder: SpeculativeDecoder | BatchDecoder  # a BatchDecoder in a session opened with batch=True
-    policy: Policy
+    decoder: SpeculativeDecoder | BatchDecoder  # a BatchDecoder in a session opened with a batch
+    policy: PolicySource
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,7 @@ class Session:
         return self.decoding.decoder
 
     @property
-    def policy(self) -> Policy:
+    def policy(self) -> PolicySource:
         return self.decoding.policy
 
 
@@ -241,7 +241,7 @@ def open_pair(pair: PairRequest | LoadedPair, kernels: str | None = None, hooks:
 
 def open_session(pair: PairRequest | LoadedPair, method: str | MethodRequest, kernels: str | None = None,
                  latency: str | LatencyRequest | None = None, *, deployment: Deployment | None = None,
-                 hooks: Hooks | None = None, batch: bool = False) -> Session:
+                 hooks: Hooks | None = None, batch: int = 0) -> Session:
     """One method's session: ``session.decoder`` runs ``session.policy``. ``deployment``: the policy file of a
     ``policy=FILE`` spec when the caller read it already (to name its verifier before the pair loaded). The rest
     as :func:`open_sessions`."""
@@ -254,15 +254,16 @@ def open_session(pair: PairRequest | LoadedPair, method: str | MethodRequest, ke
 
 def open_sessions(pair: PairRequest | LoadedPair, methods: Sequence[str | MethodRequest], kernels: str | None = None,
                   latency: str | LatencyRequest | None = None, *, deployments: Mapping[str, Deployment] | None = None,
-                  hooks: Hooks | None = None, batch: bool = False) -> Session:
+                  hooks: Hooks | None = None, batch: int = 0) -> Session:
     """Every method's decoder and policy on one pair, the steps in their one order (module docstring).
 
     ``pair``: a request, or a pair the caller loaded (through :meth:`PairRequest.load`) and checked; ``methods``:
     ``VERIFIER@SPEC`` texts or requests (a repeat is opened once); ``kernels``: as :func:`open_pair`; ``latency``:
     a :class:`LatencyRequest` or its text (None: ``machine``), read only where a method's policy reads a table;
-    ``deployments``: policy files read already, by the path their spec names; ``batch``: each method's decoder a
-    :class:`~decode.batch.BatchDecoder` (one per draft; it owns its models' caches from then on, so the pair's models
-    decode only through it).
+    ``deployments``: policy files read already, by the path their spec names; ``batch``: 0, a decoder per verifier
+    that decodes one request at a time; N >= 1, each method's decoder a :class:`~decode.batch.BatchDecoder` for up to
+    N requests together (one per draft; it owns its models' caches from then on, so the pair's models decode only
+    through it), the table pricing a batch's passes where N > 1.
 
     Raises:
         ValueError, KeyError, OSError: what the failing step raised, inside ``hooks.errors`` of that step; no later
@@ -275,7 +276,7 @@ def open_sessions(pair: PairRequest | LoadedPair, methods: Sequence[str | Method
     if not isinstance(pair, LoadedPair):
         with hooks.step("pair"):
             pair = pair.load()
-    checked = _check_policies(pair, requests, deployments or {}, hooks, batch)
+    checked = _check_policies(pair, requests, deployments or {}, hooks)
     with hooks.step("kernels"):
         choice = _apply_kernels(pair, kernels, hooks)
     hooks.tell(choice.line())
@@ -283,7 +284,7 @@ def open_sessions(pair: PairRequest | LoadedPair, methods: Sequence[str | Method
     table, line = None, None
     if _needs_latency(requests):
         with hooks.step("latency"):
-            table, line = latency.read(pair, hooks, batch=batch)
+            table, line = latency.read(pair, hooks, batch=batch > 1)
         hooks.tell(line)
     tables = _decoder_tables(pair, checked, drafts, table, hooks)
     build = _build_batch if batch else _build
@@ -302,19 +303,16 @@ def _needs_latency(requests: Sequence[MethodRequest]) -> bool:
 
 
 def _check_policies(pair: LoadedPair, requests: Sequence[MethodRequest], deployments: Mapping[str, Deployment],
-                    hooks: Hooks, batch: bool = False) -> dict[MethodRequest, LoadedPolicy]:
-    """Step ``policy``: each spec checked against its verifier and the pair, its file read once; for a batch, one
-    that reads root features refused (a batch computes none), before anything is timed."""
-    from decode.policies.build import load_policy_spec, reads_root_features
+                    hooks: Hooks) -> dict[MethodRequest, LoadedPolicy]:
+    """Step ``policy``: each spec checked against its verifier and the pair, its file read once, before anything is
+    timed."""
+    from decode.policies.build import load_policy_spec
 
     checked = {}
     for request in requests:
         with hooks.step("policy", request):
             checked[request] = load_policy_spec(request.spec, pair, request.verifier,
                                                 deployments.get(request.spec.path))
-            if batch and reads_root_features(checked[request]):
-                raise ValueError(f"{request.text} reads root features, which a batch does not compute: decode it "
-                                 "one request at a time")
     return checked
 
 
@@ -379,7 +377,7 @@ def _build_batch(pair: LoadedPair, checked: Mapping[MethodRequest, LoadedPolicy]
                  drafts: Mapping[str | None, CachedLM], table: LatencyTable | None,
                  tables: Mapping[str | None, LatencyTable | None], hooks: Hooks) -> dict[MethodRequest, Decoding]:
     """Step ``build`` of a batched session: each policy built on ``table``, one batch decoder per draft (a request
-    brings its own verifier there; step ``policy`` refused the policies a batch cannot run)."""
+    brings its own verifier there), holding the table its draft's policies read."""
     from decode.batch import BatchDecoder
     from decode.policies.build import build_policy
 
@@ -389,6 +387,7 @@ def _build_batch(pair: LoadedPair, checked: Mapping[MethodRequest, LoadedPolicy]
         with hooks.step("build", request):
             policy = build_policy(loaded, pair, request.verifier, table)
             if request.draft not in decoders:
-                decoders[request.draft] = BatchDecoder(pair.target, drafts[request.draft], pair.eos_token_id)
+                decoders[request.draft] = BatchDecoder(pair.target, drafts[request.draft], pair.eos_token_id,
+                                                       latency=tables[request.draft])
         decodings[request] = Decoding(request, decoders[request.draft], policy)
     return decodings

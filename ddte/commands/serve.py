@@ -8,11 +8,12 @@ decisions by action, queue depth). Every response's usage comes with a "ddte" ob
 the actions the policy chose. Sampling settings are per request; each request is exactly the target's law at its own
 settings, and a request with a seed gives what `ddte generate --seed` gives.
 
-One pair is loaded. By default requests run one at a time, in arrival order (--max-batch 1: the single loop); with
---max-batch N up to N decode together in one batch (continuous batching: a request joins the running batch between
-steps as a slot frees, and leaves when done or cancelled; one target pass per step over every request's tree), each
-still exactly the target's law at its own settings (a seeded one gives the same tokens as alone, except where a draw
-falls within float rounding of a boundary: its rows are summed in another order). At most --max-queue wait beyond
+One pair is loaded. Every request runs on the one decoding step: by default one at a time, in arrival order
+(--max-batch 1); with --max-batch N up to N decode together (continuous batching: a request joins the running batch
+between steps as a slot frees, and leaves when done or cancelled; one target pass per step over every request's
+tree), each still exactly the target's law at its own settings and with its own policy, a selector's or an
+expander's included (a seeded one gives the same tokens as alone, except where a draw falls within float rounding
+of a boundary: its rows are summed in another order). At most --max-queue wait beyond
 the batch, and one more gets 429 at once. A body over --max-body-kib gets 413; a bad one
 400, with an OpenAI error object. A client that disconnects ends its generation at the next step. Ctrl-C or SIGTERM
 stops accepting, answers the queued requests 503 at once, lets the running request finish (for at most 30 s, then
@@ -49,13 +50,12 @@ from ddte.serve.server import DEFAULT_MAX_BODY_BYTES, listen_socket, url_of
 
 DEFAULT_METHOD = "traversal@1,3,0"
 DEFAULT_MAX_BATCH = 1
-MAX_BATCH_HELP = ("requests decoded together (continuous batching on one shared KV cache); 1 runs one at a time on "
-                  "the single loop. Default 1. Batching several clients raises their output tokens/s together and "
-                  "cuts their time to the first token, but raises each request's TPOT; alone a request runs no "
-                  "slower (docs/results.md, 'Serving'). 1 stays the default because it keeps each "
-                  "request's latency, which speculative decoding is for, and serves every policy: a selector (which "
-                  "a pipeline's policy.json may deploy) reads root features, which a batch does not compute. Raise "
-                  "it where several users share a server")
+MAX_BATCH_HELP = ("requests decoded together (continuous batching on one shared KV cache), each with the served "
+                  "policy, a selector's or an expander's included; 1 runs them one at a time. Default 1. Batching "
+                  "several clients raises their output tokens/s together and cuts their time to the first token, "
+                  "but raises each request's TPOT; alone a request runs no slower (docs/results.md, 'Serving'). 1 "
+                  "stays the default because it keeps each request's latency, which speculative decoding is for. "
+                  "Raise it where several users share a server")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("the pair has no tokenizer: pass --tokenizer DIR")
     # the policy checked against the pair before any timing, then this machine's kernels and latency table
     session = open_session(pair, MethodRequest(verifier, spec), args.kernels, args.latency, deployment=deployment,
-                           hooks=shell_hooks(args), batch=args.max_batch > 1)
+                           hooks=shell_hooks(args), batch=args.max_batch)
     policy, decoder = session.policy, session.decoder
     method = f"{verifier}@{spec.text}"
     served = Served(args.model_name, pair, decoder, policy, method, args.max_queue, args.default_max_tokens,

@@ -11,7 +11,6 @@ what happened to it: 200, its refusal's status, 499 for a client that left, 500,
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import time
@@ -19,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -26,10 +26,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from ddte.serve.batching import BatchRunner
 from ddte.serve.body import ClientLeft, decode_json, read_body
 from ddte.serve.metrics import ServerMetrics
-from ddte.serve.outcome import answer, empty_stats, record
 from ddte.serve.requests import CompletionRequest, RequestError, parse_request
 from ddte.serve.server import DEFAULT_MAX_BODY_BYTES
-from ddte.serve.worker import Job, Worker, new_seed
+from ddte.serve.worker import Job, Worker
+
+if TYPE_CHECKING:
+    from decode.batch import BatchDecoder
+    from decode.pair import LoadedPair
+    from decode.policies.base import PolicySource
+    from decode.verifiers.base import Verifier
 
 logger = logging.getLogger(__name__)
 WORKER_JOIN_SECONDS = 10.0  # at shutdown, after the drain: the running generation ends at its next step
@@ -37,25 +42,26 @@ WORKER_JOIN_SECONDS = 10.0  # at shutdown, after the drain: the running generati
 
 @dataclass
 class Served:
-    """What the server runs: the pair, one decoder and its policy, and how requests are bounded.
+    """What the server runs: the pair, the one decoding step over it, the policy, and how requests are bounded.
 
     Attributes:
         model: the name clients give as ``model`` (``GET /v1/models`` lists it).
+        decoder: the step every request decodes on, up to ``max_batch`` of them together (1: one at a time).
+        policy: the policy source each request starts its runner from.
         method: the decoding method as ``ddte bench`` spells it (reported in every response's ``ddte`` object).
-        max_batch: 1, requests one at a time on a ``SpeculativeDecoder``; more, up to that many decoded together on a
-            ``decode.batch.BatchDecoder`` (``decoder``), each request with ``verifier`` (a ``Verifier``).
+        verifier: what each request verifies its trees with.
     """
 
     model: str
-    pair: object  # decode.pair.LoadedPair
-    decoder: object  # decode.engine.SpeculativeDecoder, or decode.batch.BatchDecoder where max_batch > 1
-    policy: object  # decode.policies.base.Policy
+    pair: LoadedPair
+    decoder: BatchDecoder
+    policy: PolicySource
     method: str
     max_queue: int = 16
     default_max_tokens: int = 256
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_batch: int = 1
-    verifier: object = None  # decode.verifiers.base.Verifier, what each request of a batch verifies with
+    verifier: Verifier | None = None
 
 
 def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:
@@ -65,10 +71,9 @@ def error_body(message: str, status: int, param: str | None = None, code: str | 
 
 def create_app(served: Served):
     """The FastAPI app. Its lifespan starts the worker thread; at shutdown it fails what is still queued (503),
-    cancels the running generation and waits for the thread at most :data:`WORKER_JOIN_SECONDS`."""
+    cancels the running generations and waits for the thread at most :data:`WORKER_JOIN_SECONDS`."""
     metrics = ServerMetrics(lambda: worker.depth())
-    batch = BatchRunner(served, metrics, served.max_batch) if served.max_batch > 1 else None
-    worker = Worker(functools.partial(_run_job, served, metrics), served.max_queue, batch)
+    worker = Worker(served.max_queue, BatchRunner(served, metrics, served.max_batch))
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -147,22 +152,6 @@ def _checked_request(raw: bytes, chat: bool, served: Served) -> CompletionReques
     pair = served.pair
     return parse_request(decode_json(raw), chat, served.model, pair.tokenizer, pair.context_limit,
                          served.decoder.vocab, served.default_max_tokens)
-
-
-def _run_job(served: Served, metrics: ServerMetrics, job: Job) -> None:
-    """The worker thread's work for one job, one at a time (``--max-batch 1``): generate, then report."""
-    from decode.drafting.rng import TorchRandom
-
-    request = job.request
-    metrics.started()
-    seed = request.seed if request.seed is not None else new_seed()
-    generation = None
-    try:
-        generation = served.decoder.generate(request.prompt_ids, request.max_tokens, served.policy,
-                                             TorchRandom(seed), request.sampling, on_step=job.on_step)
-    finally:
-        record(metrics, job, generation.stats if generation is not None else empty_stats())
-    answer(job, generation, served.method, seed)
 
 
 @dataclass

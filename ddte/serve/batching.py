@@ -1,5 +1,5 @@
-"""Continuous batching for ``ddte serve --max-batch N``: the worker's jobs decoded together on one
-``decode.batch.BatchDecoder`` (opened by decode/session.py with ``batch=True``).
+"""The one road from the worker's jobs to the decoding step: up to ``--max-batch`` jobs decoded together on one
+``decode.batch.BatchDecoder`` (opened by decode/session.py), one at a time where it is 1 (continuous batching).
 
 Each job joins the batch with its own prompt, sampling settings, seed, verifier and policy, so it stays exactly the
 target's law at its own settings whatever else is in the batch (tests/decode/exact/test_batch.py). After each step
@@ -19,21 +19,21 @@ class BatchRunner:
     :class:`~ddte.serve.worker.Batch`."""
 
     def __init__(self, served, metrics: ServerMetrics, size: int) -> None:
-        if size < 2:
-            raise ValueError(f"a batch holds at least 2 requests, got {size}")
+        if size < 1:
+            raise ValueError(f"a batch holds at least 1 request, got {size}")
         self.served, self.metrics, self.size = served, metrics, size
         self._ids: dict[Job, tuple[int, int]] = {}  # job -> (its id in the decoder, its seed)
 
     def admit(self, job: Job) -> bool:
         """Start ``job`` in the batch (its prompt runs in the next step's passes); False when it failed, answered."""
-        from decode.batch import Job as BatchJob
         from decode.drafting.rng import TorchRandom
+        from decode.generation import Job as DecodeJob
 
         request, served = job.request, self.served
         seed = request.seed if request.seed is not None else new_seed()
         self.metrics.started()
         try:
-            rid = served.decoder.join(BatchJob(request.prompt_ids, request.max_tokens, served.policy,
+            rid = served.decoder.join(DecodeJob(request.prompt_ids, request.max_tokens, served.policy,
                                                TorchRandom(seed), request.sampling, served.verifier))
         except Exception as err:  # this request fails alone; the batch is as it was
             record(self.metrics, job, empty_stats())

@@ -1,10 +1,10 @@
-"""One decoding worker: requests queue in arrival order and one thread decodes them on the loaded pair: one at a time
-(``--max-batch 1``, the single loop), or up to N together in one batch (a :class:`Batch`: requests join the running
-batch between its steps, as slots free, and leave it when done or cancelled; continuous batching).
+"""One decoding worker: requests queue in arrival order and one thread decodes them on the loaded pair, up to
+``--max-batch`` together in one batch (a :class:`Batch`: requests join the running batch between its steps, as slots
+free, and leave it when done or cancelled; continuous batching; one at a time where the batch holds one).
 
 The queue is bounded: a full queue refuses at once
 (the app answers 429) instead of letting a client hang. Each :class:`Job` turns the decoder's steps into text as
-they come (``SpeculativeDecoder.generate``'s ``on_step``): it decodes the tokens so far, holds back what could still
+they come (after each step of the batch): it decodes the tokens so far, holds back what could still
 become a stop string or is half a character, sends the rest to the client's event queue on the event loop, and asks
 the decoder to stop when a stop string appears or the client has gone.
 """
@@ -110,23 +110,21 @@ class Batch(Protocol):
 
 
 class Worker:
-    """The queue and the one thread that decodes. ``run_job(job)`` does one job's work (the app's decoder call);
-    ``batch``: decode up to ``batch.size`` jobs together instead (None: one at a time through ``run_job``).
+    """The queue and the one thread that decodes up to ``batch.size`` jobs together.
 
     The queue holds at most ``max_queue`` jobs whose clients are still there (jobs in the running batch do not
     count): a job whose client left is dropped from the queue (and from its depth) when the next job is queued or
     taken.
     """
 
-    def __init__(self, run_job, max_queue: int, batch: Batch | None = None) -> None:
-        self._run_job, self._batch = run_job, batch
+    def __init__(self, max_queue: int, batch: Batch) -> None:
+        self._batch = batch
         self.max_queue = max_queue
         self._queued: collections.deque[Job] = collections.deque()
         self._ready = threading.Condition()
-        self.active: list[Job] = []  # the jobs decoding now (one at most without a batch)
+        self.active: list[Job] = []  # the jobs decoding now
         self.closing = False
-        loop = self._loop if batch is None else self._batch_loop
-        self.thread = threading.Thread(target=loop, name="ddte-serve-worker", daemon=True)
+        self.thread = threading.Thread(target=self._loop, name="ddte-serve-worker", daemon=True)
 
     @property
     def running(self) -> Job | None:
@@ -179,28 +177,6 @@ class Worker:
     def _drop_left(self) -> None:
         self._queued = collections.deque(job for job in self._queued if not job.cancelled.is_set())
 
-    def _next(self) -> Job | None:
-        """The next job whose client is still there, waiting for one; None once the worker is closing."""
-        with self._ready:
-            while True:
-                self._drop_left()
-                if self.closing:
-                    return None
-                if self._queued:
-                    job = self._queued.popleft()
-                    self.active = [job]
-                    return job
-                self._ready.wait()
-
-    def _loop(self) -> None:
-        while (job := self._next()) is not None:
-            try:
-                self._run_job(job)
-            except Exception as err:  # a request must fail alone, never the worker
-                job.fail(f"generation failed: {_first_line(err)}")
-            finally:
-                self.active = []
-
     def _take(self, free: int, wait: bool) -> list[Job] | None:
         """Up to ``free`` queued jobs whose clients are still there, waiting for one when ``wait`` (the batch is
         empty); None once the worker is closing and ``wait``: nothing is left to decode."""
@@ -213,7 +189,7 @@ class Worker:
                     return [self._queued.popleft() for _ in range(min(free, len(self._queued)))]
                 self._ready.wait()
 
-    def _batch_loop(self) -> None:
+    def _loop(self) -> None:
         """Continuous batching: between steps, queued jobs join while the batch has room; each step advances every
         job in it; a job leaves when it ends or its client left. Closing admits no one, and the batch decodes on
         until its jobs end (a stop's drain cuts them after its deadline)."""

@@ -79,6 +79,12 @@ class SharedSlots:
         return int((~self.settled).sum())
 
     @property
+    def committed(self) -> int:
+        """Settled slots: a sequence's committed length while the cache holds one sequence and no dead slot (what a
+        forward hook reads, :class:`SharedCache`)."""
+        return int(self.settled.sum())
+
+    @property
     def dead(self) -> int:
         return int((self.owner == _NONE).sum())
 
@@ -196,20 +202,23 @@ class SharedCache:
     """A :class:`~decode.models.cached_lm.CachedLM` whose cache holds several sequences (see the module docstring).
 
     The batch owns the model while it lives: the constructor empties its cache, and a plain ``prefill``/``extend``
-    on it would ignore the layout. A model with a forward hook (a steered pair) is refused.
+    on it would ignore the layout. A model with a forward hook (a steered pair) holds one sequence at a time, its
+    slots then the sequence's positions as in a plain cache: the hook hears each forward's root, taps and commits as
+    :class:`~decode.models.cached_lm.CachedLM` tells it, and a sequence's first run (its prompt) runs as a prefill.
     """
 
     layout = SharedSlots  # the slot bookkeeping (a test's negative control swaps in a leaking one)
 
     def __init__(self, lm: CachedLM) -> None:
-        if lm.hook is not None:
-            raise ValueError("a batch does not run a model with a forward hook (a steered pair) yet")
         lm.reset()
         self.lm, self.slots = lm, self.layout()
         lm.slots = self.slots  # the store and forward read the cache length and positions from here
 
     def add(self) -> int:
-        """A new, empty sequence; its id."""
+        """A new, empty sequence; its id. ValueError for a second one beside a model with a forward hook."""
+        if self.lm.hook is not None and self.slots.live:
+            raise ValueError("a steered pair decodes one request at a time (its draft's steering reads the target's "
+                             "states slot by slot)")
         return self.slots.add()
 
     def tip(self, seq: int) -> int:
@@ -244,13 +253,27 @@ class SharedCache:
         ends = offsets[1:] + [len(tokens)]
         starts = [a + k for a, k in zip(offsets, skip, strict=True)]
         rows = None if not any(skip) else np.concatenate([np.arange(a, b) for a, b in zip(starts, ends, strict=True)])
+        hook = self.lm.hook
+        bias = None if hook is None else self._hook_bias(blocks[0], base, settle)
         with support_logits(self.lm.model) if on_support else nullcontext():
-            out = self.lm._forward(tokens, allowed, pos, output_hidden, None, (), rows)
+            out = self.lm._forward(tokens, allowed, pos, output_hidden, bias, () if hook is None else hook.tap_layers,
+                                   rows)
+        if out.tapped is not None:
+            hook.tapped(out.tapped)
         self.slots.append(owners, pos, par, settled=settle)
         kept = np.cumsum([0] + [b - a for a, b in zip(starts, ends, strict=True)])  # each block's first output row
         return [BlockOutput(out.logits[kept[i]:kept[i + 1]],
                             None if out.hidden is None else out.hidden[kept[i]:kept[i + 1]], base + starts[i])
                 for i in range(len(blocks))]
+
+    def _hook_bias(self, block: Block, base: int, settle: bool) -> torch.Tensor | None:
+        """The hook's up-projection bias for a forward of the one sequence (slots are its positions): rooted at the
+        last token of a settled run, at the tip under a speculative block, none for its first run (a prefill)."""
+        tip = self.slots.tip(block.seq)
+        if settle and tip == _NONE:
+            return None
+        bias = self.lm.hook.up_bias(base + len(block.tokens) - 1 if settle else tip)
+        return None if bias is None else bias.to(self.lm.device, self.lm.dtype)
 
     def settle(self, runs: Mapping[int, Sequence[int]], output_hidden: bool = False,
                last: int | None = None) -> list[BlockOutput]:
@@ -288,5 +311,7 @@ class SharedCache:
         if keep != list(range(first, first + len(keep))):
             with torch.inference_mode():
                 self.lm._move_slots(torch.tensor(keep, dtype=torch.long, device=self.lm.device), first)
+        if self.lm.hook is not None:
+            self.lm.hook.committed(first, list(keep))
         self.lm._truncate(first + len(keep))  # reads the old length from the layout
         self.slots.keep(keep, first)

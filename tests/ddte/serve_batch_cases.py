@@ -42,7 +42,7 @@ def served_batch(pair_yaml: Path, method: str = "traversal@1,3,0", max_batch: in
     from decode.session import PairRequest, open_session
     from decode.verifiers import get_verifier
 
-    session = open_session(PairRequest(pair_yaml), method, "default", "fitted", batch=True)
+    session = open_session(PairRequest(pair_yaml), method, "default", "fitted", batch=max_batch)
     if not eos:
         session.decoder.eos_token_id = None
     verifier = verifier or get_verifier(session.decoding.method.verifier)

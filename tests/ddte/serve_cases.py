@@ -57,16 +57,16 @@ def make_pairs(folder: Path) -> dict[str, Path]:
 def served(pair_yaml: Path, method: str = "traversal@1,3,0", max_queue: int = 64, verifier=None, eos: bool = True):
     from bench.method import Method
     from ddte.serve.app import Served
-    from decode.engine import SpeculativeDecoder
+    from decode.batch import BatchDecoder
     from decode.pair import load_pair_config
     from decode.policies.build import build_policy
     from decode.verifiers import get_verifier
 
     pair = load_pair_config(pair_yaml)
     parsed = Method.parse(method)
-    decoder = SpeculativeDecoder(pair.target, pair.draft, verifier or get_verifier(parsed.verifier),
-                                 pair.eos_token_id if eos else None)
-    return Served(MODEL, pair, decoder, build_policy(parsed.policy, pair, parsed.verifier), parsed.key, max_queue, 64)
+    decoder = BatchDecoder(pair.target, pair.draft, pair.eos_token_id if eos else None)
+    return Served(MODEL, pair, decoder, build_policy(parsed.policy, pair, parsed.verifier), parsed.key, max_queue, 64,
+                  verifier=verifier or get_verifier(parsed.verifier))
 
 
 @contextmanager

@@ -30,11 +30,25 @@ def test_serve_batch_cases(tmp_path, cases):
     assert "Traceback" not in output and "Exception in ASGI" not in output, output[-6000:]
 
 
-def test_a_root_feature_policy_is_refused_in_a_batch(tmp_path):
-    """A session opened for a batch refuses a policy that reads root features (a batch computes none) at its build
-    step, in one line."""
+def test_a_selector_decodes_in_a_batch_and_a_batch_of_one_is_the_single_request(tmp_path):
+    """A session opened for a batch serves a policy that reads root features (the shipped selector): three requests
+    decode together; a seeded request alone on that batch gives exactly the tokens of the one-request decoder."""
+    from decode.drafting.rng import TorchRandom
+    from decode.drafting.sampling import SamplingConfig
+    from decode.engine import SpeculativeDecoder
+    from decode.generation import Job
     from decode.session import PairRequest, open_session
+    from decode.verifiers import get_verifier
 
     selector = REPO / "models" / "selectors" / "traversal.onnx"  # the shipped pair's
-    with pytest.raises(ValueError, match="reads root features"):
-        open_session(PairRequest(), f"traversal@selector={selector}", "default", "fitted", batch=True)
+    session = open_session(PairRequest(), f"traversal@selector={selector}", "default", "fitted", batch=4)
+    decoder, policy, pair = session.decoder, session.policy, session.pair
+    verifier = get_verifier("traversal")
+    sampling = SamplingConfig(0.8)
+    jobs = [Job(pair.tokenizer.encode(text), 12, policy, TorchRandom(seed), sampling, verifier)
+            for seed, text in enumerate(["Once upon a time", "The cat", "def add(a, b):"])]
+    generations = decoder.generate(jobs)
+    assert all(len(g.tokens) >= 1 and g.stats.steps >= 1 for g in generations)
+    alone = decoder.generate([Job(jobs[0].prompt_ids, 12, policy, TorchRandom(0), sampling, verifier)])[0].tokens
+    single = SpeculativeDecoder(pair.target, pair.draft, verifier, pair.eos_token_id, latency=decoder.latency)
+    assert single.generate(jobs[0].prompt_ids, 12, policy, TorchRandom(0), sampling).tokens == alone

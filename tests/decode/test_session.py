@@ -91,7 +91,7 @@ def test_a_batch_sessions_table_also_prices_the_batchs_passes(pair_yaml, tmp_pat
     """A shared budget in a batch: the machine's table, then what a batch's passes cost beyond it (measured once and
     cached in a file of its own), which the budget's table carries; a session of one request's loop measures none."""
     lines: list[str] = []
-    session = open_session(PairRequest(pair_yaml), "traversal@shared", KERNELS, "machine", batch=True,
+    session = open_session(PairRequest(pair_yaml), "traversal@shared", KERNELS, "machine", batch=4,
                            hooks=hooks(steps, tmp_path, lines))
     assert steps[steps.index("<latency>"):] == ["<latency>", "machine_table[int8-dynamic]",
                                                 "machine_batch_cost[int8-dynamic]", "<build>", "build_policy"]

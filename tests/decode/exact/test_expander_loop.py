@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from decode.batch import BatchDecoder
 from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.delayed import DraftedTree
@@ -167,18 +168,33 @@ def test_halting_on_the_earlier_draws_is_lossless(name, signal, k, l2):
     assert law_error(got, target_law(target)) < TOL
 
 
-class PeekingDecoder(SpeculativeDecoder):
+def _root_only(drafted: DraftedTree) -> DraftedTree:
+    """The step's tree dropped: the root alone (the draft's speculative slots are dropped at the commit)."""
+    return DraftedTree(TreeBuilder().build(Regime.IID, (1, 0, 0)), drafted.q[:1], drafted.slots[:1],
+                       drafted.draft_calls)
+
+
+def _first_trunk_token(drafted: DraftedTree) -> int | None:
+    tree = drafted.tree
+    first = next((v for v in range(1, tree.num_nodes) if tree.parents[v] == 0), None)
+    return None if first is None else tree.tokens[first]
+
+
+class PeekingStep(BatchDecoder):
     """Wrong: drafts with the policy, then drops the whole tree when the trunk's first draw was not the draft's
     favourite token: whether a drawn token is verified depends on the draw itself."""
 
-    def _draft_tree(self, request, q_root, action) -> DraftedTree:
-        drafted = super()._draft_tree(request, q_root, action)
-        tree = drafted.tree
-        first = next((v for v in range(1, tree.num_nodes) if tree.parents[v] == 0), None)
-        if first is None or tree.tokens[first] == int(q_root.argmax()):
-            return drafted
-        return DraftedTree(TreeBuilder().build(Regime.IID, (1, 0, 0)), drafted.q[:1], drafted.slots[:1],
-                           drafted.draft_calls)
+    def _draft_trees(self, live, q_roots, actions):
+        drafted = super()._draft_trees(live, q_roots, actions)
+        for rid, tree in drafted.items():
+            token = _first_trunk_token(tree)
+            if token is not None and token != int(q_roots[rid].argmax()):
+                drafted[rid] = _root_only(tree)
+        return drafted
+
+
+class PeekingDecoder(SpeculativeDecoder):
+    step_class = PeekingStep
 
 
 @pytest.mark.parametrize("name", ["specinfer", "traversal"])
@@ -189,23 +205,26 @@ def test_a_loop_that_peeks_at_the_trunk_draw_is_caught(name):
     assert law_error(got, target_law(target)) > 100 * TOL
 
 
-class TargetPeekingDecoder(SpeculativeDecoder):
-    """Wrong: with a one-token prompt the target's law at the first root is known before drafting; this loop drops the
-    first step's tree when the target likes the trunk's first draw less than the draft does (p(x) < q(x)): a halting
-    decision that reads the target's law at a drawn token."""
+class TargetPeekingStep(BatchDecoder):
+    """Wrong: drops the step's tree when the target likes the trunk's first draw less than the draft does
+    (p(x) < q(x)), p read from the target at the root: a halting decision that reads the current step's target law
+    at a drawn token."""
 
-    def _draft_tree(self, request, q_root, action) -> DraftedTree:
-        drafted = super()._draft_tree(request, q_root, action)
-        tree = drafted.tree
-        first = next((v for v in range(1, tree.num_nodes) if tree.parents[v] == 0), None)
-        if request.target_pending or first is None:  # not the first step: the target's root law is not known yet
-            return drafted
-        p_root = distributions(request.target_root_logits, request.sampling)
-        token = tree.tokens[first]
-        if p_root[token] >= q_root[token]:
-            return drafted
-        return DraftedTree(TreeBuilder().build(Regime.IID, (1, 0, 0)), drafted.q[:1], drafted.slots[:1],
-                           drafted.draft_calls)
+    def _draft_trees(self, live, q_roots, actions):
+        drafted = super()._draft_trees(live, q_roots, actions)
+        for rid, r in live.items():
+            token = _first_trunk_token(drafted[rid])
+            if token is None:
+                continue
+            with torch.inference_mode():
+                logits = self.target.lm.model(torch.tensor([[*r.job.prompt_ids, *r.tokens]])).logits[0, -1]
+            if distributions(logits.float(), r.job.sampling)[token] < q_roots[rid][token]:
+                drafted[rid] = _root_only(drafted[rid])
+        return drafted
+
+
+class TargetPeekingDecoder(SpeculativeDecoder):
+    step_class = TargetPeekingStep
 
 
 @pytest.mark.parametrize("name", ["specinfer", "traversal"])

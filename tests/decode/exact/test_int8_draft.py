@@ -14,9 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from decode.batch import BatchDecoder
 from decode.drafting.actions import Action
 from decode.drafting.delayed import DraftedTree
 from decode.drafting.sampling import distributions
+from decode.drafting.tree import ROOT
 from decode.engine import SpeculativeDecoder
 from decode.models.cached_lm import CachedLM
 from decode.models.fast_llama import FastCachedLM, cached_lm
@@ -72,38 +74,41 @@ def test_an_int8_draft_is_lossless(name, path):
     assert law_error(got, target_law(target)) < TOL
 
 
-class MislabelledDecoder(SpeculativeDecoder):
+class MislabelledStep(BatchDecoder):
     """Wrong: draws the tree from the quantized draft, then shows the verifier each drafted node's law (the root's
-    included) on the default path, recomputed over the same cache, not the law its children were drawn from. The
-    tree's root is a placeholder, so the sequence so far is kept to rerun the root's own token."""
+    included) on the default path, recomputed from the whole sequence, not the law its children were drawn from."""
 
-    def generate(self, prompt_ids, max_new_tokens, policy, rng, sampling, on_step=None):
-        self.sequence = list(prompt_ids)
+    def _draft_trees(self, live, q_roots, actions):
+        drafted = super()._draft_trees(live, q_roots, actions)
+        return {rid: self._mislabelled(r, drafted[rid]) for rid, r in live.items()}
 
-        def record(tokens: list[int]) -> bool:
-            self.sequence += list(tokens)
-            return True if on_step is None else on_step(tokens)
-
-        return super().generate(prompt_ids, max_new_tokens, policy, rng, sampling, on_step=record)
-
-    def _draft_tree(self, request, q_root, action) -> DraftedTree:
-        drafted = super()._draft_tree(request, q_root, action)
-        draft, tree, q = self.draft, drafted.tree, drafted.q.clone()
-        path = draft.kernel
-        draft.use_kernel("default")
+    def _mislabelled(self, r, drafted: DraftedTree) -> DraftedTree:
+        lm, tree, q = self.draft.lm, drafted.tree, drafted.q.clone()
+        context, path = [*r.job.prompt_ids, *r.tokens], lm.kernel
+        lm.use_kernel("default")
         try:
             for v in range(tree.num_nodes):
                 if drafted.slots[v] < 0:
                     continue  # a leaf: nothing was drawn from it
-                parent = draft.slots.parent_of(drafted.slots[v]) if v == 0 else drafted.slots[tree.parents[v]]
-                token = self.sequence[-1] if v == 0 else tree.tokens[v]
-                length = draft.length
-                logits = draft.extend_tree([token], [parent])
-                draft.crop(length)
-                q[v] = distributions(logits, request.sampling)[0]
+                with torch.inference_mode():
+                    logits = lm.model(torch.tensor([context + _tokens_to(tree, v)])).logits[0, -1].float()
+                q[v] = distributions(logits, r.job.sampling)
         finally:
-            draft.use_kernel(path)
+            lm.use_kernel(path)
         return DraftedTree(tree, q, drafted.slots, drafted.draft_calls, drafted.hidden, drafted.trunk_depth)
+
+
+class MislabelledDecoder(SpeculativeDecoder):
+    step_class = MislabelledStep
+
+
+def _tokens_to(tree, v: int) -> list[int]:
+    """The tokens of the path from the root (excluded) down to node ``v``."""
+    tokens = []
+    while v != ROOT:
+        tokens.append(tree.tokens[v])
+        v = tree.parents[v]
+    return tokens[::-1]
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast-forward", "hf-forward"])

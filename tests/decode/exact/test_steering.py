@@ -13,13 +13,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from decode.batch import BatchDecoder
 from decode.drafting.actions import Action
-from decode.drafting.delayed import DraftedTree, draft_delayed_tree
+from decode.drafting.delayed import DraftedTree
 from decode.drafting.sampling import SamplingConfig, distributions
 from decode.drafting.tree import ROOT
 from decode.engine import SpeculativeDecoder
-from decode.models.cached_lm import CachedLM, run_nodes
+from decode.models.cached_lm import CachedLM
 from decode.models.fast_llama import cached_lm
+from decode.models.shared_cache import Block, SharedCache
+from decode.models.slots import block_parents
 from decode.models.steering import SteeringMap, SteeringSpec, link_steering
 from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier, verifier_names
@@ -62,31 +65,36 @@ def law_error(got: dict, want: dict) -> float:
     return max(abs(got.get(s, 0.0) - p) for s, p in want.items())
 
 
-class StaleSteeringDecoder(SpeculativeDecoder):
+class StaleSteeringStep(BatchDecoder):
     """Wrong: draws each tree under the previous step's δ, then gives the verifier q recomputed under this step's."""
 
-    def _draft_tree(self, request, q_root, action):
-        link = self.draft.hook
-        current = link.up_bias(self.draft.committed - 1)
+    def _draft_trees(self, live, q_roots, actions):
+        ((rid, request),) = live.items()
+        link = self.draft.lm.hook
+        current = link.up_bias(self.draft.tip(request.draft_seq))
         stale, request.previous_delta = getattr(request, "previous_delta", None), current
         link.up_bias = lambda root: stale  # shadows the method on this instance while the tree is drawn
         try:
-            drafted = draft_delayed_tree(self.draft, q_root, action, request.sampling, request.rng,
-                                         self.without_replacement)
+            drafted = super()._draft_trees(live, q_roots, actions)
         finally:
             del link.up_bias
-        self.draft.commit([])  # drop the stale slots, then run the same nodes under this step's δ
-        return _requeried(self.draft, drafted, q_root, request.sampling)
+        self.draft.commit({})  # drop the stale slots, then run the same nodes under this step's δ
+        return {rid: _requeried(self.draft, request.draft_seq, drafted[rid], q_roots[rid], request.job.sampling)}
 
 
-def _requeried(draft: CachedLM, drafted: DraftedTree, q_root: torch.Tensor, sampling) -> DraftedTree:
+class StaleSteeringDecoder(SpeculativeDecoder):
+    step_class = StaleSteeringStep
+
+
+def _requeried(draft: SharedCache, seq: int, drafted: DraftedTree, q_root: torch.Tensor, sampling) -> DraftedTree:
     """The same tree, with q at every node it ran recomputed by ``draft`` as it is now (slots re-made)."""
     tree, ran = drafted.tree, [v for v in range(1, drafted.tree.num_nodes) if drafted.slots[v] >= 0]
-    slots, q = {ROOT: draft.length - 1}, drafted.q.clone()
+    slots, q = {ROOT: draft.tip(seq)}, drafted.q.clone()
     q[ROOT] = q_root
     if ran:
-        rows = run_nodes(draft, ran, tree.tokens, tree.parents, slots)
-        for v, row in zip(ran, distributions(rows, sampling), strict=True):
+        (out,) = draft.run([Block(seq, [tree.tokens[v] for v in ran], block_parents(ran, tree.parents, slots))])
+        slots.update({v: out.base + i for i, v in enumerate(ran)})
+        for v, row in zip(ran, distributions(out.logits, sampling), strict=True):
             q[v] = row
     return DraftedTree(tree, q, [slots.get(v, -1) for v in range(tree.num_nodes)], drafted.draft_calls)
 

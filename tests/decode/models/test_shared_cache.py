@@ -99,5 +99,9 @@ def test_the_layout_refuses_what_would_mix_sequences() -> None:
         cache.run([Block(7, [1], [None])])
     lm = CachedLM(arch_model("llama", seed=0, vocab=V, hidden=32, layers=1))
     lm.hook = ForwardHook()
-    with pytest.raises(ValueError, match="forward hook"):
-        SharedCache(lm)
+    hooked = SharedCache(lm)
+    first = hooked.add()
+    with pytest.raises(ValueError, match="one request at a time"):  # a steered pair's hook reads one sequence
+        hooked.add()
+    hooked.drop(first)
+    hooked.add()
