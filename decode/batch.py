@@ -39,7 +39,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
@@ -47,79 +46,17 @@ from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.delayed import DraftedTree, TreeDrafting, TrunkNode, delayed_tree_steps
 from decode.drafting.sampling import distributions
-from decode.drafting.tree import ROOT, Regime
-from decode.generation import Generation, Job, check_request, cut_at_eos
+from decode.drafting.tree import ROOT
+from decode.generation import Generation, Job, check_request, cut_at_eos, token_logprobs
 from decode.models.cached_lm import CachedLM
 from decode.models.loading import check_same_vocab
 from decode.models.shared_cache import Block, BlockOutput, SharedCache
 from decode.models.slots import block_parents
-from decode.policies.base import Policy, RootState, StepOutcome
+from decode.policies.base import RootState, StepOutcome
 from decode.policies.budget import batch_actions
 from decode.policies.features import RootFeatures, root_features
-from decode.stats import GenerationStats
+from decode.request_state import Request, StepClock, StepReport, prompt_logprobs, remember_previous
 from decode.verifiers.base import UnsupportedTreeError, VerifyResult
-
-State = tuple[torch.Tensor, torch.Tensor]  # (final hidden state (H,), law after it (V,)) of one model at one position
-
-
-@dataclass
-class StepReport:
-    """One request's part of a step: the tokens it kept (cut at EOS or its budget) and, when it ended in this step
-    and left the batch, its :class:`~decode.generation.Generation`."""
-
-    tokens: list[int]
-    finished: Generation | None = None
-
-
-@dataclass
-class Request:
-    """One request between steps.
-
-    Attributes:
-        job: what the caller asked (prompt, budget, policy source, random source, sampling, verifier).
-        policy: its runner, ``job.policy.start(job.sampling)``.
-        target_seq, draft_seq: its sequence in each model's cache.
-        target_pending: tokens the target has not run, the root last (a new request's prompt, then the root alone).
-        draft_pending: tokens the draft has not run (a new request's prompt; the root, after an accepted leaf).
-        draft_root_logits ``(V,)``, draft_root_hidden ``(H_d,)``: the draft at the root, once it ran it.
-        target_prev, draft_prev: each model's (state, law) at the token before the root, for root features only.
-    """
-
-    job: Job
-    policy: Policy
-    target_seq: int
-    draft_seq: int
-    started: float
-    stats: GenerationStats = field(default_factory=GenerationStats)
-    tokens: list[int] = field(default_factory=list)
-    target_pending: list[int] = field(default_factory=list)
-    draft_pending: list[int] = field(default_factory=list)
-    draft_root_logits: torch.Tensor | None = None
-    draft_root_hidden: torch.Tensor | None = None
-    target_prev: State | None = None
-    draft_prev: State | None = None
-
-    @property
-    def context_length(self) -> int:
-        return len(self.job.prompt_ids) + len(self.tokens)
-
-    @property
-    def budget(self) -> int:
-        return self.job.max_new_tokens - len(self.tokens)
-
-    @property
-    def features(self) -> bool:
-        """Whether its policy reads root features (and with them the states of both models)."""
-        return self.policy.needs_root_features
-
-    @property
-    def draft_hidden(self) -> bool:
-        """Whether the draft's hidden states are kept for it (root features, or a policy reading trunk states)."""
-        return self.policy.needs_root_features or self.policy.needs_draft_hidden
-
-    @property
-    def without_replacement(self) -> bool:
-        return self.job.verifier.draft_regime == Regime.WITHOUT_REPLACEMENT
 
 
 class BatchDecoder:
@@ -205,8 +142,8 @@ class BatchDecoder:
         self._commit(live, drafted, outs, results)
         for rid, r in live.items():
             if r.features:
-                _remember_previous(r, drafted[rid], results[rid], laws[rid], outs[rid].hidden, q_roots[rid])
-        reports = {rid: self._close_step(rid, r, actions[rid], drafted[rid], results[rid], clock.elapsed)
+                remember_previous(r, drafted[rid], results[rid], laws[rid], outs[rid].hidden, q_roots[rid])
+        reports = {rid: self._close_step(rid, r, actions[rid], drafted[rid], results[rid], laws[rid], clock.elapsed)
                    for rid, r in live.items()}
         clock.lap("other")
         return reports
@@ -221,10 +158,13 @@ class BatchDecoder:
         fresh = {rid: r for rid, r in live.items() if (r.features or steered) and len(r.target_pending) > 1}
         if not fresh:
             return
+        every_row = any(r.job.prompt_logprobs is not None for r in fresh.values())
         outs = self.target.settle({r.target_seq: r.target_pending[:-1] for r in fresh.values()}, output_hidden=True,
-                                  last=1)
+                                  last=None if every_row else 1)
         for r, out in zip(fresh.values(), outs, strict=True):
             r.target_prev = (out.hidden[-1], distributions(out.logits[-1], r.job.sampling)) if r.features else None
+            if r.job.prompt_logprobs is not None:  # row i predicts prompt token i + 1, the root included
+                r.prompt_logprobs = prompt_logprobs(out.logits, r.target_pending[1:], r.job.prompt_logprobs)
             r.target_pending = r.target_pending[-1:]
         if not steered:
             return
@@ -330,16 +270,26 @@ class BatchDecoder:
 
     def _target_pass(self, live: dict[int, Request], drafted: dict[int, DraftedTree]) -> dict[int, BlockOutput]:
         """One target forward over every request's pending tokens (its root last: a new request's whole prompt)
-        and tree nodes; each block's output starts at its root (node u at row u, ``base`` the root's slot)."""
+        and tree nodes; each block's output starts at its root (node u at row u, ``base`` the root's slot). A new
+        prompt's other rows are read only where its job asks for their log-probabilities."""
         blocks, skip = [], []
         for rid, r in live.items():
             tree, n = drafted[rid].tree, len(r.target_pending)
             parents = [None] + [-j for j in range(1, n)] + [-(tree.parents[v] + n) for v in range(1, tree.num_nodes)]
             blocks.append(Block(r.target_seq, r.target_pending + list(tree.tokens[1:]), parents))
-            skip.append(n - 1)
+            skip.append(0 if r.job.prompt_logprobs is not None else n - 1)
         self.pass_tokens = sum(len(block.tokens) for block in blocks)
         hidden = any(r.features for r in live.values())
-        return dict(zip(live, self.target.run(blocks, output_hidden=hidden, skip=skip), strict=True))
+        outs = dict(zip(live, self.target.run(blocks, output_hidden=hidden, skip=skip), strict=True))
+        for (rid, r), rows in zip(live.items(), skip, strict=True):
+            prompt = len(r.target_pending) - 1 - rows  # rows before the root this block returned
+            if prompt > 0:
+                r.prompt_logprobs = prompt_logprobs(outs[rid].logits[:prompt], r.target_pending[1:],
+                                                     r.job.prompt_logprobs)
+                out = outs[rid]
+                outs[rid] = BlockOutput(out.logits[prompt:], None if out.hidden is None else out.hidden[prompt:],
+                                        out.base + prompt)
+        return outs
 
     def _verify(self, live: dict[int, Request], drafted: dict[int, DraftedTree],
                 laws: dict[int, torch.Tensor]) -> dict[int, VerifyResult]:
@@ -369,17 +319,24 @@ class BatchDecoder:
         self.draft.commit(draft_chains)
 
     def _close_step(self, rid: int, r: Request, action: Action, drafted: DraftedTree, result: VerifyResult,
-                    seconds: float) -> StepReport:
-        """Cut the step's tokens at EOS or the budget, record them, tell the policy; end the request if done."""
+                    p: torch.Tensor, seconds: float) -> StepReport:
+        """Cut the step's tokens at EOS or the budget, record them, tell the policy; end the request if done.
+        ``p`` ``(n, V)``: the target's laws at the tree's nodes (the new tokens' log-probabilities, where asked)."""
         context_length = r.context_length
-        kept, hit_eos = cut_at_eos(list(result.emitted), r.budget, self.eos_token_id)
+        eos = self.eos_token_id if r.job.stop_at_eos else None
+        kept, hit_eos = cut_at_eos(list(result.emitted), r.budget, eos)
         r.tokens.extend(kept)
         action = _drafted_action(action, drafted) if r.policy.decides_per_node else action
         r.stats.record_step(str(action), drafted.tree.max_depth, result.accepted, len(kept))
         r.policy.observe(StepOutcome(action, result.accepted, len(result.emitted), context_length, seconds))
+        report = StepReport(kept, prompt_logprobs=r.prompt_logprobs)
+        r.prompt_logprobs = []
+        if r.job.logprobs is not None:  # token j of the step was drawn at node path[j - 1] (the root for j = 0)
+            rows = [ROOT, *result.path][: len(kept)]
+            report.logprobs = token_logprobs(p[rows].log(), kept, r.job.logprobs)
         if hit_eos or r.budget == 0:
-            return StepReport(kept, self._end(rid, "eos" if hit_eos else "length"))
-        return StepReport(kept)
+            report.finished = self._end(rid, "eos" if hit_eos else "length")
+        return report
 
     def _end(self, rid: int, stopped_by: str) -> Generation:
         r = self.requests.pop(rid)
@@ -422,41 +379,3 @@ def _drafted_action(widest: Action, drafted: DraftedTree) -> Action:
     if depth is None or depth == widest.l1:
         return widest
     return Action(1, depth, 0) if widest.is_single_path else Action(widest.k, depth, widest.l2)
-
-
-def _remember_previous(r: Request, drafted: DraftedTree, result: VerifyResult, p: torch.Tensor,
-                       target_hidden: torch.Tensor | None, q_root: torch.Tensor) -> None:
-    """After a step, the last accepted node (the root if none) is the next root's previous token: each model's state
-    and law there. ``p`` ``(n, V)`` and ``target_hidden`` ``(n, H_t)``: the target's rows of the tree, root first."""
-    last = result.path[-1] if result.path else ROOT
-    r.target_prev = (target_hidden[last], p[last])
-    if last == ROOT:
-        r.draft_prev = (r.draft_root_hidden, q_root)
-    elif drafted.slots[last] >= 0:
-        r.draft_prev = (drafted.hidden[last], drafted.q[last])
-    # else: an accepted leaf the draft never ran; the next step's pending pass gives its state
-
-
-class StepClock:
-    """Splits a step's wall time into the phases of each request's statistics (each request waited the whole
-    step, so every phase counts for every request)."""
-
-    def __init__(self, stats: list[GenerationStats]) -> None:
-        self.stats, self.start = stats, time.perf_counter()
-        self.last = self.start
-
-    @property
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        for stats in self.stats:
-            stats.seconds[phase] += now - self.last
-        self.last = now
-
-    def move(self, source: str, to: str, seconds: float) -> None:
-        """Count ``seconds`` already lapped in ``source`` as ``to``'s."""
-        for stats in self.stats:
-            stats.seconds[source] -= seconds
-            stats.seconds[to] += seconds

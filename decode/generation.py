@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from decode.drafting.rng import RandomSource
 from decode.drafting.sampling import SamplingConfig
 from decode.policies.base import PolicySource
@@ -17,7 +19,12 @@ from decode.verifiers.base import Verifier
 @dataclass(frozen=True)
 class Job:
     """One request, everything that is its own: the prompt's token ids, how many tokens it may add, the policy
-    source that starts its runner, its random source, its sampling settings and the verifier of its trees."""
+    source that starts its runner, its random source, its sampling settings and the verifier of its trees.
+
+    ``logprobs``: k, each new token's log-probability under the target's law as sampled (the verification pass's p)
+    and the k likeliest tokens there; ``prompt_logprobs``: k, each prompt token's (the first excepted) under the
+    target's raw law (temperature 1, the prompt's own pass) and the k likeliest there; None: neither is computed.
+    ``stop_at_eos``: False decodes past EOS up to the budget."""
 
     prompt_ids: Sequence[int]
     max_new_tokens: int
@@ -25,6 +32,29 @@ class Job:
     rng: RandomSource
     sampling: SamplingConfig
     verifier: Verifier
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    stop_at_eos: bool = True
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability under a law and the ``k`` likeliest tokens there (``(id, logprob)``, likeliest
+    first); ``-inf`` where the law gives the token no mass."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(log_laws: torch.Tensor, tokens: Sequence[int], k: int) -> list[TokenLogprob]:
+    """Each ``tokens[i]``'s entry of ``log_laws[i]`` ``(n, V)`` (log-probabilities) and that row's ``k`` likeliest."""
+    if len(tokens) == 0:
+        return []
+    picked = log_laws[torch.arange(len(tokens)), torch.as_tensor(list(tokens))].tolist()
+    values, ids = (log_laws.topk(k, dim=-1) if k > 0 else (log_laws[:, :0], log_laws[:, :0].long()))
+    return [TokenLogprob(int(t), float(lp), tuple(zip(i.tolist(), v.tolist(), strict=True)))
+            for t, lp, i, v in zip(tokens, picked, ids, values, strict=True)]
 
 
 @dataclass
