@@ -33,12 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an acceptance model (ddte acceptance) trained on other prompts: adds the signals "
                              "'acceptance' (its β̂) and 'marginal' (the marginal rule on β̂ and the step times), and "
                              "the file embeds its graph instead of the ridge head")
-    from decode.policies.signals import SIGNALS
+    from decode.policies.signals import SIGNALS, signal_names
 
-    parser.add_argument("--signals", nargs="+", default=None,
-                        choices=[*SIGNALS, "learned", "acceptance", "marginal"],
+    parser.add_argument("--signals", nargs="+", default=None, choices=list(SIGNALS),
                         help="the signals it may choose among (default: every per-node signal the data set stores "
-                             f"({', '.join(SIGNALS)}; the draws' from schema 3 on), and learned, or with "
+                             f"({', '.join(signal_names())}; the draws' from schema 3 on), and learned, or with "
                              "--acceptance acceptance and marginal instead)")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite:///mlflow.db)")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")

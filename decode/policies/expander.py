@@ -29,7 +29,6 @@ from decode.drafting.delayed import TrunkNode
 from decode.drafting.sampling import SamplingConfig, law_entropy
 from decode.policies.base import Policy, PolicySource, RootState, StaticPolicy
 from decode.policies.files.expander_file import (
-    HEAD_SIGNALS,
     INPUT_NAME,
     OUTPUT_NAME,
     ExpanderFileError,
@@ -131,7 +130,7 @@ class ExpanderSource(PolicySource):
         if not deployed.runs:
             return StaticPolicy(deployed.fallback)
         node_rule = deployed.node_rule
-        head = self.head.at(node_rule.column) if node_rule.signal in HEAD_SIGNALS else None
+        head = self.head.at(node_rule.column) if node_rule.reads_head else None
         return HaltingPolicy(node_rule, head, self.machine)
 
     def deployed(self, sampling: SamplingConfig) -> DeployedRule:
@@ -193,7 +192,8 @@ def deploy_rule(metadata: ExpanderMetadata, index: int, machine: LatencyTable | 
     fit_set = FitSet.from_dict(metadata.fit_sets[index])
     choice = refit(fit_set, machine, metadata.min_gain)
     chain = None
-    if choice.signal == "marginal":  # the file format wants the fit's chain times; the loop reads the table's
+    if choice.rule is not None and NODE_SIGNALS[choice.signal].reads_chain_ms:
+        # the file format wants the fit's chain times; the loop reads the table's
         length = int(np.median(fit_set.lengths))
         chain = [float(t) for t in machine.step_ms_many(length, [Action(1, d, 0) for d in range(fit_set.l_max + 1)])]
     refitted = replace(node_rule, signal=choice.signal, rule=choice.rule, fallback=choice.fallback.key, chain_ms=chain)
@@ -218,7 +218,7 @@ class HaltingPolicy(Policy):
         self.name = f"expander:{node_rule.signal}"
         self.needs_root_features = head is not None and head.reads_root
         self.needs_draft_hidden = head is not None
-        self.marginal = node_rule.signal == "marginal"
+        self.marginal = node_rule.reads_chain_ms
         self._betas: list[float] = []
         self._chain_ms: np.ndarray | None = None
         self._chain_cache: dict[tuple[int, int], np.ndarray] = {}
@@ -265,9 +265,8 @@ class HaltingPolicy(Policy):
 
     def signal(self, node: TrunkNode) -> float:
         """The rule's signal at ``node``: higher means the draft is surer there."""
-        if self.node_rule.signal in NODE_SIGNALS:
-            return NODE_SIGNALS[self.node_rule.signal].online(node)
-        return self.beta(node)
+        signal = NODE_SIGNALS[self.node_rule.signal]
+        return self.beta(node) if signal.reads_head else signal.online(node)
 
     def describe(self, sampling: SamplingConfig) -> str:
         return f"expander ({self.node_rule.signal}: {self.rule.describe()})"

@@ -13,8 +13,15 @@ The draws' signals read the last drawn trunk token x_d (drawn from the law at de
 probability q(x_d), log q(x_d), its rank, q(x_d) over that law's top probability, and the running log-product
 Σ_{j ≤ d} log q(x_j) (EAGLE-2's and C2T's path confidence). At the root nothing has been drawn: q = 1, rank 0.
 
+The model signals read the expander file's graph instead of the draft's state alone: ``learned`` and ``acceptance``
+(β̂, the head's prediction of the node's acceptance: the file's ridge head, or an acceptance model trained on dense
+labels) and ``marginal``, the marginal rule (decode/policies/halting.py ``marginal_gain``) on the acceptance model's β̂
+and the step times of chains on the running machine. They have no offline form here: their values come from the
+model that fitted them (selector/expander/).
+
 Adding a signal is one entry of :data:`SIGNALS` (and, where it reads something no collection stores yet, a column of
-data_gen/schema.py); the expander file, the offline fit and the commands' choices iterate over this registry.
+data_gen/schema.py); the expander file, the offline fit, the decoder and the commands' choices iterate over this
+registry.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SIGNALS", "NodeSignal", "TrunkArrays", "signal_names"]
+__all__ = ["SIGNALS", "NodeSignal", "TrunkArrays", "model_signals", "signal_names"]
 
 
 @dataclass(frozen=True)
@@ -59,17 +66,31 @@ class NodeSignal:
         online: ``TrunkNode -> float`` at one node in the loop.
         offline: ``TrunkArrays -> (..., D)`` at every node of every episode.
         reads_draws: it reads the trunk's earlier draws (collections store them from schema 3 on).
+        marginal_of: for the marginal rule, the β̂ signal it is computed from with a machine's chain times.
+
+    A model signal has neither form (None): the expander file's graph computes it in the loop (:attr:`reads_head`).
     """
 
     name: str
     summary: str
-    online: Callable[[object], float]
-    offline: Callable[[TrunkArrays], np.ndarray]
+    online: Callable[[object], float] | None = None
+    offline: Callable[[TrunkArrays], np.ndarray] | None = None
     reads_draws: bool = False
+    marginal_of: str | None = None
+
+    @property
+    def reads_head(self) -> bool:
+        """It runs the expander file's graph (β̂ at the node), and with it the draft's hidden states."""
+        return self.online is None
+
+    @property
+    def reads_chain_ms(self) -> bool:
+        """It reads the step times of the chains (1, d, 0): the marginal rule."""
+        return self.marginal_of is not None
 
     def available(self, arrays: TrunkArrays) -> bool:
-        """Whether ``arrays`` hold what the offline form reads."""
-        return arrays.has_draws or not self.reads_draws
+        """Whether ``arrays`` hold what the offline form reads (a model signal has none)."""
+        return self.offline is not None and (arrays.has_draws or not self.reads_draws)
 
 
 def _law_entropy(node) -> float:
@@ -112,10 +133,20 @@ SIGNALS: dict[str, NodeSignal] = {
                    reads_draws=True),
         NodeSignal("path_logq", "the running log-product of q over the trunk's draws (the path's confidence)",
                    lambda node: float(sum(_log(d.q) for d in node.draws)), _path_logq_offline, reads_draws=True),
+        NodeSignal("learned", "β̂ of the expander file's ridge head (the node's features and the root's scalars)"),
+        NodeSignal("acceptance", "β̂ of an acceptance model trained on dense labels (the node's own features)"),
+        NodeSignal("marginal", "the marginal rule on the acceptance model's β̂ and the machine's chain times",
+                   marginal_of="acceptance"),
     )
 }
 
 
 def signal_names(arrays: TrunkArrays | None = None) -> list[str]:
-    """Every registered signal, or those ``arrays`` can compute offline."""
-    return [name for name, signal in SIGNALS.items() if arrays is None or signal.available(arrays)]
+    """Every signal computed from the draft's own state (not a model's), or those ``arrays`` can compute offline."""
+    return [name for name, signal in SIGNALS.items()
+            if signal.offline is not None and (arrays is None or signal.available(arrays))]
+
+
+def model_signals() -> list[str]:
+    """The signals that run the expander file's graph (β̂ or a rule on it), in registry order."""
+    return [name for name, signal in SIGNALS.items() if signal.reads_head]

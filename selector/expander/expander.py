@@ -22,6 +22,7 @@ import numpy as np
 
 from decode.policies.files.expander_file import (
     INPUT_NAME,
+    NO_RULE,
     OUTPUT_NAME,
     ExpanderMetadata,
     HaltingRule,
@@ -31,6 +32,7 @@ from decode.policies.files.expander_file import (
 from decode.policies.fit.machine_fit import FitSet
 from decode.policies.fit.rule_fit import terminals
 from decode.policies.halting import marginal_gain
+from decode.policies.signals import SIGNALS
 from selector.acceptance.acceptance_file import AcceptanceMetadata
 from selector.expander.expansion import evaluate_expansion, load_episodes
 from selector.expander.expansion_fit import (
@@ -205,15 +207,15 @@ def _node_rule(data: EpisodeData, metadata: dict, config: int, column: int, fold
                                                         "oracle")}
     signal = choose_signal(offline, min_gain, signals)
     rule, profile, chain = None, None, None
-    if signal != "static":
+    if signal != NO_RULE:
         rule, values = fit_rule(data, signal, l_max, k_max, extra)
         profile = rule_profile(data, values, rule, min_gain).as_dict()
-    if signal == "marginal":
+    if rule is not None and SIGNALS[signal].reads_chain_ms:
         chain = [float(t) for t in np.median(chain_times(data), axis=0)]
     head_column = model.column(temperature) if model else column
     online = {**data.node_signals(), **({"acceptance": extra["acceptance"]} if extra else {"learned": None})}
-    online = {name: values for name, values in online.items() if name in signals or (
-        name == "acceptance" and "marginal" in signals)}
+    online = {name: values for name, values in online.items() if name in signals or any(
+        SIGNALS[chosen].marginal_of == name for chosen in signals if chosen in SIGNALS)}  # a β̂ its marginal rule reads
     fit_set = machine_fit_set(data, online, l_max, k_max)
     return NodeRule(temperature, float(sampling["top_p"]), signal, data.actions[static_best(data)].key, rule,
                     offline, head_column, static_profile(data).as_dict(), profile, chain), figures, fit_set

@@ -44,14 +44,15 @@ from decode.policies.files.policy_file import PolicyFileMetadata, read_props
 from decode.policies.files.sampling_table import SamplingTable, static_on_machine
 from decode.policies.halting import HaltingRule
 from decode.policies.signals import SIGNALS as NODE_SIGNALS
+from decode.policies.signals import model_signals, signal_names
 
 INPUT_NAME = "node"
 OUTPUT_NAME = "beta"
 METADATA_VERSION = 1
 PREFIX = "ddte.expander."
-HEAD_SIGNALS = ("learned", "acceptance", "marginal")  # the signals that run the file's graph
+NO_RULE = "static"  # a configuration's signal where no rule beat the fallback: the fallback every step
 # the head's, every per-node signal of the registry (decode/policies/signals.py), and no rule at all
-SIGNALS = (*HEAD_SIGNALS, *NODE_SIGNALS, "static")
+SIGNALS = (*model_signals(), *signal_names(), NO_RULE)
 
 
 class ExpanderFileError(ValueError):
@@ -103,15 +104,25 @@ class NodeRule:
             RuleProfile.from_dict(self.rule_profile)
         if self.signal not in SIGNALS:
             raise ValueError(f"unknown signal {self.signal!r} (one of {', '.join(SIGNALS)})")
-        if (self.rule is None) != (self.signal == "static"):
+        if (self.rule is None) != (self.signal == NO_RULE):
             raise ValueError(f"signal {self.signal!r} {'needs' if self.rule is None else 'takes no'} halting rule")
         Action.parse(self.fallback)
-        if self.signal == "marginal" and (self.chain_ms is None or len(self.chain_ms) < self.rule.cap + 1):
+        if self.reads_chain_ms and (self.chain_ms is None or len(self.chain_ms) < self.rule.cap + 1):
             raise ValueError("the marginal signal needs chain_ms, the step times of chains 0..cap")
 
     @property
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_p)
+
+    @property
+    def reads_head(self) -> bool:
+        """Its signal runs the file's graph (decode/policies/signals.py ``NodeSignal.reads_head``)."""
+        return self.signal != NO_RULE and NODE_SIGNALS[self.signal].reads_head
+
+    @property
+    def reads_chain_ms(self) -> bool:
+        """Its signal reads the step times of chains: the marginal rule."""
+        return self.signal != NO_RULE and NODE_SIGNALS[self.signal].reads_chain_ms
 
     def on_machine(self, table: LatencyTable | None) -> tuple[Action, bool]:
         """(the static fallback, whether the rule runs) on the machine ``table`` measured: the profile's best static

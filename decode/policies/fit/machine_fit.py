@@ -34,9 +34,9 @@ from decode.policies.fit.rule_fit import (
     static_throughputs,
 )
 from decode.policies.halting import HaltingRule, marginal_gain
+from decode.policies.signals import SIGNALS
 
 FOLDS = 5
-BETA_SIGNALS = ("acceptance",)  # β̂ signals: the marginal rule is computed from them on each machine's times
 
 
 def _encode(values: np.ndarray, dtype: str) -> dict:
@@ -128,13 +128,13 @@ class FitSet:
 
     def machine_signals(self, table: LatencyTable) -> dict[str, np.ndarray]:
         """Every signal a rule may halt on here: the stored ones and, from a β̂ signal, the marginal rule on this
-        machine's chain times."""
+        machine's chain times (decode/policies/signals.py ``NodeSignal.marginal_of``)."""
         out = dict(self.signals)
-        for name in BETA_SIGNALS:
-            if name in self.signals:
+        for name, signal in SIGNALS.items():
+            if signal.marginal_of in self.signals:
                 chains = [Action(1, d, 0) for d in range(self.l_max + 1)]
                 chain = np.stack([table.step_ms_many(int(length), chains) for length in self.lengths])
-                out["marginal"] = marginal_gain(self.signals[name], chain[:, None, :])
+                out[name] = marginal_gain(self.signals[signal.marginal_of], chain[:, None, :])
         return out
 
 

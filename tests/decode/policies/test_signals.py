@@ -18,7 +18,7 @@ from decode.models.cached_lm import CachedLM
 from decode.policies.expander import HaltingPolicy
 from decode.policies.files.expander_file import SIGNALS as FILE_SIGNALS
 from decode.policies.files.expander_file import HaltingRule, NodeRule
-from decode.policies.signals import SIGNALS, TrunkArrays, signal_names
+from decode.policies.signals import SIGNALS, TrunkArrays, model_signals, signal_names
 from tests.data_gen.test_dense import _law, _path  # a recompute's law; a node's path
 from tests.factories import tiny_llama
 
@@ -61,7 +61,7 @@ def collected_and_looped():
     return arrays, looped
 
 
-@pytest.mark.parametrize("name", list(SIGNALS))
+@pytest.mark.parametrize("name", signal_names())
 def test_each_signals_online_form_equals_its_offline_form_on_the_same_trunk(collected_and_looped, name):
     arrays, looped = collected_and_looped
     offline = SIGNALS[name].offline(arrays)
@@ -82,7 +82,16 @@ def test_a_node_sees_only_the_draws_made_before_it(collected_and_looped):
 def test_collections_without_draws_leave_the_draws_signals_out():
     arrays = TrunkArrays(np.ones((1, 1, 3)), np.zeros((1, 1, 3)))
     assert signal_names(arrays) == ["top", "entropy"]
-    assert set(signal_names()) == set(SIGNALS) and {"draw_q", "path_logq"} <= set(SIGNALS)
+    assert set(signal_names()) | set(model_signals()) == set(SIGNALS) and {"draw_q", "path_logq"} <= set(SIGNALS)
+
+
+def test_the_model_signals_are_registered_and_run_the_files_graph():
+    """learned, acceptance and marginal have no form of their own: the expander file's graph computes them, and the
+    marginal rule reads the acceptance model's β̂ with the machine's chain times."""
+    assert model_signals() == ["learned", "acceptance", "marginal"] and not set(model_signals()) & set(signal_names())
+    assert all(SIGNALS[name].reads_head and name in FILE_SIGNALS for name in model_signals())
+    assert [name for name in SIGNALS if SIGNALS[name].reads_chain_ms] == ["marginal"]
+    assert SIGNALS["marginal"].marginal_of == "acceptance" and not SIGNALS["top"].reads_head
 
 
 @pytest.mark.parametrize("name", ["draw_q", "path_logq", "draw_rank"])
