@@ -1,9 +1,10 @@
-"""Named strategies, imported only when asked for: the one kind of registry behind verifiers and policies.
+"""Named strategies, imported only when asked for: the registry behind the verifiers.
 
 A registry maps a name to ``"module:attribute"``. Listing names costs nothing (no import), so ``--help`` texts and
-argument checks can name every verifier or policy without loading torch; :meth:`Registry.get` imports the one
-module that defines the chosen entry. Registries live beside the interface they serve and never in a module that
-the registered implementations import, so no import circle can form.
+argument checks can name every verifier without loading torch (the policy kinds, decode/policies/kinds.py, name their
+functions the same way); :meth:`Registry.get` imports the one module that defines the chosen entry. Registries live
+beside the interface they serve and never in a module that the registered implementations import, so no import
+circle can form.
 """
 
 from __future__ import annotations
