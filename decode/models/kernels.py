@@ -36,6 +36,7 @@ __all__ = ["KERNEL_PATHS", "KernelLinear", "KernelPath", "PreparedLinear", "kern
            "stock_kernels", "use_kernel"]
 
 DEFAULT = "default"
+_TINY = torch.finfo(torch.float32).tiny  # a zero row's scale: its output is the bias
 
 
 class PreparedLinear:
@@ -167,22 +168,38 @@ def _int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _prepare_int8_dynamic(weight, bias):
     # fbgemm's dynamic W8A8 product (what torch.ao's quantize_dynamic runs), reached through its ops: the activations
-    # are quantized per call, so the product differs from the float one (a draft's path only). Building the quantized
-    # weight goes through a quantized tensor, whose creation warns that it is deprecated; nothing else here is.
+    # are quantized per call, so the product differs from the float one (a draft's path only). fbgemm picks one
+    # activation scale for the whole input; a row's q must not depend on the rows beside it (another request's in a
+    # batch: a seeded request would draw otherwise than alone), so each row is scaled to max |x| = 1 and carries two
+    # more columns, +1 and -1, against zero weights: every input then spans exactly [-1, 1], one scale for every
+    # batch, and the row's own scale multiplies its output back. The integer product is exact, so a row's output is
+    # the same bits alone or beside any others (tests/decode/models/test_kernels.py). Building the quantized weight
+    # goes through a quantized tensor, whose creation warns that it is deprecated; nothing else here is.
     q, scale = _int8_rows(weight)
+    k = q.shape[1]
+    padded = torch.cat([q, q.new_zeros(q.shape[0], 2)], dim=1).contiguous()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
         zero = torch.zeros_like(scale, dtype=torch.long)
-        quantized = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
-        packed = torch.ops.quantized.linear_prepack(quantized, None if bias is None else bias.float())
+        quantized = torch._make_per_channel_quantized_tensor(padded, scale.double(), zero, 0)
+        packed = torch.ops.quantized.linear_prepack(quantized, None)
     dynamic = torch.ops.quantized.linear_dynamic
     dtype = weight.dtype
+    shift = None if bias is None else bias.float()
+    ends = torch.tensor([[1.0, -1.0]])
 
     def run(x):
-        out = dynamic(x.float().contiguous(), packed, True)  # reduce_range: 7-bit activations, exact on non-VNNI CPUs
+        x = x.float()
+        top = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp_min_(_TINY)
+        rows = x.new_empty(x.shape[0], k + 2)
+        torch.div(x, top, out=rows[:, :k])
+        rows[:, k:] = ends
+        out = dynamic(rows, packed, True).mul_(top)  # reduce_range: 7-bit activations, exact on non-VNNI CPUs
+        if shift is not None:
+            out.add_(shift)
         return out if dtype == torch.float32 else out.to(dtype)
 
-    return _flat(run), q.numel() + scale.numel() * 4
+    return _flat(run), padded.numel() + scale.numel() * 4
 
 
 def _prepare_int8_weight(weight, bias):
@@ -214,7 +231,7 @@ KERNEL_PATHS: dict[str, KernelPath] = {
         KernelPath("onednn-wide", True, "F.linear for one-token passes, the oneDNN copy for wider ones (keeps "
                    "both)", (torch.float32, torch.bfloat16), _prepare_onednn_wide,
                    lambda: torch.backends.mkldnn.is_available(), reads_weight=True),
-        KernelPath("int8-dynamic", False, "dynamic int8 (weights per channel, activations per call; fbgemm)",
+        KernelPath("int8-dynamic", False, "dynamic int8 (weights per channel, activations per row; fbgemm)",
                    (torch.float32, torch.bfloat16), _prepare_int8_dynamic, _has_dynamic_int8),
         KernelPath("int8-weight", False, "int8 weights, float activations (torch._weight_int8pack_mm)",
                    (torch.float32, torch.bfloat16), _prepare_int8_weight),

@@ -121,3 +121,27 @@ def test_a_verifier_shown_the_unquantized_q_is_caught(name, path, fast):
     assert law_error(got, target_law(target)) > 10 * TOL  # measured 11-68x TOL; the real loop stays below TOL
     got, _ = loop_law(SpeculativeDecoder(target, draft, get_verifier(name), latency=LATENCY), StaticPolicy(shape))
     assert law_error(got, target_law(target)) < TOL
+
+
+@pytest.mark.parametrize("path", QUANTIZED)
+def test_a_seeded_request_on_an_int8_draft_gives_the_same_tokens_alone_and_in_a_batch(path):
+    """A quantized draft's q of one request must not depend on the other requests' rows in the same pass (a dynamic
+    scale over the whole batch would): seeded, its tokens alone and beside companions of very different activations
+    are the same."""
+    from decode.drafting.rng import TorchRandom
+    from decode.drafting.sampling import SamplingConfig
+    from tests.decode.exact.test_batch import Entry, drive, job
+
+    target, draft = int8_pair(path)
+    sampling, prompt, tokens = SamplingConfig(1.0), [2, 0, 1], 12
+    differs = 0
+    for seed in range(8):
+        alone = SpeculativeDecoder(target, draft, get_verifier("traversal")).generate(
+            prompt, tokens, StaticPolicy(Action(2, 1, 1)), TorchRandom(seed), sampling).tokens
+        batched = drive(BatchDecoder(target, draft), [
+            Entry(job([1, 1, 1, 1, 1], 6, "specinfer", SamplingConfig(0.6), TorchRandom(100 + seed))),
+            Entry(job(prompt, tokens, "traversal", sampling, TorchRandom(seed))),
+            Entry(job([0], 8, "traversal", SamplingConfig(1.2, 0.9), TorchRandom(200 + seed)), at=1),
+        ])[1]
+        differs += list(batched) != alone
+    assert differs == 0, f"{differs} of 8 seeded requests drew otherwise beside others"

@@ -227,3 +227,29 @@ def test_kernel_requests_parse() -> None:
     assert KernelRequest.parse("onednn") == KernelRequest("onednn", "onednn")
     assert KernelRequest.parse("draft=int8-dynamic") == KernelRequest("auto", "int8-dynamic")
     assert KernelRequest.parse("target=default, draft=int8-weight") == KernelRequest("default", "int8-weight")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_dynamic_int8_rows_output_is_the_same_alone_and_beside_other_rows(dtype) -> None:
+    """A row's product on int8-dynamic depends on that row alone, bit for bit: in a batch its rows are other
+    requests' tokens, and a scale shared across them would make one request's draws depend on the others."""
+    if not _available("int8-dynamic", dtype):
+        pytest.skip("int8-dynamic is not in this torch build")
+    g = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(37, 50, generator=g).to(dtype), torch.randn(37, generator=g).to(dtype)
+    prepared = KERNEL_PATHS["int8-dynamic"].prepare(weight, bias)
+    # rows of very different magnitudes, signs and spreads, a zero row among them
+    x = torch.randn(12, 50, generator=g) * torch.logspace(-3, 3, 12)[:, None]
+    x[3] = x[3].abs()
+    x[7] = 0.0
+    x = x.to(dtype)
+    together = prepared(x)
+    for i in range(len(x)):
+        assert torch.equal(prepared(x[i:i + 1])[0], together[i]), i
+    for rows in ([0, 11], [5, 3, 9], [7, 1]):
+        assert torch.equal(prepared(x[rows]), together[rows]), rows
+    assert torch.equal(prepared(x.view(3, 4, 50)).view(12, -1), together)  # HF's (batch, M, K) input
+    assert torch.equal(together[7], bias.float().to(dtype))  # a zero row gives the bias
+    want = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
+    gap = (together.float() - want).abs().amax(dim=1) / want.abs().amax(dim=1)
+    assert float(gap.max()) < 0.05  # each row keeps its own precision, the smallest as the largest
