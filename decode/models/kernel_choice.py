@@ -235,10 +235,11 @@ def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fi
     if wanted:
         def measure() -> KernelChoice:
             earlier = cached_value(cache, "kernels", fingerprint, identity, KernelChoice.from_json)
-            return _measure_roles(models, wanted, earlier or measured, progress)
+            return _measure_roles(models, wanted, _sound_part(earlier, models) if earlier else measured, progress)
 
         measured, _ = cached_measurement(cache, "kernels", fingerprint, identity, KernelChoice.from_json, measure,
-                                         KernelChoice.to_json, announce, covers=lambda c: set(wanted) <= set(c.times))
+                                         KernelChoice.to_json, announce,
+                                         covers=lambda c: set(wanted) <= set(_sound_part(c, models).times))
     choice = KernelChoice(*(getattr(measured, role) if role in wanted else getattr(request, role) for role in ROLES),
                           times={r: t for r, t in measured.times.items() if r in wanted}, machine=identity,
                           pair=fingerprint, skipped={r: s for r, s in measured.skipped.items() if r in wanted})
@@ -246,6 +247,36 @@ def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fi
         if models[role].kernel != getattr(choice, role):  # a measurement leaves a model on its last path
             models[role].use_kernel(getattr(choice, role))
     return choice
+
+
+def cached_refusal(choice: KernelChoice, role: str, model: CachedLM) -> str | None:
+    """Why the path ``choice`` read from a cache gives ``role`` may not be applied (None when it may): a cached
+    choice passes the checks a command line's request does (the target only on an exact path: its weights and dtype
+    stay its own, a quantized target being the pair's ``target_quant`` opt-in, never a cache's; a path this model
+    runs here), and it must be the rule's choice from the times cached beside it (:func:`choose_path`)."""
+    name, times = getattr(choice, role), choice.times.get(role)
+    if name not in KERNEL_PATHS:
+        return f"unknown kernel path {name!r}"
+    if role == "target" and not KERNEL_PATHS[name].exact:
+        return f"the target takes only exact paths, not {name}"
+    reason = KERNEL_PATHS[name].unavailable(model.dtype, model.device)
+    if reason is not None:
+        return reason
+    if times is None or not times.block_ms or name not in times.block_ms or DEFAULT not in times.block_ms:
+        return f"{name} was not measured"
+    try:
+        chosen = choose_path(times, role)
+    except (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError) as err:
+        return f"its times do not read ({err})"
+    return None if chosen == name else f"its times choose {chosen}, not {name}"
+
+
+def _sound_part(choice: KernelChoice, models: dict[str, CachedLM]) -> KernelChoice:
+    """``choice`` keeping only the roles whose cached path passes :func:`cached_refusal` (the others to measure)."""
+    keep = [role for role in ROLES if role in choice.times and cached_refusal(choice, role, models[role]) is None]
+    return KernelChoice(*(getattr(choice, role) if role in keep else DEFAULT for role in ROLES),
+                        times={role: choice.times[role] for role in keep}, machine=choice.machine, pair=choice.pair,
+                        skipped={role: s for role, s in choice.skipped.items() if role in keep})
 
 
 def _measure_roles(models: dict[str, CachedLM], wanted: tuple[str, ...], earlier: KernelChoice,

@@ -253,3 +253,43 @@ def test_a_dynamic_int8_rows_output_is_the_same_alone_and_beside_other_rows(dtyp
     want = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
     gap = (together.float() - want).abs().amax(dim=1) / want.abs().amax(dim=1)
     assert float(gap.max()) < 0.05  # each row keeps its own precision, the smallest as the largest
+
+
+@pytest.mark.parametrize("forge", ["quantized-target", "unmeasured-draft", "not-the-rules-choice", "times-dropped"])
+def test_a_cached_choice_passes_the_command_lines_checks_or_is_measured_again(tmp_path, monkeypatch, forge) -> None:
+    """What a kernel cache says is applied only where a request on the command line could have asked for it and the
+    rule would have chosen it from the cached times: a cache naming a quantized target (nobody opted in), a path the
+    times never measured, or a choice its times contradict is measured again, never applied."""
+    target = CachedLM(arch_model("llama", 1, V, 32, 1, 8))
+    draft = cached_lm(arch_model("llama", 2, V, 16, 1, 8))
+    calls = []
+    real = kernel_choice.measure_paths
+    monkeypatch.setattr(kernel_choice, "measure_paths",
+                        lambda model, role, paths, **kw: calls.append(role) or real(model, role, paths, repeats=1))
+    first = choose_kernels(target, draft, KernelRequest(), "pair-a", tmp_path)
+    path = cache_file(tmp_path, "kernels", "pair-a", first.machine)
+    forged = KernelChoice.from_json(path.read_text())
+    if forge == "quantized-target":
+        forged.target = "int8-dynamic"
+        forged.times["target"].block_ms["int8-dynamic"] = [0.001] * len(forged.times["target"].shapes)
+        forged.times["target"].prefill_ms["int8-dynamic"] = 0.001
+    elif forge == "unmeasured-draft":
+        forged.draft = "int8-weight"
+        forged.times["draft"].block_ms.pop("int8-weight", None)
+        forged.times["draft"].prefill_ms.pop("int8-weight", None)
+    elif forge == "not-the-rules-choice":
+        times = forged.times["draft"]
+        times.block_ms = {name: [1.0] * len(times.shapes) for name in times.block_ms}
+        times.prefill_ms = {name: 1.0 for name in times.block_ms}
+        forged.draft = list(times.block_ms)[-1]  # a tie goes to the default
+    else:
+        del forged.times["target"]
+    path.write_text(forged.to_json())
+    calls.clear()
+    again = choose_kernels(target, draft, KernelRequest(), "pair-a", tmp_path)
+    assert calls, "the forged cache was applied without measuring"
+    assert KERNEL_PATHS[again.target].exact and KERNEL_PATHS[target.kernel].exact
+    assert "opt-in" not in again.line()
+    reread = KernelChoice.from_json(path.read_text())  # the cache holds a sound choice again
+    assert all(kernel_choice.cached_refusal(reread, role, lm) is None
+               for role, lm in (("target", target), ("draft", draft)))
