@@ -49,16 +49,19 @@ Value = TypeVar("Value", bound=Measured)
 
 def machine_identity(target: CachedLM, draft: CachedLM, kernels: bool = True) -> str:
     """What a measured time depends on besides the pair: the processor (its model name and a digest of its flags, as a
-    hypervisor may give every Xeon one name; or the GPU's name), torch's threads, both models' dtypes and, with
-    ``kernels``, the path each runs and its attention where it is not plain sdpa. A kernel choice is cached under it
-    without the paths (it chooses them), a latency table with them."""
+    hypervisor may give every Xeon one name; or the GPU's name) with the limits set on its kernels
+    (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY``: they change which paths run, :func:`ddte_core.machine.
+    kernel_limits`), torch's threads, both models' dtypes and, with ``kernels``, the path each runs and its attention
+    where it is not plain sdpa. A kernel choice is cached under it without the paths (it chooses them), a latency
+    table with them."""
     import torch
 
-    from ddte_core.machine import cpu_flags_digest, cpu_model
+    from ddte_core.machine import cpu_flags_digest, cpu_model, kernel_limits
     from decode.models.kernels import DEFAULT
 
+    limits = kernel_limits()
     processor = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else \
-        f"{cpu_model()} flags {cpu_flags_digest()}"
+        f"{cpu_model()} flags {cpu_flags_digest()}" + (f" limited by {limits}" if limits else "")
     threads = torch.get_num_threads()
 
     def model(lm: CachedLM) -> str:

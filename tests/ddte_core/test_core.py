@@ -123,3 +123,39 @@ def test_the_environment_record_names_the_machine_and_tolerates_a_missing_transf
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *rest: None if name == "transformers" else real(name, *rest))
     assert environment()["transformers"] is None
+
+
+def test_bf16_is_native_only_where_the_kernels_under_their_limits_run_it(monkeypatch):
+    """bfloat16-native asks the kernels that will run: a oneDNN ISA limit below AVX512_CORE_BF16 makes bf16 emulated
+    whatever /proc/cpuinfo says, and the dtype it picks is then fp32."""
+    import torch
+
+    import ddte_core.machine as machine
+    from decode.pair import resolve_dtype
+
+    monkeypatch.setattr(machine, "cpu_has_bf16", lambda: True)
+    for name, value in (("ONEDNN_MAX_CPU_ISA", "AVX2"), ("DNNL_MAX_CPU_ISA", "avx512_core")):
+        machine.bf16_kernels_native.cache_clear()
+        monkeypatch.setenv(name, value)
+        try:
+            assert not machine.native_bf16_cpu(), name
+            assert resolve_dtype("bfloat16-native", torch.device("cpu")) == torch.float32
+        finally:
+            monkeypatch.delenv(name)
+            machine.bf16_kernels_native.cache_clear()
+
+
+def test_under_the_avx2_limit_the_bf16_probe_itself_says_emulated():
+    """The probe, not only the variable's name: in a process started under ONEDNN_MAX_CPU_ISA=AVX2 (a Zen 3's
+    refusal), oneDNN's bf16 product is refused, so bf16 is not native even with the name check set aside."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import ddte_core.machine as m; m._ISA_WITHOUT_BF16 = set(); "
+            "print(m.bf16_kernels_native(), m.kernel_limits())")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    native, limits = out.stdout.strip().split(" ", 1)
+    assert native == "False" and "ONEDNN_MAX_CPU_ISA=AVX2" in limits and "ATen AVX2" in limits

@@ -207,3 +207,26 @@ def test_generate_on_a_cpu_without_bf16_onednn(tmp_path, monkeypatch, capsys, ke
         assert len(err) == 1 and "cannot take onednn: onednn cannot run bfloat16 on this CPU" in err[0], err
     else:
         assert any(line.startswith("kernels: ") and "skipped onednn" in line for line in err), err
+
+
+@pytest.mark.parametrize("limit", [("ONEDNN_MAX_CPU_ISA", "AVX2"), ("ATEN_CPU_CAPABILITY", "avx2"),
+                                   ("DNNL_MAX_CPU_ISA", "AVX512_CORE")])
+def test_a_choice_made_under_a_kernel_limit_is_cached_apart(monkeypatch, tmp_path, limit) -> None:
+    """A limit on the kernels changes which paths run: a choice measured under one is never read by a plain run, nor
+    the plain run's under the limit."""
+    from decode.models.machine_cache import machine_identity
+
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(name, raising=False)
+    calls: list[str] = []
+    _quick(monkeypatch, calls)
+    target, draft = _pair()
+    plain = choose_kernels(target, draft, KernelRequest(), "pair", tmp_path)
+    monkeypatch.setenv(*limit)
+    limited = choose_kernels(target, draft, KernelRequest(), "pair", tmp_path)
+    assert calls == ["target", "draft"] * 2, "the choice made without the limit was read under it"
+    assert f"{limit[0]}={limit[1]}" in limited.machine and limit[0] not in plain.machine
+    assert f"{limit[0]}={limit[1]}" in machine_identity(target, draft)  # the latency tables' key too
+    monkeypatch.delenv(limit[0])
+    choose_kernels(target, draft, KernelRequest(), "pair", tmp_path)
+    assert calls == ["target", "draft"] * 2  # the plain choice is still there for a plain run
