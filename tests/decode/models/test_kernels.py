@@ -99,9 +99,14 @@ def test_a_quantized_path_changes_the_draft_a_little_and_warns_nothing(path: str
 
 def test_the_dynamic_int8_ops_are_still_in_torch() -> None:
     """The int8-dynamic path reaches fbgemm's ops, which torch.ao.quantization's deprecation may remove: this fails
-    the day they go, rather than the path quietly disappearing from every machine's choice."""
+    the day they go, rather than the path quietly disappearing from every machine's choice. oneDNN's ops are there
+    too; whether they run bf16 is the CPU's and its limits' business (a CPU without AVX-512, or
+    ONEDNN_MAX_CPU_ISA=AVX2, refuses it: .ci/run runs these tests so), and the path says so exactly where oneDNN
+    does."""
     assert _available("int8-dynamic")
-    assert _available("onednn") and _available("onednn", torch.bfloat16)
+    assert hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    assert _available("onednn")
+    assert _available("onednn", torch.bfloat16) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def test_stock_kernels_give_back_f_linear_and_default_restores_plain_layers() -> None:
