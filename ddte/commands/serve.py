@@ -1,12 +1,15 @@
 """Serve the pair behind an OpenAI-compatible HTTP API: what `ddte pipeline` deployed, or any ddte method.
 
 Endpoints: POST /v1/chat/completions (messages through the pair's chat template: a pair that has one, such as
-qwen-coder; the shipped pair has none) and /v1/completions, with temperature, top_p, max_tokens, seed, stop and
-stream (server-sent events in OpenAI's chunk format); GET /v1/models, /health, and /metrics (Prometheus text:
-requests by outcome, tokens, draft and accepted tokens, mean acceptance length, TTFT and TPOT histograms, policy
-decisions by action, queue depth). Every response's usage comes with a "ddte" object: steps, mean acceptance length,
-the actions the policy chose. Sampling settings are per request; each request is exactly the target's law at its own
-settings, and a request with a seed gives what `ddte generate --seed` gives.
+qwen-coder; the shipped pair has none) and /v1/completions, with temperature, top_p, top_k, min_p, max_tokens, seed,
+stop, ignore_eos, n, logprobs (and a completion's echo) and stream (server-sent events in OpenAI's chunk format);
+GET /v1/models, /v1/models/ID, /health, and /metrics (Prometheus text: requests by outcome, tokens, draft and
+accepted tokens, mean acceptance length, TTFT and TPOT histograms, policy decisions by action, queue depth). Every
+response's usage comes with a "ddte" object: steps, mean acceptance length, the actions the policy chose. Sampling
+settings are per request; each request is exactly the target's law at its own settings, and a request with a seed
+gives what `ddte generate --seed` gives. Fields that would change that law and that ddte does not implement
+(penalties, logit_bias, min_tokens, constrained decoding) are refused with the reason; other unknown fields are
+ignored. --cors-origin lets browser pages at that origin call the server.
 
 One pair is loaded. Every request runs on the one decoding step: by default one at a time, in arrival order
 (--max-batch 1); with --max-batch N up to N decode together (continuous batching: a request joins the running batch
@@ -81,6 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="max_tokens of a request that gives none (capped by the context)")
     parser.add_argument("--max-body-kib", type=_positive_kib, default=DEFAULT_MAX_BODY_BYTES // 1024,
                         help="the largest request body, in KiB; a larger one gets 413")
+    parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", type=_origin,
+                        help="a web origin (e.g. http://localhost:3000, or * for any) whose pages may call the "
+                        "server: CORS headers and preflight OPTIONS answered for it (repeatable; default: none)")
     add_threads_argument(parser)
     add_latency_argument(parser)
 
@@ -144,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     policy, decoder = session.policy, session.decoder
     method = f"{verifier}@{spec.text}"
     served = Served(args.model_name, pair, decoder, policy, method, args.max_queue, args.default_max_tokens,
-                    args.max_body_kib * 1024, args.max_batch, get_verifier(verifier))
+                    args.max_body_kib * 1024, args.max_batch, get_verifier(verifier), tuple(args.cors_origin))
     with user_errors(OSError):
         sock = listen_socket(args.host, args.port)
     app = create_app(served)
@@ -166,3 +172,13 @@ def _positive_kib(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"a whole number of KiB >= 1, got '{text}'")
     return int(text)
+
+
+def _origin(text: str) -> str:
+    """argparse ``type`` of --cors-origin: ``*`` or a web origin ``http(s)://host[:port]`` (no path)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text)
+    if text != "*" and (parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query):
+        raise argparse.ArgumentTypeError(f"an origin such as http://localhost:3000 (or * for any), got '{text}'")
+    return text

@@ -1,21 +1,23 @@
 """The HTTP app: OpenAI's ``/v1/completions`` and ``/v1/chat/completions`` (plain and server-sent events),
-``/v1/models``, ``/health`` and ``/metrics``, over one loaded pair and one policy (:class:`Served`).
+``/v1/models`` and ``/v1/models/{id}``, ``/health`` and ``/metrics``, over one loaded pair and one policy
+(:class:`Served`); with ``cors_origins``, CORS for those origins (browser clients; preflight ``OPTIONS`` answered).
 
 Every request is read and decoded in one place (:mod:`ddte.serve.body`) and checked whole, off the event loop, before
-it is queued (:mod:`ddte.serve.requests`); a refusal is an OpenAI error object with status 400 (413 for a body over
-the limit), a full queue 429, a server shutting down 503. A client that disconnects, streamed or not, cancels its job:
-the generation ends at its next step and the worker takes the next request. ``/metrics`` counts each request once by
-what happened to it: 200, its refusal's status, 499 for a client that left, 500, 503.
+it is queued (:mod:`ddte.serve.requests`); a refusal is an OpenAI error object with status 400 (404 for a model not
+served, 413 for a body over the limit), a full queue 429 with ``Retry-After``, a server shutting down 503. Each choice
+of a request is a job of its own in the queue (:mod:`ddte.serve.job`); the answer gathers them
+(:mod:`ddte.serve.reply`). A client that disconnects, streamed or not, cancels its jobs: each generation ends at its
+next step and the worker takes the next. ``/metrics`` counts each request once by what happened to it: 200, its
+refusal's status, 499 for a client that left, 500, 503. Every response names the server's ``system_fingerprint``
+(the pair, its kernels and the policy: :func:`fingerprint`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import hashlib
 import logging
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,10 +27,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from ddte.serve.batching import BatchRunner
 from ddte.serve.body import ClientLeft, decode_json, read_body
+from ddte.serve.errors import RequestError, error_body
+from ddte.serve.job import Event, Job
+from ddte.serve.logprobs import TokenNames
 from ddte.serve.metrics import ServerMetrics
-from ddte.serve.requests import CompletionRequest, RequestError, parse_request
+from ddte.serve.reply import Reply, stream, whole
+from ddte.serve.requests import CompletionRequest, parse_request
 from ddte.serve.server import DEFAULT_MAX_BODY_BYTES
-from ddte.serve.worker import Job, Worker
+from ddte.serve.worker import Worker
 
 if TYPE_CHECKING:
     from decode.batch import BatchDecoder
@@ -38,6 +44,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 WORKER_JOIN_SECONDS = 10.0  # at shutdown, after the drain: the running generation ends at its next step
+RETRY_AFTER_SECONDS = 1  # a full queue's 429: a slot frees as soon as any request ends
 
 
 @dataclass
@@ -50,6 +57,7 @@ class Served:
         policy: the policy source each request starts its runner from.
         method: the decoding method as ``ddte bench`` spells it (reported in every response's ``ddte`` object).
         verifier: what each request verifies its trees with.
+        cors_origins: the origins browsers may call from (``--cors-origin``; ``*`` any); none: no CORS headers.
     """
 
     model: str
@@ -62,11 +70,16 @@ class Served:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_batch: int = 1
     verifier: Verifier | None = None
+    cors_origins: tuple[str, ...] = ()
 
 
-def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:
-    kind = {429: "rate_limit_error", 503: "server_error", 500: "server_error"}.get(status, "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+def fingerprint(served: Served) -> str:
+    """OpenAI's ``system_fingerprint``: what decides the answers beside the request (the pair's folders, the kernel
+    path of each model, the method), hashed short; the same on every restart with the same flags."""
+    choice = served.pair.kernel_choice
+    kernels = f"{choice.target},{choice.draft}" if choice is not None else "default"
+    paths = ",".join(f"{role}={served.pair.paths[role]}" for role in sorted(served.pair.paths))
+    return "fp_" + hashlib.sha256(f"{paths}|{kernels}|{served.method}".encode()).hexdigest()[:12]
 
 
 def create_app(served: Served):
@@ -84,8 +97,14 @@ def create_app(served: Served):
             await asyncio.to_thread(worker.stop, WORKER_JOIN_SECONDS)
 
     app = FastAPI(title="ddte", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    if served.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(served.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"], max_age=600)
     _add_routes(app, served, worker, metrics)
     app.state.worker, app.state.metrics = worker, metrics
+    app.state.fingerprint, app.state.names = fingerprint(served), TokenNames(served.pair.tokenizer)
     return app
 
 
@@ -94,10 +113,19 @@ def _add_routes(app, served: Served, worker: Worker, metrics: ServerMetrics) -> 
     async def health():
         return {"status": "ok", "model": served.model, "method": served.method, "queue_depth": worker.depth()}
 
+    card = {"id": served.model, "object": "model", "created": 0, "owned_by": "ddte",
+            "max_model_len": served.pair.context_limit}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": served.model, "object": "model", "created": 0,
-                                            "owned_by": "ddte"}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        if name != served.model:
+            return JSONResponse(error_body(f"model {name!r} is not served here; this server serves "
+                                           f"{served.model!r}", 404, "model", "model_not_found"), status_code=404)
+        return card
 
     @app.get("/metrics")
     async def prometheus():
@@ -120,9 +148,9 @@ async def _answer(request: Request, chat: bool, served: Served, worker: Worker, 
     def count(outcome: str) -> None:
         metrics.request(endpoint, outcome)
 
-    def refuse(message: str, status: int, param: str | None = None, code: str | None = None):
+    def refuse(message: str, status: int, param: str | None = None, code: str | None = None, headers=None):
         count(str(status))
-        return JSONResponse(error_body(message, status, param, code), status_code=status)
+        return JSONResponse(error_body(message, status, param, code), status_code=status, headers=headers)
 
     try:
         raw = await read_body(request, served.max_body_bytes)
@@ -135,119 +163,28 @@ async def _answer(request: Request, chat: bool, served: Served, worker: Worker, 
     except Exception:  # a bug: logged with its traceback, answered as OpenAI's error object
         logger.exception("ddte serve: a request failed")
         return refuse("the server failed to read the request", 500)
-    job = Job(parsed, served.pair.tokenizer, asyncio.get_running_loop())
-    if not worker.submit(job):
-        if worker.closing:
-            return refuse("the server is shutting down", 503)
-        return refuse(f"the queue is full ({served.max_queue} requests waiting); retry later", 429, code="queue_full")
+    events: asyncio.Queue[Event] = asyncio.Queue()
+    loop, tokenizer = asyncio.get_running_loop(), served.pair.tokenizer
+    jobs = [Job(parsed, choice, tokenizer, loop, events) for choice in parsed.choices()]
+    for queued, job in enumerate(jobs):
+        if not worker.submit(job):  # every choice or none: those queued already leave the queue
+            for other in jobs[:queued]:
+                other.cancel()
+            if worker.closing:
+                return refuse("the server is shutting down", 503)
+            return refuse(f"the queue is full ({served.max_queue} requests waiting); retry later", 429,
+                          code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    reply = _Reply(job, request, parsed, ident, served.model, count, lambda: worker.closing)
+    state = request.app.state
+    reply = Reply(jobs, events, request, parsed, ident, served.model, state.fingerprint, state.names, count,
+                  lambda: worker.closing)
     if parsed.stream:
-        return StreamingResponse(_stream(reply), media_type="text/event-stream")
-    return await _whole(reply)
+        return StreamingResponse(stream(reply), media_type="text/event-stream")
+    return await whole(reply)
 
 
 def _checked_request(raw: bytes, chat: bool, served: Served) -> CompletionRequest:
     """The body decoded and checked, the prompt tokenized (off the event loop: a long prompt takes a while)."""
     pair = served.pair
     return parse_request(decode_json(raw), chat, served.model, pair.tokenizer, pair.context_limit,
-                         served.decoder.vocab, served.default_max_tokens)
-
-
-@dataclass
-class _Reply:
-    """A queued request on its way back: its job, the HTTP request, the checked request, the response's id, and how
-    to count its outcome."""
-
-    job: Job
-    http: Request
-    parsed: CompletionRequest
-    ident: str
-    model: str
-    count: Callable[[str], None]
-    closing: Callable[[], bool]
-
-    def left(self) -> None:
-        """The client left: its job is cancelled."""
-        self.job.cancel()
-        self.count("499")
-
-    def cut(self) -> None:
-        """The handler was cancelled: by uvicorn, when an answer outlasts a stop (503), or as its client left (499)."""
-        self.job.cancel()
-        self.count("503" if self.closing() else "499")
-
-
-def _usage(request: CompletionRequest, completion_tokens: int) -> dict:
-    prompt = len(request.prompt_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
-
-
-async def _next_event(reply: _Reply) -> object | None:
-    """The job's next event, or None once the client has disconnected (the job is then cancelled and counted)."""
-    while True:
-        try:
-            return await asyncio.wait_for(reply.job.events.get(), timeout=0.25)
-        except TimeoutError:
-            if await reply.http.is_disconnected():
-                reply.left()
-                return None
-
-
-async def _whole(reply: _Reply):
-    try:
-        event = await _next_event(reply)  # a whole answer's only event: done, or an error
-    except asyncio.CancelledError:
-        reply.cut()
-        raise
-    if event is None:
-        return JSONResponse(error_body("client closed the request", 499), status_code=499)
-    reply.count("200" if event.kind == "done" else str(event.status))
-    if event.kind == "error":
-        return JSONResponse(error_body(event.text, event.status), status_code=event.status)
-    parsed, result, text = reply.parsed, event.result, event.result["text"]
-    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": result["finish_reason"]}
-              if parsed.chat else
-              {"index": 0, "text": text, "logprobs": None, "finish_reason": result["finish_reason"]})
-    return JSONResponse({"id": reply.ident, "object": "chat.completion" if parsed.chat else "text_completion",
-                         "created": int(time.time()), "model": reply.model, "choices": [choice],
-                         "usage": _usage(parsed, result["completion_tokens"]), "ddte": result["ddte"]})
-
-
-async def _stream(reply: _Reply) -> AsyncIterator[str]:
-    """Server-sent events in OpenAI's chunk format, ``data: [DONE]`` last; the job is cancelled if the client goes.
-    The outcome is counted when the stream ends: 200 done, the error's status, or 499 for a client that left."""
-    parsed, created = reply.parsed, int(time.time())
-    kind = "chat.completion.chunk" if parsed.chat else "text_completion"
-
-    def chunk(text: str | None, finish: str | None, first: bool = False, **extra) -> str:
-        if parsed.chat:
-            delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text is not None else {})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        body = {"id": reply.ident, "object": kind, "created": created, "model": reply.model, "choices": [choice],
-                **extra}
-        return f"data: {json.dumps(body)}\n\n"
-
-    try:
-        if parsed.chat:
-            yield chunk(None, None, first=True)
-        while (event := await _next_event(reply)) is not None and event.kind == "text":
-            yield chunk(event.text, None)
-    except (asyncio.CancelledError, GeneratorExit):
-        reply.cut()
-        raise
-    if event is None:
-        return
-    reply.count("200" if event.kind == "done" else str(event.status))
-    if event.kind == "error":
-        yield f"data: {json.dumps(error_body(event.text, event.status))}\n\n"
-        return
-    result = event.result
-    yield chunk(None if parsed.chat else "", result["finish_reason"], ddte=result["ddte"])
-    if parsed.include_usage:
-        usage = {"id": reply.ident, "object": kind, "created": created, "model": reply.model, "choices": [],
-                 "usage": _usage(parsed, result["completion_tokens"])}
-        yield f"data: {json.dumps(usage)}\n\n"
-    yield "data: [DONE]\n\n"
+                         served.decoder.vocab, served.default_max_tokens, served.max_queue)

@@ -1,17 +1,19 @@
 """The one road from the worker's jobs to the decoding step: up to ``--max-batch`` jobs decoded together on one
 ``decode.batch.BatchDecoder`` (opened by decode/session.py), one at a time where it is 1 (continuous batching).
 
-Each job joins the batch with its own prompt, sampling settings, seed, verifier and policy, so it stays exactly the
-target's law at its own settings whatever else is in the batch (tests/decode/exact/test_batch.py). After each step
-every job hears its tokens through the same ``Job.on_step`` the one-request path streams with; a job leaves the batch
-when it ends (EOS, its budget), when a stop string appears, or when its client left (checked before each step).
+Each job (one choice of a request) joins the batch with its own prompt, sampling settings, seed, verifier and
+policy, so it stays exactly the target's law at its own settings whatever else is in the batch
+(tests/decode/exact/test_batch.py). After each step every job hears its tokens (and their log-probabilities, where
+asked) through ``Job.on_step``; a job leaves the batch when it ends (EOS unless it ignores EOS, its budget), when a
+stop string appears, or when its client left (checked before each step).
 """
 
 from __future__ import annotations
 
+from ddte.serve.job import Job
 from ddte.serve.metrics import ServerMetrics
 from ddte.serve.outcome import answer, empty_stats, record
-from ddte.serve.worker import Job, new_seed
+from ddte.serve.worker import new_seed
 
 
 class BatchRunner:
@@ -30,11 +32,15 @@ class BatchRunner:
         from decode.generation import Job as DecodeJob
 
         request, served = job.request, self.served
-        seed = request.seed if request.seed is not None else new_seed()
+        seed = job.choice.seed if job.choice.seed is not None else new_seed()
         self.metrics.started()
+        # a prompt scored alone (max_tokens 0) still runs one step: the prompt's pass gives its log-probabilities
+        decode_job = DecodeJob(job.prompt_ids, max(request.max_tokens, 1), served.policy, TorchRandom(seed),
+                               request.sampling, served.verifier, logprobs=request.logprobs,
+                               prompt_logprobs=request.logprobs if request.echo else None,
+                               stop_at_eos=not request.ignore_eos)
         try:
-            rid = served.decoder.join(DecodeJob(request.prompt_ids, request.max_tokens, served.policy,
-                                               TorchRandom(seed), request.sampling, served.verifier))
+            rid = served.decoder.join(decode_job)
         except Exception as err:  # this request fails alone; the batch is as it was
             record(self.metrics, job, empty_stats())
             job.fail(f"generation failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
@@ -54,7 +60,7 @@ class BatchRunner:
         jobs = {rid: job for job, (rid, _) in self._ids.items()}
         for rid, report in reports.items():
             job = jobs[rid]
-            go_on = job.on_step(report.tokens)
+            go_on = job.on_step(report.tokens, report.logprobs, report.prompt_logprobs)
             if report.finished is not None:
                 ended.append(self._end(job, report.finished))
             elif not go_on:  # a stop string, or the client left

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from ddte.serve.requests import RequestError
+from ddte.serve.errors import RequestError
 
 MAX_NESTING = 32  # OpenAI's bodies nest a few levels (messages -> message -> content parts)
 

@@ -251,14 +251,17 @@ def case_concurrent_clients(pairs: dict, folder: Path) -> None:
 
 
 class GatedDecoder:
-    """The real decoder, but each generation first waits for ``gate`` (so a test can hold the worker busy)."""
+    """The real decoding step, but each step first waits for ``gate`` (so a test can hold the worker busy)."""
 
     def __init__(self, decoder, gate: threading.Event) -> None:
-        self.decoder, self.gate, self.vocab = decoder, gate, decoder.vocab
+        self.decoder, self.gate = decoder, gate
 
-    def generate(self, *args, **kwargs):
+    def __getattr__(self, name: str):
+        return getattr(self.decoder, name)
+
+    def step(self):
         assert self.gate.wait(60)
-        return self.decoder.generate(*args, **kwargs)
+        return self.decoder.step()
 
 
 def case_queue_and_disconnect(pairs: dict, folder: Path) -> None:
@@ -329,17 +332,16 @@ BAD = [
     ({"model": MODEL, "prompt": PROMPT, "temperature": 3}, "temperature"),
     ({"model": MODEL, "prompt": PROMPT, "top_p": 0}, "top_p"),
     ({"model": MODEL, "prompt": PROMPT, "stream": "yes"}, "stream"),
-    ({"model": MODEL, "prompt": PROMPT, "seed": -1}, "seed"),
+    ({"model": MODEL, "prompt": PROMPT, "seed": "7"}, "seed"),
     ({"model": MODEL, "prompt": PROMPT, "stop": [1]}, "stop"),
-    ({"model": MODEL, "prompt": PROMPT, "n": 2}, "n must be 1"),
+    ({"model": MODEL, "prompt": PROMPT, "n": 0}, "n must be in [1, 64]"),
     ({"model": MODEL, "prompt": PROMPT, "presence_penalty": 0.5}, "presence_penalty"),
-    ({"model": "gpt-4", "prompt": PROMPT}, "not served"),
     ({"prompt": PROMPT}, "model is required"),
     ({"model": MODEL, "prompt": ""}, "prompt is empty"),
     ({"model": MODEL, "prompt": [5, 99999]}, "token ids"),
     ([1, 2], "JSON object"),
-    ({"model": MODEL, "prompt": PROMPT, "temprature": 0.5}, "unknown field 'temprature'"),
-    ({"model": MODEL, "prompt": PROMPT, "logprobs": 3}, "log-probabilities"),
+    ({"model": MODEL, "prompt": PROMPT, "logit_bias": {"5": 3}}, "logit_bias"),
+    ({"model": MODEL, "prompt": PROMPT, "logprobs": 30}, "logprobs must be in [0, 20]"),
 ]
 
 
@@ -429,23 +431,22 @@ def case_body_edges(pairs: dict, folder: Path) -> None:
 
 
 class SteppedDecoder:
-    """The real decoder, but each generation first waits for ``gate``, each step sleeps ``step_seconds``, and a
-    ``fail`` set makes it raise after its first step (so a test can hold the worker busy, or fail a stream)."""
+    """The real decoding step, but each step first waits for ``gate`` and sleeps ``step_seconds``, and a ``fail``
+    set makes it raise (so a test can hold the worker busy, or fail a stream)."""
 
     def __init__(self, decoder, gate: threading.Event, step_seconds: float = 0.0) -> None:
-        self.decoder, self.gate, self.vocab, self.step_seconds = decoder, gate, decoder.vocab, step_seconds
+        self.decoder, self.gate, self.step_seconds = decoder, gate, step_seconds
         self.fail = False
 
-    def generate(self, *args, on_step, **kwargs):
+    def __getattr__(self, name: str):
+        return getattr(self.decoder, name)
+
+    def step(self):
         assert self.gate.wait(60)
-
-        def step(emitted):
-            if self.fail:
-                raise RuntimeError("the decoder broke")
-            time.sleep(self.step_seconds)
-            return on_step(emitted)
-
-        return self.decoder.generate(*args, on_step=step, **kwargs)
+        if self.fail:
+            raise RuntimeError("the decoder broke")
+        time.sleep(self.step_seconds)
+        return self.decoder.step()
 
 
 def case_outcomes(pairs: dict, folder: Path) -> None:

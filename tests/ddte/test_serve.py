@@ -70,12 +70,13 @@ class _Tokenizer:
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
 def test_null_reads_as_absent_for_every_field(chat):
-    """Every field OpenAI's two endpoints know, given as null, is read as absent: no "unknown field" for a field the
-    other endpoint owns (max_completion_tokens on /v1/completions), no type error for an optional one."""
-    from ddte.serve.requests import FIELDS, parse_request
+    """Every field ddte reads or refuses, given as null, is read as absent: no refusal for a field the other endpoint
+    owns (echo on chat), no type error for an optional one."""
+    from ddte.serve.fields import FIELDS, REFUSED
+    from ddte.serve.requests import parse_request
 
     base = {"model": "m", **({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})}
-    nulls = {name: None for name in FIELDS[True] | FIELDS[False] if name not in base}
+    nulls = {name: None for name in FIELDS[True] | FIELDS[False] | set(REFUSED) if name not in base}
     plain = parse_request(base, chat, "m", _Tokenizer(), 64, 50, 8)
     assert parse_request({**base, **nulls}, chat, "m", _Tokenizer(), 64, 50, 8) == plain
     assert plain.max_tokens == 8 and not plain.stream and plain.seed is None
