@@ -117,8 +117,10 @@ class Collector:
         )
         t_logits, t_hidden = self.target.prefill(ids, output_hidden=True, last=2)
         target_at = [_Position(t_logits[i], t_hidden[i]) for i in (-2, -1)]
-        d_logits, d_hidden = prefill_to_root(self.draft, ids)
-        draft_at = [_Position(d_logits[0], d_hidden[0]), _Position(d_logits[1], d_hidden[1])]
+        # the draft runs the root as its own one-token pass, as it runs every later root
+        d_logits, d_hidden = self.draft.prefill(ids[:-1], output_hidden=True, last=1)
+        r_logits, r_hidden = self.draft.extend(ids[-1:], commit=True, output_hidden=True)
+        draft_at = [_Position(d_logits[-1], d_hidden[-1]), _Position(r_logits[-1], r_hidden[-1])]
         if self.roots == "steps":
             return self._step_rows(job, len(ids), target_at, draft_at, generator)
         rows = []
@@ -395,18 +397,3 @@ def package_version() -> str:
     except PackageNotFoundError:
         return "unknown"
 
-
-def prefill_to_root(draft: CachedLM, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run a prompt through the draft: all but its last token as one prefill, then the last token (the first root)
-    as its own committed run, so the root's states come from a one-token forward as at every later root.
-
-    Returns:
-        ``(logits (m, V) float32, hidden (m, H))`` of the token before the root (where the prompt has one) and of the
-        root, ``m = min(2, len(prompt_ids))``.
-    """
-    prefix, root = list(prompt_ids[:-1]), [int(prompt_ids[-1])]
-    if not prefix:
-        return draft.prefill(root, output_hidden=True)
-    before_logits, before_hidden = draft.prefill(prefix, output_hidden=True, last=1)
-    root_logits, root_hidden = draft.extend(root, commit=True, output_hidden=True)
-    return torch.cat([before_logits[-1:], root_logits]), torch.cat([before_hidden[-1:], root_hidden])

@@ -103,7 +103,7 @@ def test_an_expander_on_the_model_embeds_it_and_decodes_reading_draft_states_onl
                                                                                  tiny_pair, tmp_path):
     from decode.drafting.rng import TorchRandom
     from decode.drafting.sampling import SamplingConfig
-    from decode.engine import Request, SpeculativeDecoder
+    from decode.engine import SpeculativeDecoder
     from decode.pair import load_pair_config
     from decode.policies.expander import ExpanderSource
     from decode.policies.files.expander_file import read_expander_metadata
@@ -120,8 +120,8 @@ def test_an_expander_on_the_model_embeds_it_and_decodes_reading_draft_states_onl
     assert all({"acceptance", "marginal", "entropy"} <= set(r.offline) and r.chain_ms for r in meta.rules)
     pair = load_pair_config(tiny_pair / "pair.yaml")
     policy = ExpanderSource.for_pair(path, "traversal", pair)
-    started = Request.start(policy, TorchRandom(0), SamplingConfig(0.7))
-    assert started.draft_hidden and not started.features  # no root features, no target states
+    started = policy.start(SamplingConfig(0.7))
+    assert started.needs_draft_hidden and not started.needs_root_features  # no root features, no target states
     decoder = SpeculativeDecoder(pair.target, pair.draft, get_verifier("traversal"), pair.eos_token_id)
     generation = decoder.generate([5, 6, 7, 8], 24, policy, TorchRandom(0), SamplingConfig(0.7))
     assert generation.stats.new_tokens == 24 and generation.stats.network_seconds
