@@ -563,16 +563,21 @@ def _answers(base: str) -> bool:
 
 
 def case_signal(pairs: dict, folder: Path) -> None:
-    """The CLI: --port 0 prints the port it bound; a second server on that port is one line, exit 2, and never says
-    it serves; SIGINT while a request streams lets it finish and exits 0; --host ::1 prints http://[::1]:PORT, which
-    answers, and SIGTERM exits 0."""
+    """The CLI: --port 0 prints the port it bound; --cors-origin answers a preflight from that origin; a second
+    server on that port is one line, exit 2, and never says it serves; SIGINT while a request streams lets it finish
+    and exits 0; --host ::1 prints http://[::1]:PORT, which answers, and SIGTERM exits 0."""
     serve = [sys.executable, "-m", "ddte", "serve", "--pair", str(pairs["chat"]), "--model-name", MODEL]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([*serve, "--port", "0"], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*serve, "--port", "0", "--cors-origin", "http://ui.test"], cwd=REPO, env=env,
+                            stderr=subprocess.PIPE, text=True)
     try:
         base = _serving_url(proc)
         assert base.startswith("http://127.0.0.1:") and not base.endswith(":0"), base
         wait_until(lambda: _answers(base), "ddte serve did not answer at the URL it printed", 60)
+        preflight = urllib.request.Request(base + "/v1/completions", method="OPTIONS", headers={
+            "Origin": "http://ui.test", "Access-Control-Request-Method": "POST"})
+        with urllib.request.urlopen(preflight, timeout=10) as response:
+            assert response.headers["access-control-allow-origin"] == "http://ui.test", dict(response.headers)
         port = base.rsplit(":", 1)[1]
         second = subprocess.run([*serve, "--port", port], cwd=REPO, env=env, capture_output=True, text=True,
                                 timeout=120)

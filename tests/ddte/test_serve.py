@@ -49,11 +49,13 @@ def test_bad_flags_are_one_line_before_any_model_loads(argv, words, capsys):
     assert words in err and len(err.splitlines()) == 1, err
 
 
-def test_a_body_limit_under_one_kib_is_one_line_at_parse_time(capsys):
+@pytest.mark.parametrize("argv", [["--max-body-kib", "0"], ["--cors-origin", "localhost:3000"],
+                                  ["--cors-origin", "http://ui.test/app"]])
+def test_a_bad_body_limit_or_origin_is_one_line_at_parse_time(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["serve", "--max-body-kib", "0"])
+        main(["serve", *argv])
     err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and "--max-body-kib" in err, err
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and argv[0] in err, err
 
 
 class _Tokenizer:
