@@ -18,6 +18,7 @@ import openai as openai_module
 import torch
 
 from decode.drafting.sampling import SamplingConfig, distributions
+from tests.ddte.serve_batch_cases import served_batch
 from tests.ddte.serve_cases import (
     MODEL,
     PROMPT,
@@ -44,7 +45,8 @@ def tokens_of(answer) -> list[int]:
 
 def case_accepted_forms(pairs: dict, folder: Path) -> None:
     """Content parts and the developer role; prompts as token ids, lists of ids and lists of strings (a choice
-    each); n samples (sample i seeded seed + i); best_of equal to n; a negative seed (unseeded)."""
+    each); n samples (sample i seeded seed + i), one at a time and as requests of one batch; best_of equal to n; a
+    negative seed (unseeded)."""
     with running(served(pairs["chat"])) as base:
         openai = client(base)
         chat = openai.chat.completions.create
@@ -78,6 +80,10 @@ def case_accepted_forms(pairs: dict, folder: Path) -> None:
         assert streamed == {c.index: c.text for c in whole.choices}
         unseeded = text(model=MODEL, prompt=PROMPT, max_tokens=4, seed=-1)
         assert unseeded.model_extra["ddte"]["seed"] >= 0
+    with running(served_batch(pairs["chat"])) as base:  # --max-batch 4: the three samples decode together
+        together = client(base).chat.completions.create(model=MODEL, messages=HI, max_tokens=8, seed=10, n=3)
+        assert [tokens_of(c) for c in together.choices] == alone
+        assert _metric(base, 'ddte_batch_size_bucket{le="1"}') < _metric(base, "ddte_batch_size_count")
 
 
 def case_refused_and_ignored(pairs: dict, folder: Path) -> None:

@@ -7,6 +7,7 @@ the servers listen on 127.0.0.1 there, and no request leaves it.
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -82,3 +83,15 @@ def test_null_reads_as_absent_for_every_field(chat):
     plain = parse_request(base, chat, "m", _Tokenizer(), 64, 50, 8)
     assert parse_request({**base, **nulls}, chat, "m", _Tokenizer(), 64, 50, 8) == plain
     assert plain.max_tokens == 8 and not plain.stream and plain.seed is None
+
+
+def test_a_vendor_field_that_changes_nothing_is_ignored_with_a_debug_line(caplog):
+    """guidellm's, llama-benchy's and llama.cpp's fields are read as absent, each named in a debug line."""
+    from ddte.serve.requests import parse_request
+
+    base = {"model": "m", "prompt": "hi"}
+    with caplog.at_level(logging.DEBUG, logger="ddte.serve"):
+        extra = parse_request({**base, "return_token_ids": True, "cache_prompt": False}, False, "m", _Tokenizer(), 64,
+                              50, 8)
+    assert extra == parse_request(base, False, "m", _Tokenizer(), 64, 50, 8)
+    assert any("cache_prompt, return_token_ids" in record.getMessage() for record in caplog.records), caplog.text
