@@ -53,6 +53,38 @@ class LoadPlan:
         return ("--pair", self.pair, "--method", self.method, "--threads", str(self.threads), *kernels)
 
 
+def check_plan(plan: LoadPlan) -> None:
+    """ValueError (one line) for what the server would refuse only once it runs, asked before it starts: the method
+    (its grammar, its file), the pair (its config, its fetched models, the kernels asked of its dtypes), and each
+    request (the temperature the server takes, and max_tokens with the longest prompt within the pair's context)."""
+    import math
+
+    from ddte.serve.requests import MAX_TEMPERATURE
+    from decode.pair import check_kernel_request, find_tokenizer_dir, load_tokenizer, pair_context_limit
+    from decode.pair_spec import read_pair_config
+    from decode.policies.spec import parse_verifier_spec
+
+    if not (math.isfinite(plan.temperature) and 0 <= plan.temperature <= MAX_TEMPERATURE):
+        raise ValueError(f"--temperature must be in [0, {MAX_TEMPERATURE:g}] (what the server takes), got "
+                         f"{plan.temperature}")
+    try:
+        parse_verifier_spec(plan.method)[1].check_file()
+    except (ValueError, KeyError) as err:
+        raise ValueError(f"--method {plan.method}: {err.args[0] if err.args else err}") from err
+    pair = read_pair_config(plan.pair)
+    pair.check_available()
+    check_kernel_request(pair, "cpu", None, plan.kernels)
+    limit = pair_context_limit(pair)
+    folder = find_tokenizer_dir(pair.target, pair.tokenizer)
+    if limit is None or folder is None:
+        return  # the server answers what it cannot take; the bench then stops on its first refusal
+    tokenizer = load_tokenizer(folder)
+    longest = max(len(tokenizer(prompt)["input_ids"]) for prompt in plan.prompts)
+    if plan.max_tokens > limit - longest:
+        raise ValueError(f"--max-new-tokens {plan.max_tokens} does not fit: the pair's context is {limit} tokens and "
+                         f"the longest prompt holds {longest}, leaving {limit - longest}")
+
+
 @dataclass(frozen=True)
 class Level:
     """One (max_batch, clients) level: aggregate output tokens/s; TPOT and TTFT in ms over its requests."""
@@ -98,8 +130,11 @@ def live_server(server_args: Sequence[str], max_batch: int, max_queue: int, seco
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(60)
-            except subprocess.TimeoutExpired:
+            except BaseException:  # it did not drain in time, or a second Ctrl-C: no server outlives the bench
                 proc.kill()
+                proc.wait()
+                if not isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
+                    raise
 
 
 def stream_one(base: str, prompt: str, max_tokens: int, temperature: float, seed: int) -> tuple[float, float, int]:
@@ -125,24 +160,33 @@ def run_level(base: str, plan: LoadPlan, max_batch: int, clients: int) -> Level:
     records: list[tuple[float, float, int]] = []
     todo = iter(range(max(plan.requests, clients)))
     lock = threading.Lock()
+    failures: list[str] = []
 
     def client() -> None:
         while True:
             with lock:
-                i = next(todo, None)
+                i = None if failures else next(todo, None)
             if i is None:
                 return
-            record = stream_one(base, plan.prompts[i % len(plan.prompts)], plan.max_tokens, plan.temperature, i)
+            try:
+                record = stream_one(base, plan.prompts[i % len(plan.prompts)], plan.max_tokens, plan.temperature, i)
+            except Exception as err:  # a refusal or a lost server: the level stops, one line says why
+                with lock:
+                    failures.append(f"request {i}: {_first_line(err)}")
+                return
             with lock:
                 records.append(record)
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    # daemons: a Ctrl-C ends the bench at once (the server is stopped), never waiting on a client's open stream
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     start = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     seconds = time.perf_counter() - start
+    if failures:
+        raise RuntimeError(f"the server at {base} failed {failures[0]}")
     tokens = sum(r[2] for r in records)
     tpot = [1000 * (r[1] - r[0]) / (r[2] - 1) for r in records if r[2] > 1]
     ttft = [1000 * r[0] for r in records]
@@ -160,11 +204,19 @@ def sweep(plan: LoadPlan, progress: Callable[[str], None] = lambda line: None) -
         with live_server(plan.server_args, max_batch, max(plan.requests, *plan.clients)) as (base, lines):
             printed[max_batch] = lines
             progress(f"--max-batch {max_batch}: serving at {base}")
-            stream_one(base, plan.prompts[0], min(plan.max_tokens, 8), plan.temperature, 0)
+            try:
+                stream_one(base, plan.prompts[0], min(plan.max_tokens, 8), plan.temperature, 0)
+            except Exception as err:  # the server refused or failed its first request: one line, not a traceback
+                raise RuntimeError(f"the server at {base} failed its first request: {_first_line(err)}") from err
             for clients in plan.clients:
                 levels.append(run_level(base, plan, max_batch, clients))
                 progress(markdown_row(levels[-1]))
     return levels, printed
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0][:300]}" if text else type(err).__name__
 
 
 TABLE_HEAD = ("| --max-batch | clients | requests | output tokens/s (all clients) | TPOT ms p50 | TPOT ms mean | "

@@ -124,6 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    empty = _empty_path_flag(parser._subparsers._group_actions[0].choices[command], args)
+    if empty is not None:
+        print(f"ddte {args.command}: error: {empty} is empty: give a path", file=sys.stderr)
+        return 2
     try:
         with sigterm_as_interrupt():  # a kill unwinds like Ctrl-C: every command's clean-up runs
             return int(args._module.run(args) or 0)
@@ -133,6 +137,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"ddte {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+# the options that name a file or a folder (or a place: a pair's name, an MLflow store): an empty one would read as
+# "not given" (the config's own place) or as the working folder, so it is refused whatever the command
+PATH_OPTIONS = frozenset({"output", "data", "config", "tracking_uri", "policy_file", "selector", "expander",
+                          "acceptance", "pair", "target", "draft", "tokenizer", "prompts", "plot", "checkpoint",
+                          "recipe", "cache", "save_latency", "vocab", "latency"})
+
+
+def _empty_path_flag(subparser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The first path option (:data:`PATH_OPTIONS`) given as an empty or blank string, by its flag; None if none."""
+    for action in subparser._actions:
+        if action.dest not in PATH_OPTIONS or not action.option_strings:
+            continue
+        value = getattr(args, action.dest, None)
+        if isinstance(value, str) and not value.strip() and value != action.default:
+            return action.option_strings[0]
+    return None
 
 
 if __name__ == "__main__":

@@ -43,7 +43,10 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         return value
     if annotation in (str, bool) and isinstance(value, annotation):
         return value
-    raise ValueError(f"{key}: expected {getattr(annotation, '__name__', annotation)}, got {value!r}")
+    name = getattr(annotation, '__name__', annotation)
+    if value is None:  # `key=` on the command line, or `key:` with nothing after it in the file
+        raise ValueError(f"{key} is empty: give a {name} value")
+    raise ValueError(f"{key}: expected {name}, got {value!r}")
 
 
 def build_dataclass(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:

@@ -75,17 +75,11 @@ class LoadedPair:
             ValueError: a request that does not parse, a path a model cannot run here, or a target path beside the
                 pair's ``target_quant`` (the opt-in names the target's path; another one would be silently dropped).
         """
-        from decode.models.kernel_choice import AUTO, KernelRequest, choose_kernels
+        from decode.models.kernel_choice import KernelRequest, choose_kernels, with_target_quant
 
         parsed = KernelRequest.parse(self.spec.kernels if request is None else request)
-        target_quant = self.spec.target_quant
-        if target_quant is not None:  # the user's opt-in to another target model (PairSpec.target_quant)
-            if parsed.target not in (AUTO, target_quant):
-                source = "--kernels" if request is not None else "the pair's kernels:"
-                raise ValueError(f"{source} asks the target for {parsed.target}, but this pair's target_quant runs "
-                                 f"its target on {target_quant}: leave the target out of it "
-                                 f"(draft={parsed.draft}) or use the pair without target_quant")
-            parsed = KernelRequest(target_quant, parsed.draft)
+        # the user's opt-in to another target model (PairSpec.target_quant)
+        parsed = with_target_quant(parsed, self.spec.target_quant, request is not None)
         self.kernel_choice = choose_kernels(self.target, self.draft, parsed, self.fingerprint(), cache, announce,
                                             progress)
         return self.kernel_choice
@@ -154,14 +148,13 @@ def load_pair(
     from decode.models.loading import check_same_vocab, load_causal_lm
 
     dev = resolve_device(device)
-    target_dtype = resolve_dtype(dtype, dev)
-    draft_torch_dtype = resolve_dtype(draft_dtype, dev) or target_dtype
+    target_dtype, draft_torch_dtype = model_dtypes(dev, dtype, draft_dtype)
     target_lm = CachedLM(load_causal_lm(target, dev, target_dtype), dev, target_dtype)
     draft_lm = cached_lm(load_draft_model(draft, dev, draft_torch_dtype), dev, draft_torch_dtype, fast=fast_draft)
     check_same_vocab(target_lm.config, draft_lm.config)
     attach_draft_steering(draft_lm, target_lm, Path(draft), Path(target))
     tokenizer_dir = find_tokenizer_dir(Path(target), tokenizer)
-    tok = _load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
+    tok = load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
     eos = getattr(tok, "eos_token_id", None) if tok is not None else None
     if eos is None:
         eos = getattr(target_lm.config, "eos_token_id", None)
@@ -171,6 +164,31 @@ def load_pair(
         paths["tokenizer"] = tokenizer_dir
     spec = spec if spec is not None else PairSpec.folders(Path(target), Path(draft), tokenizer)
     return LoadedPair(target_lm, draft_lm, tok, eos, paths, spec)
+
+
+def model_dtypes(device: torch.device, dtype: str | None, draft_dtype: str | None) -> tuple[torch.dtype, torch.dtype]:
+    """The target's and the draft's dtypes as :func:`load_pair` loads them: ``dtype`` (None or auto: the device's
+    default) and ``draft_dtype`` (None: the target's)."""
+    from decode.models.loading import default_dtype
+
+    target = resolve_dtype(dtype, device)
+    return default_dtype(device, target), default_dtype(device, resolve_dtype(draft_dtype, device) or target)
+
+
+def check_kernel_request(spec: PairSpec | None, device: str, dtype: str | None, request: str | None) -> None:
+    """ValueError, before any model loads, where :meth:`LoadedPair.use_kernels` would refuse ``request`` (None: the
+    pair's own) on the pair ``spec`` names (None: two folders) loaded on ``device`` in ``dtype`` (None or auto: each
+    model's own): a request that does not parse, a target path beside the pair's ``target_quant``, or a fixed path a
+    model cannot run in its dtype here. It needs no weights: the dtypes and the device decide."""
+    from decode.models.kernel_choice import KernelRequest, check_fixed_paths, with_target_quant
+
+    dev = resolve_device(device)
+    own = spec is not None and dtype in (None, "auto")
+    dtypes = model_dtypes(dev, spec.target_dtype if own else dtype, spec.draft_dtype if own else dtype)
+    text = request if request is not None else (spec.kernels if spec is not None else "auto")
+    parsed = with_target_quant(KernelRequest.parse(text), spec.target_quant if spec is not None else None,
+                               request is not None)
+    check_fixed_paths(parsed, dict(zip(("target", "draft"), dtypes, strict=True)), dev)
 
 
 def load_draft_model(path: str | Path, device: torch.device, dtype: torch.dtype | None):
@@ -303,7 +321,7 @@ def find_tokenizer_dir(target: Path, explicit: str | Path | None) -> Path | None
 def find_tokenizer(target: Path, explicit: str | Path | None):
     """The pair's transformers tokenizer (see :func:`find_tokenizer_dir`), or None."""
     found = find_tokenizer_dir(target, explicit)
-    return _load_tokenizer(found) if found is not None else None
+    return load_tokenizer(found) if found is not None else None
 
 
 CHAT_ROLES = ("system", "user", "assistant")
@@ -341,7 +359,25 @@ def render_chat(tokenizer, messages: list[dict[str, str]]) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def _load_tokenizer(path: Path):
+def pair_context_limit(spec: PairSpec) -> int | None:
+    """Positions both models of ``spec`` attend over, read from their ``config.json`` without loading them
+    (:func:`decode.models.loading.context_limit`'s rule); None for a model given as a GGUF file."""
+    import json
+
+    limits = []
+    for folder in (spec.target, spec.draft):
+        config = Path(folder) / "config.json"
+        if not config.is_file():
+            return None
+        try:
+            limits.append(int(json.loads(config.read_text()).get("max_position_embeddings", 1 << 30)))
+        except (OSError, ValueError, TypeError, AttributeError) as err:
+            raise ValueError(f"{config}: not a readable model config ({err})") from err
+    return min(limits)
+
+
+def load_tokenizer(path: Path):
+    """The tokenizer at ``path`` (a folder, or a GGUF file that carries one)."""
     from transformers import AutoTokenizer
 
     from decode.models.gguf import is_gguf, load_gguf_tokenizer

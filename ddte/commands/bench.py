@@ -104,6 +104,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
     """Every option checked before any model loads; returns the parsed, de-duplicated methods and the policy files
     they name, each read and checked whole once (by path)."""
     from bench.method import Method, unique_methods
+    from decode.policies.spec import PolicySpec
 
     if args.num_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
         raise UserError("--num-prompts, --repeats and --max-new-tokens must be >= 1")
@@ -131,8 +132,9 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
     with user_errors():
         methods, dropped = unique_methods(args.methods)
     for method in methods:
-        if method.path is not None and not os.path.isfile(method.path):
-            raise UserError(f"bad method '{method}': file {method.path!r} does not exist")
+        if method.path is not None:
+            with user_errors(ValueError, prefix=f"bad method '{method}': "):
+                PolicySpec.file(method.kind, method.path).check_file()
         if method.draft is not None and not os.path.isdir(method.draft):
             raise UserError(f"bad method '{method}': draft folder {method.draft!r} does not exist")
     files = _read_policy_files(methods)

@@ -20,7 +20,13 @@ import argparse
 import functools
 import json
 
-from ddte.commands.common import UserError, add_kernels_argument, check_kernels_argument, check_output_file
+from ddte.commands.common import (
+    UserError,
+    add_kernels_argument,
+    check_kernels_argument,
+    check_output_file,
+    user_errors,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.serve_load import LoadPlan, against_generate, as_json, markdown_table, plot, sweep
+    from bench.serve_load import LoadPlan, against_generate, as_json, check_plan, markdown_table, plot, sweep
     from ddte_core.machine import environment
     from ddte_core.paths import staged_file
 
@@ -50,9 +56,11 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 1 or args.against_generate < 0:
         raise UserError("--threads must be >= 1 and --against-generate >= 0")
     check_kernels_argument(args.kernels)
-    output = check_output_file(args.output) if args.output else None
+    output = check_output_file(args.output) if args.output is not None else None
     plan = LoadPlan(args.pair, args.method, args.threads, args.kernels, tuple(args.max_batch), tuple(args.clients),
                     args.requests, args.max_new_tokens, args.temperature)
+    with user_errors(ValueError, OSError, KeyError):  # what the server would refuse once running, asked first
+        check_plan(plan)
     out: dict = environment() | {"pair": args.pair, "method": args.method, "threads": args.threads,
                                  "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                                  "requests_per_level": args.requests}

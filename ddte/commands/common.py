@@ -155,10 +155,24 @@ def load_pair_from_args(args: argparse.Namespace):
     """The pair named by --pair, or by --target/--draft/--tokenizer, on the default kernels (a command opens it on
     this machine's through decode/session.py once its own checks have passed); UserError when it cannot be loaded or
     --kernels does not parse."""
+    check_pair_before_load(args)
+    with user_errors():
+        return pair_request(args).load()
+
+
+def check_pair_before_load(args: argparse.Namespace) -> None:
+    """UserError, before any model loads, for what the pair's loading and kernels would refuse after it: --pair beside
+    --target/--draft, a pair config that does not read, and a --kernels (or the pair's kernels:) that does not parse
+    or fixes a path a model cannot run in its dtype here (decode.pair.check_kernel_request)."""
+    from decode.pair import check_kernel_request
+    from decode.pair_spec import read_pair_config
+
     check_pair_arguments(args)
     check_kernels_argument(getattr(args, "kernels", None))
     with user_errors():
-        return pair_request(args).load()
+        spec = read_pair_config(args.pair) if args.pair else None
+        check_kernel_request(spec, getattr(args, "device", DEFAULT_DEVICE), getattr(args, "dtype", None),
+                             getattr(args, "kernels", None))
 
 
 def to_stderr(line: str) -> None:

@@ -257,6 +257,10 @@ def _method(args: argparse.Namespace, spec: PolicySpec) -> tuple[MethodRequest, 
     from decode.verifiers import get_verifier
 
     deployment = None
+    flag = f"--method {args.method}: " if args.method is not None else \
+        {"policy": "--policy-file: ", "selector": "--selector: ", "expander": "--expander: "}.get(spec.kind, "")
+    with user_errors(ValueError, prefix=flag):
+        spec.check_file()
     if spec.kind == "policy":
         with user_errors(prefix="--policy-file: " if args.method is None else f"--method {args.method}: "):
             deployment = load_deployment(spec.path)

@@ -61,11 +61,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ddte.pair_card.card import CardSettings, with_defaults
     from ddte.pair_card.folder import train_pair_folder
+    from decode.pair import check_kernel_request
     from decode.pair_spec import read_pair_config
 
     check_kernels_argument(args.kernels)  # a --kernels that does not parse: one line, before anything loads
     with user_errors():
-        folder = train_pair_folder(read_pair_config(args.pair))
+        spec = read_pair_config(args.pair)
+        folder = train_pair_folder(spec)
+        # a path a model cannot run in the dtype the card loads it in (a train-pair folder: fp32, the default path)
+        check_kernel_request(spec, "cpu", "float32" if folder is not None else None,
+                             args.kernels or ("default" if folder is not None else None))
     settings = with_defaults(CardSettings(args.pair, args.threads, args.cache_len, args.tree_nodes, args.timed_calls,
                                           args.num_prompts, args.max_new_tokens, args.sample_tokens, args.seed,
                                           tuple(args.groups), args.heldout_blocks, args.kernels), folder is not None)

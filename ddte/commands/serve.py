@@ -125,11 +125,8 @@ def check_arguments(args: argparse.Namespace):
                         f"one of {SPEC_FORMS} (e.g. traversal@1,2,0)")
     with user_errors(KeyError, ValueError, prefix=f"--method {text}: "):
         verifier, spec = parse_verifier_spec(text)
-    if spec.path is not None:
-        import os
-
-        if not os.path.isfile(spec.path):
-            raise UserError(f"--method: file {spec.path!r} does not exist")
+    with user_errors(ValueError, prefix="--method: "):
+        spec.check_file()
     return verifier, spec, None
 
 

@@ -211,6 +211,32 @@ def choose_path(times: PathTimes, role: str) -> str:
     return best if score(best) < math.log(1.0 - DEFAULT_MARGIN) else base_name
 
 
+def with_target_quant(request: KernelRequest, target_quant: str | None, from_flag: bool) -> KernelRequest:
+    """``request`` with a pair's ``target_quant`` (its opt-in to a quantized target: the target's path) in the
+    target's place. ValueError where the request asks the target for another path (``from_flag``: it came from
+    ``--kernels``, else from the pair's ``kernels:``): the opt-in names the target's path, another would be silently
+    dropped."""
+    if target_quant is None:
+        return request
+    if request.target not in (AUTO, target_quant):
+        source = "--kernels" if from_flag else "the pair's kernels:"
+        raise ValueError(f"{source} asks the target for {request.target}, but this pair's target_quant runs its "
+                         f"target on {target_quant}: leave the target out of it (draft={request.draft}) or use the "
+                         "pair without target_quant")
+    return KernelRequest(target_quant, request.draft)
+
+
+def check_fixed_paths(request: KernelRequest, dtypes: dict[str, torch.dtype], device: torch.device) -> None:
+    """ValueError (one line naming why) for a path ``request`` fixes that its model cannot run here, the models being
+    of ``dtypes`` (per role) on ``device``: asked before the models load as well as after, as it needs only these."""
+    for role in ROLES:
+        name = getattr(request, role)
+        if name != AUTO:
+            reason = kernel_path(name).unavailable(dtypes[role], device)
+            if reason is not None:
+                raise ValueError(f"--kernels: the {role} cannot take {name}: {reason}")
+
+
 def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fingerprint: str,
                    cache: Path | None, announce: Callable[[str], None] | None = None,
                    progress: bool = False) -> KernelChoice:
@@ -224,12 +250,7 @@ def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fi
     """
     identity = machine_identity(target, draft, kernels=False)
     models = {"target": target, "draft": draft}
-    for role in ROLES:
-        name = getattr(request, role)
-        if name != AUTO:
-            reason = kernel_path(name).unavailable(models[role].dtype, models[role].device)
-            if reason is not None:
-                raise ValueError(f"--kernels: the {role} cannot take {name}: {reason}")
+    check_fixed_paths(request, {role: models[role].dtype for role in ROLES}, target.device)
     wanted = tuple(role for role in ROLES if getattr(request, role) == AUTO)
     measured = KernelChoice(DEFAULT, DEFAULT, machine=identity, pair=fingerprint)
     if wanted:

@@ -114,6 +114,20 @@ class PolicySpec:
         """A selector, expander or policy file: the builder opens it and checks it against the pair."""
         return KINDS[self.kind].file
 
+    def check_file(self) -> None:
+        """ValueError where this spec's file (a file kind's) is no readable file: a question of the path alone,
+        asked before any model loads, in the words the builder would use after."""
+        import os
+
+        if self.path is None:
+            return
+        if os.path.isdir(self.path):
+            raise ValueError(f"{self.kind} file {self.path!r} is a folder; give the file")
+        if not os.path.isfile(self.path):
+            raise ValueError(f"{self.kind} file {self.path!r} does not exist")
+        if not os.access(self.path, os.R_OK):
+            raise ValueError(f"{self.kind} file {self.path!r} is not readable")
+
     @property
     def text(self) -> str:
         """The canonical spelling (default options left out); :func:`parse_policy_spec` reads it back."""
