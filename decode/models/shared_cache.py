@@ -249,7 +249,11 @@ class SharedCache:
             tokens += [int(t) for t in block.tokens]
             parents += [p if p is None or p >= 0 else p - shift for p in block.parents]
         base = self.slots.length
-        allowed, pos, par = self.slots.plan(owners, parents)
+        if self._alone_linear(blocks):  # a plain cache's causal run: no mask to build or apply
+            pos = np.arange(len(tokens), dtype=np.int64) + (0 if base == 0 else int(self.slots.pos[base - 1]) + 1)
+            allowed, par = None, np.arange(base - 1, base - 1 + len(tokens), dtype=np.int64)
+        else:
+            allowed, pos, par = self.slots.plan(owners, parents)
         ends = offsets[1:] + [len(tokens)]
         starts = [a + k for a, k in zip(offsets, skip, strict=True)]
         rows = None if not any(skip) else np.concatenate([np.arange(a, b) for a, b in zip(starts, ends, strict=True)])
@@ -265,6 +269,15 @@ class SharedCache:
         return [BlockOutput(out.logits[kept[i]:kept[i + 1]],
                             None if out.hidden is None else out.hidden[kept[i]:kept[i + 1]], base + starts[i])
                 for i in range(len(blocks))]
+
+    def _alone_linear(self, blocks: Sequence[Block]) -> bool:
+        """Whether the forward is one linear run from the tip of the cache's only sequence, every cached slot its
+        settled own: then it sees exactly what a plain cache's causal run sees (a lone request's prompt)."""
+        if len(blocks) != 1 or self.slots.live != {blocks[0].seq}:
+            return False
+        slots, block = self.slots, blocks[0]
+        linear = list(block.parents) == [None] + [-(j + 1) for j in range(len(block.tokens) - 1)]
+        return linear and not slots.dead and not slots.num_speculative
 
     def _hook_bias(self, block: Block, base: int, settle: bool) -> torch.Tensor | None:
         """The hook's up-projection bias for a forward of the one sequence (slots are its positions): rooted at the
