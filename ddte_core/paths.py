@@ -33,10 +33,30 @@ def cache_root() -> Path:
 
 
 def latency_cache() -> Path:
-    """Where the running machine's latency tables are kept (decode/cost/measure.py ``machine_table``):
-    ``$DDTE_LATENCY_CACHE``, else ``<cache_root>/latency``."""
+    """Where the running machine's latency tables and kernel choices are kept (decode/models/machine_cache.py):
+    ``$DDTE_LATENCY_CACHE``, else ``<cache_root>/latency``.
+
+    Raises:
+        ValueError: naming the variable it came from, where no folder can be kept there (a file in the way, a place
+            that cannot be written).
+    """
     env = os.environ.get("DDTE_LATENCY_CACHE")
-    return Path(env).expanduser() if env else cache_root() / "latency"
+    if env:
+        return usable_folder(Path(env).expanduser(), "$DDTE_LATENCY_CACHE")
+    return usable_folder(cache_root() / "latency", "the latency cache ($DDTE_CACHE/latency, else "
+                         "~/.cache/ddte/latency)")
+
+
+def usable_folder(path: Path, what: str) -> Path:
+    """``path``, a folder ddte may create and write in; ValueError naming ``what`` (where the path came from) where a
+    file stands at it or above it, or nothing can be written there. Nothing is left behind."""
+    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ValueError(f"{what} {path}: {blocking} is a file, not a folder")
+    if not folder_is_writable(path):
+        raise ValueError(f"{what} {path}: no folder can be written there (no permission, a read-only or virtual file "
+                         "system)")
+    return path
 
 
 def refuse_file_in_the_way(path: str | Path, what: str = "output", folder: bool = True) -> Path:

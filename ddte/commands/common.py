@@ -163,13 +163,16 @@ def load_pair_from_args(args: argparse.Namespace):
 def check_pair_before_load(args: argparse.Namespace) -> None:
     """UserError, before any model loads, for what the pair's loading and kernels would refuse after it: --pair beside
     --target/--draft, a pair config that does not read, and a --kernels (or the pair's kernels:) that does not parse
-    or fixes a path a model cannot run in its dtype here (decode.pair.check_kernel_request)."""
+    or fixes a path a model cannot run in its dtype here (decode.pair.check_kernel_request), and a machine cache
+    ($DDTE_LATENCY_CACHE, $DDTE_CACHE) where no folder can be kept."""
+    from ddte_core.paths import latency_cache
     from decode.pair import check_kernel_request
     from decode.pair_spec import read_pair_config
 
     check_pair_arguments(args)
     check_kernels_argument(getattr(args, "kernels", None))
     with user_errors():
+        latency_cache()
         spec = read_pair_config(args.pair) if args.pair else None
         check_kernel_request(spec, getattr(args, "device", DEFAULT_DEVICE), getattr(args, "dtype", None),
                              getattr(args, "kernels", None))

@@ -131,3 +131,14 @@ def test_pair_card_refuses_its_kernels_before_measuring(extra, message, tiny, ca
     extra = [a.format(quantized=tiny / "quantized.yaml", pair=tiny / "pair.yaml") for a in extra]
     assert main(["pair-card", *extra]) == 2
     assert message in _one_line(capsys, "pair-card")
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "bench"])
+def test_an_unusable_latency_cache_is_named_before_the_models_load(command, tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("decode.session.PairRequest.load", _trip)
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv("DDTE_LATENCY_CACHE", str(tmp_path / "a-file"))
+    argv = {"generate": ["generate", "x", "--max-new-tokens", "2"], "serve": ["serve", "--port", "0"],
+            "bench": ["bench", "--num-prompts", "1"]}[command]
+    assert main([*argv, "--pair", str(tiny / "pair.yaml")]) == 2
+    assert "$DDTE_LATENCY_CACHE" in _one_line(capsys, command)

@@ -159,3 +159,20 @@ def test_under_the_avx2_limit_the_bf16_probe_itself_says_emulated():
     assert out.returncode == 0, out.stderr
     native, limits = out.stdout.strip().split(" ", 1)
     assert native == "False" and "ONEDNN_MAX_CPU_ISA=AVX2" in limits and "ATen AVX2" in limits
+
+
+@pytest.mark.parametrize("place", ["file", "under-a-file", "proc"])
+@pytest.mark.parametrize("variable", ["DDTE_LATENCY_CACHE", "DDTE_CACHE"])
+def test_an_unusable_machine_cache_is_named_by_its_variable(tmp_path, monkeypatch, place, variable):
+    """A cache variable naming a file, a place under a file, or where nothing can be written is one line naming the
+    variable, not an OSError's "File exists" or "No such file or directory"; nothing is created."""
+    from ddte_core.paths import latency_cache
+
+    (tmp_path / "a-file").write_text("x")
+    value = {"file": tmp_path / "a-file", "under-a-file": tmp_path / "a-file" / "sub", "proc": "/proc/ddte-nope"}[place]
+    monkeypatch.delenv("DDTE_LATENCY_CACHE", raising=False)
+    monkeypatch.setenv(variable, str(value))
+    before = sorted(tmp_path.iterdir())
+    with pytest.raises(ValueError, match=rf"\${variable}"):
+        latency_cache()
+    assert sorted(tmp_path.iterdir()) == before
