@@ -154,6 +154,8 @@ class DeployedRule:
         runs: whether the rule runs.
         refit: the refit's choice and cross-fitted ratios on this machine (None where nothing was refitted).
         min_gain: the held-out gain the refit asked of a rule.
+        unrefitted: a machine's table was given but the file carries no fit sets, so the rule is the file's as
+            fitted elsewhere: its line says so rather than pass for a choice made here.
     """
 
     node_rule: NodeRule
@@ -161,6 +163,7 @@ class DeployedRule:
     runs: bool
     refit: MachineRule | None = None
     min_gain: float = 0.0
+    unrefitted: bool = False
 
     def describe(self, machine: LatencyTable | None) -> str:
         fallback = self.fallback.key
@@ -174,11 +177,13 @@ class DeployedRule:
             return (f"{self.node_rule.signal}: {self.node_rule.rule.describe()}; refitted on this machine's latency "
                     f"table against static {fallback}{gain}")
         where = machine_note(machine, self.node_rule.profile is not None)
+        unrefitted = "; not refitted on this machine: the file carries no fit sets (ddte expander writes them)" \
+            if self.unrefitted else ""
         if self.node_rule.rule is None:
-            return f"static {fallback}{where}: no rule beat it offline"
+            return f"static {fallback}{where}: no rule beat it where the file was fitted{unrefitted}"
         if not self.runs:
-            return f"static {fallback}{where}: it beats the rule on this machine"
-        return f"{self.node_rule.signal}: {self.node_rule.rule.describe()}; fallback {fallback}{where}"
+            return f"static {fallback}{where}: it beats the file's rule on this machine{unrefitted}"
+        return f"{self.node_rule.signal}: {self.node_rule.rule.describe()}; fallback {fallback}{where}{unrefitted}"
 
 
 def deploy_rule(metadata: ExpanderMetadata, index: int, machine: LatencyTable | None) -> DeployedRule:
@@ -188,7 +193,7 @@ def deploy_rule(metadata: ExpanderMetadata, index: int, machine: LatencyTable | 
     node_rule = metadata.rules[index]
     if machine is None or not metadata.fit_sets:
         fallback, runs = node_rule.on_machine(machine)
-        return DeployedRule(node_rule, fallback, runs)
+        return DeployedRule(node_rule, fallback, runs, unrefitted=machine is not None)
     fit_set = FitSet.from_dict(metadata.fit_sets[index])
     choice = refit(fit_set, machine, metadata.min_gain)
     chain = None
