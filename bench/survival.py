@@ -96,11 +96,11 @@ def loss_rows(draws: DenseDraws, fractions=(0.5, 1.0)) -> list[dict]:
 
 def trunk_labels(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     """(``(N,)`` sampling index, ``(N, s, 2·L_max)`` realized acceptance of each trunk token) of a collection."""
-    from data_gen.store import list_shards, read_metadata, read_shards
+    from data_gen.store import read_metadata, read_shards, require_shards
     from selector.root.root_data import list_column
 
     metadata = read_metadata(folder)
-    table = read_shards(list_shards(folder), ["sampling_index", "trunk_accept"])
+    table = read_shards(require_shards(folder), ["sampling_index", "trunk_accept"])
     accept = list_column(table, "trunk_accept").reshape(table.num_rows, int(metadata["trees_per_root"]), -1)
     return table.column("sampling_index").to_numpy(), accept.astype(np.float64)
 

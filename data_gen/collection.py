@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,13 +35,16 @@ from data_gen.schema import (
     trees_column,
 )
 from data_gen.store import (
+    LOCK_PREFIX,
     Shards,
     check_same_collection,
     check_writable,
     legacy_shards,
+    list_shards,
     read_metadata,
     remove_stale_temporaries,
     shard_chunks,
+    shard_lock,
     write_metadata_once,
 )
 from data_gen.workers import InProcess, Processes, WorkPlan, run_plan
@@ -138,33 +139,20 @@ def collect(
         check_same_collection(metadata, config_to_dict(config))
         plan = WorkPlan(config, metadata, prompts, chunks, todo, f"collect {shard}/{num_shards}")
         roots = run_plan(engine, plan, progress)
-    return CollectSummary(out, roots, len(todo), len(mine) - len(todo), time.perf_counter() - start)
+    check_some_rows(out, config, len(prompts))
+    written = len(Shards(out).written(todo))  # a chunk whose trajectories reached no root writes no shard
+    return CollectSummary(out, roots, written, len(mine) - len(todo), time.perf_counter() - start)
 
 
-LOCK_PREFIX = ".lock-"
-
-
-@contextlib.contextmanager
-def shard_lock(out: Path, shard: int, num_shards: int) -> Iterator[None]:
-    """Hold ``out/.lock-shard-i-of-N`` while this shard collects: ValueError when another ``ddte collect`` of the
-    same shard (two runs on one --output, say) holds it. An flock: the system releases it when its process ends,
-    killed or not, so a stale lock file never blocks a later run. Other shards of a split take other locks."""
-    import fcntl
-
-    path = out / f"{LOCK_PREFIX}shard-{shard}-of-{num_shards}"
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as err:
-            raise ValueError(f"another ddte collect is writing shard {shard}/{num_shards} of {out}: wait for it to "
-                             "finish, or choose another --output") from err
-        except OSError:  # a file system without locks: collect as before, unguarded
-            pass
-        yield
-        path.unlink(missing_ok=True)  # a finished shard leaves no lock file behind (still held: no one else has it)
-    finally:
-        os.close(fd)
+def check_some_rows(out: Path, config: CollectConfig, prompts: int) -> None:
+    """ValueError where the collection in ``out`` holds no shard once this run is done: it found no root, and an
+    empty data set must not pass for a collected one."""
+    if not list_shards(out):
+        raise ValueError(f"collected no roots from {prompts} prompts: no shard written, {out} holds only its "
+                         f"metadata (every trajectory ended before its first root: prompts under 2 tokens, or "
+                         f"new_tokens {config.new_tokens} against roots every {config.stride} "
+                         f"{'steps' if config.roots == 'steps' else 'tokens'}); remove it or choose another --output, "
+                         "then collect with more new_tokens or a shorter stride")
 
 
 def open_engine(config: CollectConfig, measure: bool):

@@ -29,7 +29,7 @@ from data_gen.dense import (
     own_realized_columns,
     prompt_nodes,
 )
-from data_gen.store import Shards, link_json_once, shard_chunks, write_rows, write_text
+from data_gen.store import LOCK_PREFIX, Shards, link_json_once, shard_chunks, shard_lock, write_rows, write_text
 from decode.drafting.sampling import SamplingConfig
 from decode.verifiers import Verifier
 
@@ -130,31 +130,63 @@ def collect_dense(target, draft, prompts: Sequence[list[int]], categories: Seque
     if not mine:
         return DenseSummary(0, 0, 0, time.perf_counter() - start, out)
     _enter_output(out, metadata)
-    label_columns = [acceptance_column(v.name, k) for v in verifiers for k in range(1, spec.k_max + 1)]
-    label_columns += own_realized_columns(verifiers)
-    nodes = written = skipped = 0
-    shards = Shards(out, SHARD)
-    for number in mine:
-        first = number * prompts_per_shard
-        path = shards.path(number)
-        if path.exists():  # resumed: done by an earlier run
-            skipped += 1
-            if progress is not None:
-                progress(min(prompts_per_shard, len(prompts) - first))
-            continue
-        rows = []
-        for i in range(first, min(first + prompts_per_shard, len(prompts))):
-            for s, sampling in enumerate(samplings):
-                seed = _row_seed(metadata["seed"], first_prompt + i, s)
-                for row in prompt_nodes(target, draft, prompts[i], sampling, spec, verifiers, seed):
-                    rows.append({"prompt_id": str(first_prompt + i), "category": categories[i],
-                                 "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": seed, **row})
-            if progress is not None:
-                progress(1)
-        _write(rows, path, label_columns)
-        nodes += len(rows)
-        written += 1
+    # two runs of one shard on one folder would both label it: the second is refused, as collect refuses it
+    with shard_lock(out, shard[0], shard[1], "ddte dense-labels"):
+        check_dense_output(out, metadata, mine, resume)  # the holder before us may have written them
+        job = _Labelling(target, draft, prompts, categories, metadata, spec, verifiers, samplings, first_prompt)
+        nodes, written, skipped = job.run(Shards(out, SHARD), mine, prompts_per_shard, progress)
     return DenseSummary(nodes, written, skipped, time.perf_counter() - start, out)
+
+
+@dataclass
+class _Labelling:
+    """One shard's labelling: every prompt of its chunks at every sampling setting."""
+
+    target: object
+    draft: object
+    prompts: Sequence[list[int]]
+    categories: Sequence[str]
+    metadata: dict
+    spec: DenseSpec
+    verifiers: Sequence[Verifier]
+    samplings: list
+    first_prompt: int
+
+    def run(self, shards: Shards, mine: Sequence[int], prompts_per_shard: int,
+            progress: Callable[[int], None] | None) -> tuple[int, int, int]:
+        """Label and write each chunk of ``mine`` not written yet; (nodes, shards written, shards skipped)."""
+        label_columns = [acceptance_column(v.name, k) for v in self.verifiers for k in range(1, self.spec.k_max + 1)]
+        label_columns += own_realized_columns(self.verifiers)
+        nodes = written = skipped = 0
+        for number in mine:
+            first = number * prompts_per_shard
+            chunk = range(first, min(first + prompts_per_shard, len(self.prompts)))
+            path = shards.path(number)
+            if path.exists():  # resumed: done by an earlier run
+                skipped += 1
+                if progress is not None:
+                    progress(len(chunk))
+                continue
+            rows = []
+            for i in chunk:
+                rows += self.prompt_rows(i)
+                if progress is not None:
+                    progress(1)
+            _write(rows, path, label_columns)
+            nodes += len(rows)
+            written += 1
+        return nodes, written, skipped
+
+    def prompt_rows(self, i: int) -> list[dict]:
+        """Prompt ``i``'s rows at every sampling setting."""
+        rows, prompt_id = [], self.first_prompt + i
+        for s, sampling in enumerate(self.samplings):
+            seed = _row_seed(self.metadata["seed"], prompt_id, s)
+            for row in prompt_nodes(self.target, self.draft, self.prompts[i], sampling, self.spec, self.verifiers,
+                                    seed):
+                rows.append({"prompt_id": str(prompt_id), "category": self.categories[i],
+                             "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": seed, **row})
+        return rows
 
 
 def check_dense_output(out: Path, metadata: dict, chunks: Sequence[int], resume: bool) -> None:
@@ -179,7 +211,7 @@ def check_dense_folder(out: Path) -> bool:
     refuse_file_in_the_way(out, "--output")
     if (out / METADATA).is_file():
         return True
-    if out.is_dir() and any(not p.name.startswith(TEMPORARY) for p in out.iterdir()):
+    if out.is_dir() and any(not p.name.startswith((TEMPORARY, LOCK_PREFIX)) for p in out.iterdir()):
         raise ValueError(f"--output {out} is not empty and holds no dense data set ({METADATA}): choose a new or "
                          "empty folder")
     return False

@@ -13,12 +13,13 @@ every other one reads that one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,42 @@ def shard_path(out: Path, chunk: int) -> Path:
 def legacy_shards(out: Path) -> list[Path]:
     """Shards named by an older ddte (``shard-i-of-N-c``): their chunks are not this version's chunks."""
     return [p for p in list_shards(out) if LEGACY_SHARD_NAME.fullmatch(p.name)]
+
+
+LOCK_PREFIX = ".lock-"
+
+
+@contextlib.contextmanager
+def shard_lock(out: Path, shard: int, num_shards: int, command: str = "ddte collect") -> Iterator[None]:
+    """Hold ``out/.lock-shard-i-of-N`` while this shard writes: ValueError when another run of ``command`` on the
+    same shard (two runs on one --output, say) holds it. An flock: the system releases it when its process ends,
+    killed or not, so a stale lock file never blocks a later run. Other shards of a split take other locks. Both
+    collectors take it (``ddte collect``, ``ddte dense-labels``)."""
+    import fcntl
+
+    path = out / f"{LOCK_PREFIX}shard-{shard}-of-{num_shards}"
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as err:
+            raise ValueError(f"another {command} is writing shard {shard}/{num_shards} of {out}: wait for it to "
+                             "finish, or choose another --output") from err
+        except OSError:  # a file system without locks: write as before, unguarded
+            pass
+        yield
+        path.unlink(missing_ok=True)  # a finished shard leaves no lock file behind (still held: no one else has it)
+    finally:
+        os.close(fd)
+
+
+def require_shards(folder: Path, what: str = "the data set") -> list[Path]:
+    """The shards of a collected ``folder``; ValueError saying the data set is empty where it holds none (a collection
+    that found no roots writes its metadata and no shard), rather than naming every column it lacks."""
+    shards = list_shards(Path(folder))
+    if not shards:
+        raise ValueError(f"{folder}: {what} is empty (no {SHARD_GLOB}): its collection wrote no rows")
+    return shards
 
 
 def list_shards(out: Path) -> list[Path]:

@@ -233,10 +233,10 @@ def acceptance_scalars(scalars: np.ndarray) -> np.ndarray:
 
 def _read_table(folder, columns: list[str]):
     """The columns of every shard, in shard order (the row order every reader here shares)."""
-    from data_gen.store import list_shards, read_shards, shard_columns
+    from data_gen.store import read_shards, require_shards, shard_columns
 
-    shards = list_shards(folder)
-    names = set(shard_columns(shards[0])) if shards else set()
+    shards = require_shards(folder)
+    names = set(shard_columns(shards[0]))
     missing = [c for c in columns if c not in names]
     if missing:
         raise ValueError(f"{folder}: no {', '.join(missing)} (a schema-2 collection with trunk states is needed, "

@@ -282,3 +282,42 @@ def test_a_bad_latency_grid_is_refused_at_load(override, message):
 def test_latency_sizes_default_to_every_block_size():
     assert load_collect_config(None, []).latency.sizes is None
     assert load_collect_config(None, ["latency.sizes=[1,4]"]).latency.sizes == [1, 4]
+
+
+def test_a_collection_that_finds_no_roots_says_so_and_its_readers_call_it_empty(tiny_pair, tmp_path, capsys):
+    """Trajectories that all end before their first root (one new token, a root every sixth step) write no shard:
+    collect says so in one line and exits 2 rather than "1 shards written", and what reads the folder says it is
+    empty rather than listing the columns it lacks."""
+    out = tmp_path / "out"
+    overrides = _overrides(tiny_pair, out, new_tokens=1, roots="steps", stride=6, prompts_per_shard=5,
+                           **{"sampling.temperatures": "[0.7]", "verifiers": "[specinfer]"})
+    code, err = _cli(overrides, capsys)
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "collected no roots from 5 prompts: no shard written" in lines[0], lines
+    assert not list(out.glob("shard-*"))
+    for argv in (["expander", "--data", str(out), "--verifier", "specinfer", "--output", str(tmp_path / "e.onnx"),
+                  "--no-mlflow"], ["train", "--data", str(out)], ["analyze", "--data", str(out)]):
+        assert main(argv) == 2
+        line = capsys.readouterr().err.strip().splitlines()
+        assert len(line) == 1 and ("is empty" in line[0] or "holds no shards" in line[0] or "has no shards" in line[0]
+                                   ), line
+
+
+def test_the_summary_counts_the_shards_written_not_the_chunks_run(tiny_pair, tmp_path, capsys, monkeypatch):
+    """A chunk whose trajectories reach no root writes no shard: the summary counts only the shards on disk."""
+    from data_gen import workers
+
+    out = tmp_path / "out"
+    real = workers.write_shard
+    seen = []
+
+    def only_the_first(rows, path, labels):  # the second chunk's rows are dropped, as a chunk without roots
+        seen.append(path)
+        if len(seen) == 1:
+            real(rows, path, labels)
+
+    monkeypatch.setattr(workers, "write_shard", only_the_first)
+    code = main(["collect", "--no-progress", *_overrides(tiny_pair, out, **{"prompts.limit": 4})])
+    summary = capsys.readouterr().out
+    assert code == 0 and len(seen) == 2, seen
+    assert "1 shards written" in summary and len(list(out.glob("shard-*"))) == 1, summary

@@ -291,3 +291,37 @@ def test_a_continuation_the_target_drew_has_no_realized_acceptance() -> None:
     spec = DenseSpec(continuations=1, length=4, k_max=1, source="target")
     rows = prompt_nodes(target, draft, PROMPT, SAMPLING, spec, [get_verifier("specinfer")], seed=3)
     assert all(math.isnan(r["realized"]) and r["token_p"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_two_runs_of_one_shard_on_one_folder_the_second_is_refused(tmp_path, monkeypatch, resume) -> None:
+    """Two copies of `dense-labels --shard 0/2` started together: while the first labels its chunks, the second is
+    refused in one line (collect's shard lock), and writes nothing; the first's shards are the only ones."""
+    from data_gen import dense_collection
+    from data_gen.dense_collection import collect_dense
+
+    spec = DenseSpec(continuations=1, length=3, k_max=1)
+    verifiers, out = [get_verifier("specinfer")], tmp_path / "dense"
+    prompts = [PROMPT, PROMPT[1:], PROMPT[2:]]
+    target, draft = _pair()
+    real, second = dense_collection.prompt_nodes, []
+
+    def first_run_labelling(*args, **kwargs):
+        if not second:  # the second copy, started while the first labels its first prompt
+            second.append("started")
+            try:
+                collect_dense(target, draft, prompts, ["none"] * 3, out, _metadata(spec), spec, verifiers, 1, (0, 2),
+                              resume=resume)
+            except ValueError as err:
+                second.append(str(err))
+            else:
+                second.append("it wrote its shards beside the first")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dense_collection, "prompt_nodes", first_run_labelling)
+    summary = collect_dense(target, draft, prompts, ["none"] * 3, out, _metadata(spec), spec, verifiers, 1, (0, 2))
+    assert second == ["started", f"another ddte dense-labels is writing shard 0/2 of {out}: wait for it to finish, "
+                      "or choose another --output"]
+    assert summary.shards_written == 2
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "dense-00000.parquet", "dense-00002.parquet",
+                                                     "dense.json"]
