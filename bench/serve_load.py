@@ -56,17 +56,11 @@ class LoadPlan:
 def check_plan(plan: LoadPlan) -> None:
     """ValueError (one line) for what the server would refuse only once it runs, asked before it starts: the method
     (its grammar, its file), the pair (its config, its fetched models, the kernels asked of its dtypes), and each
-    request (the temperature the server takes, and max_tokens with the longest prompt within the pair's context)."""
-    import math
-
-    from ddte.serve.requests import MAX_TEMPERATURE
+    request (max_tokens with the longest prompt within the pair's context; the app checks the temperature)."""
     from decode.pair import check_kernel_request, find_tokenizer_dir, load_tokenizer, pair_context_limit
     from decode.pair_spec import read_pair_config
     from decode.policies.spec import parse_verifier_spec
 
-    if not (math.isfinite(plan.temperature) and 0 <= plan.temperature <= MAX_TEMPERATURE):
-        raise ValueError(f"--temperature must be in [0, {MAX_TEMPERATURE:g}] (what the server takes), got "
-                         f"{plan.temperature}")
     try:
         parse_verifier_spec(plan.method)[1].check_file()
     except (ValueError, KeyError) as err:

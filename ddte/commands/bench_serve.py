@@ -47,7 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import math
+
     from bench.serve_load import LoadPlan, against_generate, as_json, check_plan, markdown_table, plot, sweep
+    from ddte.serve.requests import MAX_TEMPERATURE
     from ddte_core.machine import environment
     from ddte_core.paths import staged_file
 
@@ -56,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 1 or args.against_generate < 0:
         raise UserError("--threads must be >= 1 and --against-generate >= 0")
     check_kernels_argument(args.kernels)
+    if not (math.isfinite(args.temperature) and 0 <= args.temperature <= MAX_TEMPERATURE):
+        raise UserError(f"--temperature must be in [0, {MAX_TEMPERATURE:g}] (what the server takes), got "
+                        f"{args.temperature}")
     output = check_output_file(args.output) if args.output is not None else None
     plan = LoadPlan(args.pair, args.method, args.threads, args.kernels, tuple(args.max_batch), tuple(args.clients),
                     args.requests, args.max_new_tokens, args.temperature)
