@@ -93,10 +93,11 @@ def git_commit() -> str | None:
 
 # Lightning's status lines on every run, none of which a user acts on: its advertising, the accelerators it found
 # (the config says which one runs), its loader probe, why fit stopped (the epochs asked for), the best checkpoint's
-# reload (ddte prints the checkpoint), and the MLflow logger creating a new experiment.
+# reload (ddte prints the checkpoint), the MLflow logger creating a new experiment, and its graceful shutdown's line.
 _CHATTER = ("💡 Tip", "GPU available:", "TPU available:", "HPU available:", "Loading `train_dataloader`",
             "`Trainer.fit` stopped:", "Restoring states from the checkpoint",
-            "Loaded model weights from the checkpoint", "Experiment with name")
+            "Loaded model weights from the checkpoint", "Experiment with name",
+            "\nDetected KeyboardInterrupt")  # an interrupt ends the command in ddte's one line
 
 
 class _DropChatter(logging.Filter):

@@ -239,12 +239,14 @@ def _fit(trainer, module, windows, val_blocks, config: DistillConfig) -> tuple[d
     second validation, so what is shipped is what is measured (the steering map stays float32)."""
     from torch.utils.data import DataLoader
 
+    from ddte_core.signals import training_interrupts
     from ddte_core.tracking import quiet_lightning
     from distill.saving import round_to_storage
 
     val_loader = DataLoader(val_blocks, batch_size=config.data.batch_size)
     torch.manual_seed(config.train.seed)  # the draft's own samples (on-policy batches) are seeded too
-    with quiet_lightning():
+    # Ctrl-C: exit 130 as every ddte command, never inside a write to the run's store
+    with quiet_lightning(), training_interrupts(getattr(trainer.logger, "experiment", None)):
         before = _validate(trainer, module, val_loader)
         start = time.perf_counter()
         trainer.fit(module, DataLoader(windows, batch_size=None), val_loader)

@@ -244,6 +244,8 @@ def fit_net(config: AcceptanceConfig, train: DenseArrays, val: DenseArrays, logg
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from ddte_core.signals import training_interrupts
+
     pl.seed_everything(config.seed, workers=True, verbose=False)
     mean, std = basis_statistics(train.scalars)
     net = AcceptanceNet(train.hidden.shape[1], config.model.width, config.model.dropout, mean, std)
@@ -257,8 +259,9 @@ def fit_net(config: AcceptanceConfig, train: DenseArrays, val: DenseArrays, logg
                              enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                              log_every_n_steps=10)
         label = config.data.label
-        trainer.fit(module, _loader(train, label, config.data.batch_size, True, config.seed),
-                    _loader(val, label, config.data.batch_size, False, config.seed))
+        with training_interrupts(getattr(logger, "experiment", None)):  # Ctrl-C: exit 130, no store left locked
+            trainer.fit(module, _loader(train, label, config.data.batch_size, True, config.seed),
+                        _loader(val, label, config.data.batch_size, False, config.seed))
         state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
     net.load_state_dict({k[len("net."):]: v for k, v in state.items()})
     return net.eval()

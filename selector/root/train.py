@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ddte_core.distributed import is_rank_zero
+from ddte_core.signals import training_interrupts
 from ddte_core.tracking import flatten_params, git_commit, lightning_logger, quiet_lightning, resolve_tracking_uri
 from selector.root.evaluation import fit_guard, log_head_room, log_plots
 from selector.root.info import DataFacts, SelectorInfo
@@ -264,14 +265,16 @@ def _fit_and_report(run: _Run) -> TrainResult | None:
         _log_run_facts(run, dm.facts(), commit)
 
     start = time.perf_counter()
-    trainer.fit(model, datamodule=dm)
+    with training_interrupts(None if logger is None else logger.experiment):  # Ctrl-C: exit 130
+        trainer.fit(model, datamodule=dm)
     train_s = time.perf_counter() - start
     best = run.checkpoint.best_model_path
     if not best:
         raise ValueError("no checkpoint was saved: is the monitored metric "
                          f"'{run.checkpoint.monitor}' logged (validation split empty?)")
     # loads the best weights into `model`; weights_only: no arbitrary pickled object is ever unpickled
-    trainer.test(model, datamodule=dm, ckpt_path=best, verbose=False, weights_only=True)
+    with training_interrupts(None if logger is None else logger.experiment):
+        trainer.test(model, datamodule=dm, ckpt_path=best, verbose=False, weights_only=True)
     if logger is None:  # another rank: rank 0 fits the guard and writes the checkpoint (a collective call)
         trainer.save_checkpoint(best, weights_only=False)  # said outright: Lightning logs its default otherwise
         return None

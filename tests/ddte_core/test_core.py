@@ -176,3 +176,40 @@ def test_an_unusable_machine_cache_is_named_by_its_variable(tmp_path, monkeypatc
     with pytest.raises(ValueError, match=rf"\${variable}"):
         latency_cache()
     assert sorted(tmp_path.iterdir()) == before
+
+
+def test_a_signal_inside_a_store_write_waits_for_the_write_and_lightnings_exit_is_an_interrupt():
+    """training_interrupts: a Ctrl-C (or SIGTERM) that arrives while the run's client writes lets the write finish,
+    then interrupts; Lightning's sys.exit(1) after it caught the interrupt is a KeyboardInterrupt again; both
+    signals' handlers come back."""
+    import signal
+
+    from ddte_core.signals import training_interrupts
+
+    class Client:
+        def __init__(self, sig):
+            self.done, self.sig = [], sig
+
+        def log_batch(self, name):  # a write a signal arrives in the middle of
+            os.kill(os.getpid(), self.sig)
+            time.sleep(0.05)  # the handler has run by now: the signal was pending on the write
+            self.done.append(name)
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        client = Client(sig)
+        with pytest.raises(KeyboardInterrupt), training_interrupts(client):
+            client.log_batch("metrics")
+            client.log_batch("never")
+        assert client.done == ["metrics"], sig
+        assert "log_batch" not in vars(client)  # the guard is gone with the block
+    with pytest.raises(KeyboardInterrupt), training_interrupts(None):  # what Lightning does with the interrupt
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        except KeyboardInterrupt:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            raise SystemExit(1) from None
+    with pytest.raises(SystemExit), training_interrupts(None):  # an exit no signal started stays one
+        raise SystemExit(3)
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers

@@ -239,3 +239,37 @@ def test_a_schema_1_set_still_trains_on_beta_and_refuses_the_realized_label_in_o
     (old / "dense.json").write_text(json.dumps({**json.loads((old / "dense.json").read_text()), "schema_version": 9}))
     with pytest.raises(ValueError, match="schema version 9"):
         load_dense(old)
+
+
+def test_ctrl_c_while_training_is_one_line_and_exit_130(dense_after_collection, tmp_path, capsys, monkeypatch):
+    """Ctrl-C during the fit ends `ddte acceptance` as every ddte command ends on it: one line, exit 130 (not
+    Lightning's graceful shutdown's exit 1), SIGINT handled as before afterwards, no file written, and the MLflow run
+    marked failed rather than left running."""
+    import os
+    import signal
+
+    import mlflow
+
+    from selector.acceptance.acceptance import AcceptanceNet
+
+    calls = []
+    real = AcceptanceNet.forward
+
+    def interrupted_forward(self, *args, **kwargs):  # a Ctrl-C at the fit's second step (only the fit runs the net)
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(AcceptanceNet, "forward", interrupted_forward)
+    before = signal.getsignal(signal.SIGINT)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = main(["acceptance", "--data", str(dense_after_collection), "--output", str(tmp_path / "a.onnx"),
+                 "--tracking-uri", uri, "trainer.max_epochs=3", "model.width=8", "run.progress=false"])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.strip()]
+    assert code == 130 and err == ["ddte acceptance: interrupted"], (code, err)
+    assert signal.getsignal(signal.SIGINT) is before
+    assert not (tmp_path / "a.onnx").exists()
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert runs and all(run.info.status == "FAILED" for run in runs)
