@@ -171,7 +171,8 @@ def measure_paths(model: CachedLM, role: str, paths: list[str], repeats: int = 2
     times = PathTimes(shapes, prefill_tokens)
     for name in paths:
         model.use_kernel(name)
-        prefill, block = [], [[] for _ in shapes]
+        prefill: list[float] = []
+        block: list[list[float]] = [[] for _ in shapes]
         for r in range(repeats + 1):  # the first round warms the path's first calls up
             start = time.perf_counter()
             model.prefill(context)
@@ -261,7 +262,8 @@ def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fi
         measured, _ = cached_measurement(cache, "kernels", fingerprint, identity, KernelChoice.from_json, measure,
                                          KernelChoice.to_json, announce,
                                          covers=lambda c: set(wanted) <= set(_sound_part(c, models).times))
-    choice = KernelChoice(*(getattr(measured, role) if role in wanted else getattr(request, role) for role in ROLES),
+    target_path, draft_path = (getattr(measured, role) if role in wanted else getattr(request, role) for role in ROLES)
+    choice = KernelChoice(target_path, draft_path,
                           times={r: t for r, t in measured.times.items() if r in wanted}, machine=identity,
                           pair=fingerprint, skipped={r: s for r, s in measured.skipped.items() if r in wanted})
     for role in ROLES:
@@ -295,7 +297,8 @@ def cached_refusal(choice: KernelChoice, role: str, model: CachedLM) -> str | No
 def _sound_part(choice: KernelChoice, models: dict[str, CachedLM]) -> KernelChoice:
     """``choice`` keeping only the roles whose cached path passes :func:`cached_refusal` (the others to measure)."""
     keep = [role for role in ROLES if role in choice.times and cached_refusal(choice, role, models[role]) is None]
-    return KernelChoice(*(getattr(choice, role) if role in keep else DEFAULT for role in ROLES),
+    target_path, draft_path = (getattr(choice, role) if role in keep else DEFAULT for role in ROLES)
+    return KernelChoice(target_path, draft_path,
                         times={role: choice.times[role] for role in keep}, machine=choice.machine, pair=choice.pair,
                         skipped={role: s for role, s in choice.skipped.items() if role in keep})
 

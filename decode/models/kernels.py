@@ -272,9 +272,9 @@ class KernelLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, path={self.prepared.path}"
 
 
-def _linear_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+def _linear_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear | KernelLinear]]:
     """``(parent, attribute, module)`` of every ``nn.Linear`` (or :class:`KernelLinear`) in ``model``."""
-    found = []
+    found: list[tuple[nn.Module, str, nn.Linear | KernelLinear]] = []
     for parent in model.modules():
         for name, child in parent.named_children():
             if isinstance(child, nn.Linear | KernelLinear):
@@ -296,6 +296,7 @@ def use_kernel(model: nn.Module, name: str) -> int:
         reason = path.unavailable(weight.dtype, weight.device)
         if reason is not None:
             raise ValueError(reason)
+        replacement: nn.Module
         if name == DEFAULT:
             replacement = _as_linear(module)
         else:
