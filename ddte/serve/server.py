@@ -3,7 +3,10 @@
 
 A stop (Ctrl-C or SIGTERM) stops accepting, fails the queued requests at once (503), lets the running ones finish for
 at most :data:`DRAIN_SECONDS` (then cuts them: 503, or an error event for a stream), and returns once the answers are
-sent: the signal is how a server is asked to stop, so the command exits 0.
+sent: the signal is how a server is asked to stop, so the command exits 0. A second Ctrl-C during the drain cuts the
+running requests at once and ends the command as any interrupted ddte command ends (one line, exit 130); the app's
+shutdown still runs, so no task is left for the event loop to cancel (uvicorn skips it then, and the lifespan task's
+CancelledError was logged as a traceback).
 """
 
 from __future__ import annotations
@@ -53,21 +56,26 @@ def serve(app, sock: socket.socket, worker: Worker, drain_seconds: float = DRAIN
     import uvicorn
 
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=ANSWER_SECONDS)
-    _server(config, worker, drain_seconds).run(sockets=[sock])
+    server = _server(config, worker, drain_seconds)
+    server.run(sockets=[sock])
+    if server.force_exit:  # a second Ctrl-C: the drain was cut short
+        raise KeyboardInterrupt
 
 
-async def drain(worker: Worker, seconds: float) -> None:
-    """Fail the queued requests (503) at once, wait up to ``seconds`` for the running ones, then cut them (503)."""
+async def drain(worker: Worker, seconds: float, forced=lambda: False) -> None:
+    """Fail the queued requests (503) at once, wait up to ``seconds`` for the running ones (or until ``forced()``:
+    a second Ctrl-C), then cut them (503)."""
     worker.close()
     deadline = time.monotonic() + seconds
-    while worker.running is not None and time.monotonic() < deadline:
+    while worker.running is not None and time.monotonic() < deadline and not forced():
         await asyncio.sleep(0.05)
     worker.cut_running()
 
 
 def _server(config, worker: Worker, drain_seconds: float):
     """uvicorn's server, except that a stop first stops accepting and drains the worker (before uvicorn waits for
-    open requests to be answered), and that the signal that stopped it is not raised again afterwards."""
+    open requests to be answered), that the signal that stopped it is not raised again afterwards, and that a forced
+    stop (a second Ctrl-C) still shuts the app down (its lifespan: the worker's thread), which uvicorn would skip."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -77,10 +85,17 @@ def _server(config, worker: Worker, drain_seconds: float):
                 yield
                 self._captured_signals.clear()
 
+        def handle_exit(self, sig, frame) -> None:
+            if self.should_exit:  # a second signal of either kind (uvicorn forces on a second SIGINT only)
+                self.force_exit = True
+            super().handle_exit(sig, frame)
+
         async def shutdown(self, sockets=None) -> None:
             for listener in self.servers:
                 listener.close()
-            await drain(worker, drain_seconds)
+            await drain(worker, drain_seconds, lambda: self.force_exit)
             await super().shutdown(sockets)
+            if self.force_exit:  # uvicorn skips the app's shutdown then; its lifespan task would be cancelled
+                await self.lifespan.shutdown()
 
     return Server(config)

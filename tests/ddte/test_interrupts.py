@@ -34,3 +34,73 @@ def test_ctrl_c_while_a_selector_trains_is_one_line_and_exit_130(tmp_path, capsy
     err = [line for line in capsys.readouterr().err.strip().splitlines() if line.strip()]
     assert code == 130 and err == ["ddte train: interrupted"], (code, err)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+SERVE_SCRIPT = """
+import os, signal, sys, threading
+from contextlib import asynccontextmanager
+from fastapi import FastAPI
+from ddte.serve.server import listen_socket, serve
+
+SIGNALS = int(sys.argv[1])
+
+
+class Worker:  # a request that runs until it is cut
+    def __init__(self):
+        self.closed, self.cut = threading.Event(), False
+
+    @property
+    def running(self):
+        return None if self.cut else "a job"
+
+    def close(self):
+        self.closed.set()
+
+    def cut_running(self):
+        self.cut = True
+
+
+worker = Worker()
+
+
+def stop():
+    os.kill(os.getpid(), signal.SIGINT)
+    if SIGNALS == 2:
+        worker.closed.wait(60)  # the drain has begun
+        os.kill(os.getpid(), signal.SIGINT)
+    else:
+        worker.closed.wait(60)
+        worker.cut = True  # the running request ends by itself
+
+
+@asynccontextmanager
+async def lifespan(app):
+    threading.Thread(target=stop, daemon=True).start()  # the server's signal handlers are in place by now
+    yield
+
+
+try:
+    serve(FastAPI(lifespan=lifespan), listen_socket("127.0.0.1", 0), worker, drain_seconds=30)
+except KeyboardInterrupt:
+    print("interrupted", worker.cut)
+    sys.exit(130)
+print("stopped", worker.cut)
+"""
+
+
+def test_a_second_ctrl_c_while_serve_drains_ends_it_at_once_in_one_line(tmp_path):
+    """A first Ctrl-C drains (exit 0 once the running request ends); a second one during the drain cuts the running
+    request at once and interrupts (130), and uvicorn's shutdown leaves no task to be cancelled with a traceback."""
+    import subprocess
+    import sys
+
+    from tests.factories import REPO
+
+    script = tmp_path / "serve_stop.py"
+    script.write_text(SERVE_SCRIPT)
+    for signals, code, said in ((1, 0, "stopped True"), (2, 130, "interrupted True")):
+        out = subprocess.run([sys.executable, str(script), str(signals)], cwd=REPO, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == code and out.stdout.strip() == said, (signals, out.returncode, out.stdout,
+                                                                      out.stderr[-3000:])
+        assert "Traceback" not in out.stderr and "CancelledError" not in out.stderr, out.stderr[-3000:]
