@@ -104,3 +104,49 @@ def test_a_second_ctrl_c_while_serve_drains_ends_it_at_once_in_one_line(tmp_path
         assert out.returncode == code and out.stdout.strip() == said, (signals, out.returncode, out.stdout,
                                                                       out.stderr[-3000:])
         assert "Traceback" not in out.stderr and "CancelledError" not in out.stderr, out.stderr[-3000:]
+
+
+def test_ctrl_c_on_bench_serve_is_one_line_and_its_clients_print_nothing(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the clients stream: `ddte bench-serve` says one line and exits 130; the client threads, whose
+    streams then fail as the server stops, print no traceback."""
+    import contextlib
+    import os
+    import signal
+    import threading
+
+    import bench.serve_load as load
+    from tests.factories import save_tiny_pair
+
+    pair = save_tiny_pair(tmp_path / "pair", vocab=4096)
+    capsys.readouterr()  # the saving's progress lines
+    streaming, server_gone, thread_errors = threading.Barrier(3), threading.Event(), []
+
+    @contextlib.contextmanager
+    def fake_server(*_, **__):
+        try:
+            yield "http://127.0.0.1:9", ["kernels: target default, draft default"]
+        finally:
+            server_gone.set()  # the stop: every open stream fails
+
+    def stream(*_, **__):
+        if threading.current_thread() is threading.main_thread():
+            return 0.01, 0.02, 2  # the warm-up request
+        streaming.wait(30)
+        server_gone.wait(30)
+        raise ConnectionError("Connection reset by peer")
+
+    def interrupt_once_streaming():
+        streaming.wait(30)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(load, "live_server", fake_server)
+    monkeypatch.setattr(load, "stream_one", stream)
+    monkeypatch.setattr(threading, "excepthook", lambda args: thread_errors.append(args.exc_value))
+    threading.Thread(target=interrupt_once_streaming, daemon=True).start()
+    code = main(["bench-serve", "--pair", str(pair / "pair.yaml"), "--max-batch", "2", "--clients", "2",
+                 "--requests", "2", "--max-new-tokens", "4"])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.strip()]
+    assert code == 130 and err == ["ddte bench-serve: interrupted"], (code, err)
+    for thread in [t for t in threading.enumerate() if t.name.endswith("(client)")]:
+        thread.join(30)  # the clients' failed streams have ended
+    assert not thread_errors, thread_errors
