@@ -39,6 +39,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Generator, Sequence
+from typing import cast
 
 import torch
 
@@ -53,9 +54,9 @@ from decode.models.loading import check_same_vocab
 from decode.models.shared_cache import Block, BlockOutput, SharedCache
 from decode.models.slots import block_parents
 from decode.policies.base import RootState, StepOutcome
-from decode.policies.budget import batch_actions
+from decode.policies.budget import SharedBudgetPolicy, batch_actions
 from decode.policies.features import RootFeatures, root_features
-from decode.request_state import Request, StepClock, StepReport, prompt_logprobs, remember_previous
+from decode.request_state import Request, State, StepClock, StepReport, prompt_logprobs, remember_previous
 from decode.verifiers.base import UnsupportedTreeError, VerifyResult
 
 
@@ -163,7 +164,7 @@ class BatchDecoder:
         outs = self.target.settle({r.target_seq: r.target_pending[:-1] for r in fresh.values()}, output_hidden=True,
                                   last=None if every_row else 1)
         for r, out in zip(fresh.values(), outs, strict=True):
-            r.target_prev = (out.hidden[-1], distributions(out.logits[-1], r.job.sampling)) if r.features else None
+            r.target_prev = _state(out, -1, r) if r.features else None
             if r.job.prompt_logprobs is not None:  # row i predicts prompt token i + 1, the root included
                 r.prompt_logprobs = prompt_logprobs(out.logits, r.target_pending[1:], r.job.prompt_logprobs)
             r.target_pending = r.target_pending[-1:]
@@ -172,7 +173,7 @@ class BatchDecoder:
         outs = self.draft.settle({r.draft_seq: r.draft_pending[:-1] for r in fresh.values()}, output_hidden=True,
                                  last=1)
         for r, out in zip(fresh.values(), outs, strict=True):
-            r.draft_prev = (out.hidden[-1], distributions(out.logits[-1], r.job.sampling)) if r.features else None
+            r.draft_prev = _state(out, -1, r) if r.features else None
             r.draft_pending = r.draft_pending[-1:]
             r.stats.draft_calls += 1
 
@@ -187,11 +188,11 @@ class BatchDecoder:
                                      last=last)
             for r, out in zip(pending.values(), outs, strict=True):
                 ran, r.draft_pending, r.draft_root_logits = r.draft_pending, [], out.logits[-1]
-                r.draft_root_hidden = out.hidden[-1] if r.draft_hidden else None
+                r.draft_root_hidden = _hidden(out)[-1] if r.draft_hidden else None
                 if r.features and len(ran) > 1:  # a prompt, or an accepted leaf the draft had not run before the root
-                    r.draft_prev = (out.hidden[-2], distributions(out.logits[-2], r.job.sampling))
+                    r.draft_prev = _state(out, -2, r)
                 r.stats.draft_calls += 1
-        return {rid: distributions(r.draft_root_logits, r.job.sampling) for rid, r in live.items()}
+        return {rid: distributions(r.root_logits, r.job.sampling) for rid, r in live.items()}
 
     def _choose_all(self, live: dict[int, Request], q_roots: dict[int, torch.Tensor]) -> dict[int, Action]:
         """Every request's action: each policy's own, except those that share the budget, decided together beside
@@ -200,7 +201,8 @@ class BatchDecoder:
         shared = [rid for rid, r in live.items() if r.policy.shares_budget]
         actions = {rid: self._choose(r, q_roots[rid]) for rid, r in live.items() if rid not in shared}
         if shared:
-            chains = batch_actions([live[rid].policy for rid in shared], [self._room(live[rid]) for rid in shared],
+            policies = [cast(SharedBudgetPolicy, live[rid].policy) for rid in shared]  # the one kind that shares
+            chains = batch_actions(policies, [self._room(live[rid]) for rid in shared],
                                    [r.context_length for r in live.values()], list(actions.values()))
             actions.update(zip(shared, chains, strict=True))
         for rid, r in live.items():
@@ -221,6 +223,7 @@ class BatchDecoder:
     def _root_features(self, r: Request, q_root: torch.Tensor) -> RootFeatures:
         """The request's root features; a one-token prompt's first root has no previous token: zero states and a
         uniform law stand for it."""
+        assert self.latency is not None and r.draft_root_hidden is not None  # join() and draft_hidden saw to both
         uniform = torch.full_like(q_root, 1.0 / q_root.numel())
         target_hidden, p_prev = r.target_prev or (torch.zeros(self.target.lm.config.hidden_size), uniform)
         draft_hidden, q_prev = r.draft_prev or (torch.zeros_like(r.draft_root_hidden), uniform)
@@ -231,7 +234,10 @@ class BatchDecoder:
                      actions: dict[int, Action]) -> dict[int, DraftedTree]:
         """Each request's tree by the one drafting rule and from its own source; the draft calls of every tree that
         still grows run as one forward per level."""
-        states, steps, asked, done = {}, {}, {}, {}
+        states: dict[int, TreeDrafting] = {}
+        steps: dict[int, Generator[list[int], None, DraftedTree]] = {}
+        asked: dict[int, list[int]] = {}
+        done: dict[int, DraftedTree] = {}
         for rid, r in live.items():
             states[rid] = TreeDrafting(self.draft.lm, q_roots[rid], r.job.sampling, r.job.rng, r.draft_hidden,
                                        root_slot=self.draft.tip(r.draft_seq))
@@ -284,7 +290,7 @@ class BatchDecoder:
         outs = dict(zip(live, self.target.run(blocks, output_hidden=hidden, skip=skip), strict=True))
         for (rid, r), rows in zip(live.items(), skip, strict=True):
             prompt = len(r.target_pending) - 1 - rows  # rows before the root this block returned
-            if prompt > 0:
+            if prompt > 0 and r.job.prompt_logprobs is not None:  # rows before the root come back only when asked
                 r.prompt_logprobs = prompt_logprobs(outs[rid].logits[:prompt], r.target_pending[1:],
                                                      r.job.prompt_logprobs)
                 out = outs[rid]
@@ -346,6 +352,18 @@ class BatchDecoder:
         r.stats.wall_seconds = time.perf_counter() - r.started
         r.stats.network_seconds.extend(r.policy.network_seconds())
         return Generation(r.tokens, r.stats, stopped_by)
+
+
+def _hidden(out: BlockOutput) -> torch.Tensor:
+    """A block's hidden rows, from a pass that was asked for them."""
+    if out.hidden is None:
+        raise ValueError("the pass returned no hidden states (run it with output_hidden=True)")
+    return out.hidden
+
+
+def _state(out: BlockOutput, row: int, r: Request) -> State:
+    """A model's (state, law) at ``row`` of a block that ran with hidden states, the law by ``r``'s sampling."""
+    return _hidden(out)[row], distributions(out.logits[row], r.job.sampling)
 
 
 def _halting(r: Request) -> Callable[[TrunkNode], bool] | None:

@@ -65,6 +65,13 @@ class Request:
         return len(self.job.prompt_ids) + len(self.tokens)
 
     @property
+    def root_logits(self) -> torch.Tensor:
+        """The draft's logits at the root ``(V,)``, once it ran it."""
+        if self.draft_root_logits is None:
+            raise ValueError("the draft has not run this request's root yet")
+        return self.draft_root_logits
+
+    @property
     def budget(self) -> int:
         return self.job.max_new_tokens - len(self.tokens)
 
@@ -93,6 +100,8 @@ def remember_previous(r: Request, drafted: DraftedTree, result: VerifyResult, p:
                        target_hidden: torch.Tensor | None, q_root: torch.Tensor) -> None:
     """After a step, the last accepted node (the root if none) is the next root's previous token: each model's state
     and law there. ``p`` ``(n, V)`` and ``target_hidden`` ``(n, H_t)``: the target's rows of the tree, root first."""
+    if target_hidden is None or r.draft_root_hidden is None or drafted.hidden is None:
+        raise ValueError("root features need both models' hidden states: the step ran without them")
     last = result.path[-1] if result.path else ROOT
     r.target_prev = (target_hidden[last], p[last])
     if last == ROOT:

@@ -134,7 +134,8 @@ def delayed_tree_steps(state: TreeDrafting, action: Action, without_replacement:
     the laws they come from are the same whoever runs the calls, so the q each draw was sampled from is the q
     handed on. Arguments as :func:`draft_delayed_tree`'s."""
     rng = state.rng
-    tip, depth, draws = ROOT, 0, ()
+    tip, depth = ROOT, 0
+    draws: tuple[Draw, ...] = ()
     for j in range(action.l1):
         if halting is not None and halting(TrunkNode(j, state.laws[tip], state.hidden.get(tip, root_hidden), draws)):
             break
