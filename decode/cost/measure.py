@@ -44,7 +44,7 @@ def every_size(max_size: int) -> list[int]:
 def measure_latency(
     target: CachedLM,
     draft: CachedLM,
-    lengths: list[int] = (32, 128, 256, 480),
+    lengths: Sequence[int] = (32, 128, 256, 480),
     sizes: list[int] | None = None,
     repeats: int = 5,
     warmup: int = 1,
@@ -79,7 +79,8 @@ def measure_latency(
     blocks = [torch.randint(0, vocab, (size,), generator=g).tolist() for size in sizes]
     first = torch.randint(0, vocab, (1,), generator=g).tolist()
     # times[name][length index][size index]: one entry per repeat
-    times = {name: [[[] for _ in sizes] for _ in lengths] for name in ("draft", "target")}
+    times: dict[str, list[list[list[float]]]] = {name: [[[] for _ in sizes] for _ in lengths]
+                                                 for name in ("draft", "target")}
     cold_minus_warm: list[list[float]] = [[] for _ in lengths]
     for i in range(warmup + repeats):
         for li, context in enumerate(contexts):
@@ -138,8 +139,10 @@ def machine_table(target: CachedLM, draft: CachedLM, fingerprint: str, cache: Pa
             return measure_latency(target, draft, lengths=list(MACHINE_LENGTHS), sizes=list(MACHINE_SIZES),
                                    repeats=repeats, warmup=warmup, pair=fingerprint, tick=bar.update)
 
-    return cached_measurement(cache, "latency table", fingerprint, machine_identity(target, draft),
-                              LatencyTable.from_json, measure, LatencyTable.to_json, announce)
+    table, path = cached_measurement(cache, "latency table", fingerprint, machine_identity(target, draft),
+                                     LatencyTable.from_json, measure, LatencyTable.to_json, announce)
+    assert path is not None  # a cache folder was given
+    return table, path
 
 
 # The batch passes a server runs (ddte serve --max-batch): up to 8 requests, a short and a longer context each, and
@@ -174,7 +177,8 @@ def measure_batch_cost(target: CachedLM, draft: CachedLM, sequences: Sequence[in
     contexts = [torch.randint(0, vocab, (length,), generator=g).tolist() for length in lengths]
     new = torch.randint(0, vocab, (max(sizes),), generator=g).tolist()
     # ratios[name][r][i][j]: one per repeat
-    ratios = {name: [[[[] for _ in sizes] for _ in lengths] for _ in sequences] for name in ("draft", "target")}
+    ratios: dict[str, list[list[list[list[float]]]]] = {
+        name: [[[[] for _ in sizes] for _ in lengths] for _ in sequences] for name in ("draft", "target")}
     for repeat in range(warmup + repeats):
         for i, context in enumerate(contexts):
             for name, model in (("target", target), ("draft", draft)):
@@ -242,8 +246,10 @@ def machine_batch_cost(target: CachedLM, draft: CachedLM, fingerprint: str, cach
             return measure_batch_cost(target, draft, repeats=repeats, warmup=warmup, pair=fingerprint,
                                       tick=bar.update)
 
-    return cached_measurement(cache, "batch cost", fingerprint, machine_identity(target, draft),
-                              BatchCost.from_json, measure, BatchCost.to_json, announce)
+    cost, path = cached_measurement(cache, "batch cost", fingerprint, machine_identity(target, draft),
+                                    BatchCost.from_json, measure, BatchCost.to_json, announce)
+    assert path is not None  # a cache folder was given
+    return cost, path
 
 
 _TIMING_LAW = SamplingConfig(temperature=1.0)  # the temperature only rescales logits: the cost is the same at any T

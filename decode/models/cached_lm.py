@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from decode.models.draft_vocab import support_logits
 from decode.models.hooks import ForwardHook, UpProjectionBias
 from decode.models.loading import context_limit, default_dtype
 from decode.models.masks import additive_mask, attention_windows, block_patterns, layer_windows
-from decode.models.slots import SlotForest, block_parents
+from decode.models.slots import SlotForest, SlotLayout, block_parents
 
 __all__ = ["CachedLM", "run_nodes"]
 
@@ -67,6 +67,7 @@ class CachedLM:
     fast_fallback: str | None = None
     kernel = "default"  # the linear layers' path (decode.models.kernels)
     hook: ForwardHook | None = None
+    slots: SlotLayout  # its own SlotForest, or the layout of a batch's shared cache that owns it
     _up_bias = None  # HF's forward takes a hook's up-projection bias through module hooks, made on first use
 
     def __init__(
@@ -122,6 +123,13 @@ class CachedLM:
         self._cache = DynamicCache()
 
     @property
+    def forest(self) -> SlotForest:
+        """The cache's own slot forest, which the plain prefill, extend and rollback keep."""
+        if not isinstance(self.slots, SlotForest):
+            raise ValueError("a batch's shared cache owns this model: its layout has no slot forest")
+        return self.slots
+
+    @property
     def length(self) -> int:
         """Number of cached positions (committed + speculative slots)."""
         return self.slots.length
@@ -162,7 +170,7 @@ class CachedLM:
             raise ValueError(f"prefill's last must be at least 1, not {last}")
         self.reset()
         out = self._run(ids, None, None, output_hidden, root=None, last=last)
-        self.slots.append_committed(len(ids))
+        self.forest.append_committed(len(ids))
         return out
 
     def extend(
@@ -188,11 +196,23 @@ class CachedLM:
                     f"extend(commit=True) with {self.num_speculative} speculative slots cached; commit or crop first"
                 )
             out = self._run(ids, None, None, output_hidden, root=self.length + n - 1)  # rooted at the last token
-            self.slots.append_committed(n)
+            self.forest.append_committed(n)
             return out
         if self.length == 0:
             raise ValueError("extend on an empty cache: use prefill or extend(commit=True)")
         return self.extend_tree(ids, [self.length - 1] + [-(j + 1) for j in range(n - 1)], output_hidden)
+
+    @overload
+    def extend_tree(self, ids: Sequence[int], parents: Sequence[int], output_hidden: Literal[False] = False,
+                    on_support: bool = False) -> torch.Tensor: ...
+
+    @overload
+    def extend_tree(self, ids: Sequence[int], parents: Sequence[int], output_hidden: Literal[True],
+                    on_support: bool = False) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def extend_tree(self, ids: Sequence[int], parents: Sequence[int], output_hidden: bool,
+                    on_support: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
     def extend_tree(
         self, ids: Sequence[int], parents: Sequence[int], output_hidden: bool = False, on_support: bool = False
@@ -224,11 +244,11 @@ class CachedLM:
             raise ValueError(f"{n} tokens but {len(parents)} parents")
         if self.length == 0:
             raise ValueError("extend_tree on an empty cache: prefill first")
-        plan = self.slots.plan_block(parents)
+        plan = self.forest.plan_block(parents)
         with support_logits(self.model) if on_support else nullcontext():
             # speculative tokens grow from the committed tip, the root of the step
             out = self._run(ids, plan.allowed, plan.positions, output_hidden, root=self.committed - 1)
-        self.slots.append(plan)
+        self.forest.append(plan)
         return out
 
     def _run(self, ids: Sequence[int], allowed: np.ndarray | None, pos: np.ndarray | None, output_hidden: bool,
@@ -243,9 +263,12 @@ class CachedLM:
         if bias is not None:
             bias = bias.to(self.device, self.dtype)
         out = self._forward(ids, allowed, pos, output_hidden, bias, () if hook is None else hook.tap_layers, last)
-        if out.tapped is not None:
+        if hook is not None and out.tapped is not None:
             hook.tapped(out.tapped)
-        return (out.logits, out.hidden) if output_hidden else out.logits
+        if not output_hidden:
+            return out.logits
+        assert out.hidden is not None  # the forward was asked for them
+        return out.logits, out.hidden
 
     def _forward(self, ids: Sequence[int], allowed: np.ndarray | None, pos: np.ndarray, output_hidden: bool,
                  up_bias: torch.Tensor | None, tap_layers: tuple[int, ...],
@@ -257,7 +280,7 @@ class CachedLM:
         ``(k,)``, those rows in its order (:func:`kept_rows`)."""
         with torch.inference_mode():
             input_ids = torch.as_tensor(ids, dtype=torch.long).view(1, -1).to(self.device)
-            kwargs = {}
+            kwargs: dict[str, Any] = {}
             patterns = block_patterns(self.layer_windows, allowed, pos, self.slots)
             if patterns is not None:
                 masks = {w: additive_mask(p, self.dtype, self.device)[None, None] for w, p in patterns.items()}
@@ -304,7 +327,7 @@ class CachedLM:
             ValueError: a slot is not speculative or the slots are not a chain from the committed tip.
         """
         committed = self.committed
-        keep = self.slots.check_chain(keep_slots)
+        keep = self.forest.check_chain(keep_slots)
         k = len(keep)
         if keep != list(range(committed, committed + k)):
             with torch.inference_mode():
@@ -312,7 +335,7 @@ class CachedLM:
         if self.hook is not None:
             self.hook.committed(committed, keep)
         self._truncate(committed + k)
-        self.slots.commit_moved(k)
+        self.forest.commit_moved(k)
 
     def _move_slots(self, source: torch.Tensor, first: int) -> None:
         """Copy the key/value rows of slots ``source`` ``(k,)`` into slots ``first .. first + k - 1``."""
@@ -332,7 +355,7 @@ class CachedLM:
         if self.hook is not None:
             self.hook.cropped(length)
         self._truncate(length)
-        self.slots.crop(length)
+        self.forest.crop(length)
 
     def _truncate(self, length: int) -> None:
         """Drop the key/value rows of slots at or after ``length`` (the slot bookkeeping is the caller's)."""

@@ -20,12 +20,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ddte_core.paths import staged_file
 from ddte_core.tensor_files import read_tensor_file
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 FILE = "draft_vocab.safetensors"
 FORMAT = "ddte-draft-vocab/1"
@@ -90,6 +94,8 @@ class SubsetHead(nn.Module):
     vocabulary's own logits ``(..., Vs)`` (column i is token ``token_ids[i]``) while ``expand`` is False
     (:func:`support_logits`)."""
 
+    token_ids: torch.Tensor  # a buffer: (Vs,) the draft vocabulary's ids
+
     def __init__(self, weight: torch.Tensor, vocab: DraftVocab) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight[vocab.token_ids].detach().clone(), requires_grad=False)  # (Vs, H)
@@ -102,14 +108,14 @@ class SubsetHead(nn.Module):
         return expand_logits(logits, self.token_ids, self.vocab_size) if self.expand else logits
 
 
-def support_ids(model: nn.Module) -> torch.Tensor | None:
+def support_ids(model: PreTrainedModel) -> torch.Tensor | None:
     """The token ids ``(Vs,)`` where ``model``'s logits can be finite (its draft vocabulary's, on its
     :class:`SubsetHead`), or None: every id."""
     return getattr(model.get_output_embeddings(), "token_ids", None)
 
 
 @contextmanager
-def support_logits(model: nn.Module) -> Iterator[None]:
+def support_logits(model: PreTrainedModel) -> Iterator[None]:
     """Within it, ``model``'s forward returns its draft vocabulary's logits ``(..., Vs)`` (a model without one keeps
     its full-width head). HF's forward calls the head itself, so the switch lives on the head."""
     head = model.get_output_embeddings()

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from transformers import PretrainedConfig
 
-from decode.models.slots import SlotForest
+from decode.models.slots import SlotLayout
 
 __all__ = ["additive_mask", "attention_windows", "block_patterns", "causal_pattern", "layer_windows", "window_of"]
 
@@ -73,7 +73,7 @@ def causal_pattern(n: int, start: int) -> np.ndarray:
 
 
 def block_patterns(windows: list[int | None], allowed: np.ndarray | None, positions: np.ndarray,
-                   cached: SlotForest) -> dict[int | None, np.ndarray] | None:
+                   cached: SlotLayout) -> dict[int | None, np.ndarray] | None:
     """Attention pattern of a block per window, or None where every layer may run its model's causal mask.
 
     Args:

@@ -29,6 +29,7 @@ import torch
 
 from decode.models.cached_lm import CachedLM
 from decode.models.draft_vocab import support_logits
+from decode.models.hooks import ForwardHook
 
 __all__ = ["Block", "BlockOutput", "SharedCache", "SharedSlots"]
 
@@ -181,11 +182,11 @@ class SharedSlots:
     def keep(self, kept: Sequence[int], first: int) -> None:
         """The cache now holds slots ``0 .. first - 1`` as they were, then ``kept`` moved into ``first, first + 1,
         ...``, all settled; every other slot is gone."""
-        kept = np.asarray(kept, dtype=np.int64)
-        moved = {int(old): first + i for i, old in enumerate(kept)}
-        parents = [p if p < first else moved[p] for p in self.parent[kept].tolist()]
-        self.owner = np.concatenate([self.owner[:first], self.owner[kept]])
-        self.pos = np.concatenate([self.pos[:first], self.pos[kept]])
+        rows = np.asarray(kept, dtype=np.int64)
+        moved = {int(old): first + i for i, old in enumerate(rows)}
+        parents = [p if p < first else moved[p] for p in self.parent[rows].tolist()]
+        self.owner = np.concatenate([self.owner[:first], self.owner[rows]])
+        self.pos = np.concatenate([self.pos[:first], self.pos[rows]])
         self.parent = np.concatenate([self.parent[:first], np.asarray(parents, dtype=np.int64)])
         self.settled = np.ones(len(self.owner), dtype=bool)
 
@@ -239,7 +240,10 @@ class SharedCache:
         skip = [0] * len(blocks) if skip is None else [int(k) for k in skip]
         if len(skip) != len(blocks) or any(not 0 <= k < len(b.tokens) for k, b in zip(skip, blocks, strict=True)):
             raise ValueError(f"skip {skip}: one count per block, each below its block's length")
-        owners, tokens, parents, offsets = [], [], [], []
+        owners: list[int] = []
+        tokens: list[int] = []
+        parents: list[int | None] = []
+        offsets: list[int] = []
         for block in blocks:
             if settle and list(block.parents) != [None] + [-(j + 1) for j in range(len(block.tokens) - 1)]:
                 raise ValueError(f"settled tokens of sequence {block.seq} must be a linear run from its tip")
@@ -258,11 +262,11 @@ class SharedCache:
         starts = [a + k for a, k in zip(offsets, skip, strict=True)]
         rows = None if not any(skip) else np.concatenate([np.arange(a, b) for a, b in zip(starts, ends, strict=True)])
         hook = self.lm.hook
-        bias = None if hook is None else self._hook_bias(blocks[0], base, settle)
+        bias = None if hook is None else self._hook_bias(hook, blocks[0], base, settle)
         with support_logits(self.lm.model) if on_support else nullcontext():
             out = self.lm._forward(tokens, allowed, pos, output_hidden, bias, () if hook is None else hook.tap_layers,
                                    rows)
-        if out.tapped is not None:
+        if hook is not None and out.tapped is not None:
             hook.tapped(out.tapped)
         self.slots.append(owners, pos, par, settled=settle)
         kept = np.cumsum([0] + [b - a for a, b in zip(starts, ends, strict=True)])  # each block's first output row
@@ -279,13 +283,13 @@ class SharedCache:
         linear = list(block.parents) == [None] + [-(j + 1) for j in range(len(block.tokens) - 1)]
         return linear and not slots.dead and not slots.num_speculative
 
-    def _hook_bias(self, block: Block, base: int, settle: bool) -> torch.Tensor | None:
+    def _hook_bias(self, hook: ForwardHook, block: Block, base: int, settle: bool) -> torch.Tensor | None:
         """The hook's up-projection bias for a forward of the one sequence (slots are its positions): rooted at the
         last token of a settled run, at the tip under a speculative block, none for its first run (a prefill)."""
         tip = self.slots.tip(block.seq)
         if settle and tip == _NONE:
             return None
-        bias = self.lm.hook.up_bias(base + len(block.tokens) - 1 if settle else tip)
+        bias = hook.up_bias(base + len(block.tokens) - 1 if settle else tip)
         return None if bias is None else bias.to(self.lm.device, self.lm.dtype)
 
     def settle(self, runs: Mapping[int, Sequence[int]], output_hidden: bool = False,

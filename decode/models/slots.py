@@ -18,10 +18,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
+
+
+class SlotLayout(Protocol):
+    """What a model's forward reads of the slot bookkeeping of its cache, whichever keeps it: a plain cache's
+    :class:`SlotForest`, or a batch's shared layout (decode/models/shared_cache.py ``SharedSlots``)."""
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def committed(self) -> int: ...
+
+    @property
+    def num_speculative(self) -> int: ...
+
+    def positions(self) -> np.ndarray:
+        """``(length,)`` each cached slot's position (the masks' sliding windows read them)."""
+        ...
 
 
 @dataclass(frozen=True)
