@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import torch
 
     from decode.models.cached_lm import CachedLM
+    from decode.models.kernel_choice import KernelChoice
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 DEFAULT_TARGET = MODELS_DIR / "target"
@@ -42,7 +43,7 @@ class LoadedPair:
     eos_token_id: int | None
     paths: dict[str, Path]
     spec: PairSpec
-    kernel_choice: object | None = None
+    kernel_choice: KernelChoice | None = None
 
     @property
     def chat(self) -> bool:
@@ -158,7 +159,8 @@ def load_pair(
     eos = getattr(tok, "eos_token_id", None) if tok is not None else None
     if eos is None:
         eos = getattr(target_lm.config, "eos_token_id", None)
-        eos = eos[0] if isinstance(eos, list) and eos else eos
+        if isinstance(eos, list):  # several: the first (none: no EOS stop, as an empty list never matched)
+            eos = eos[0] if eos else None
     paths = {"target": Path(target), "draft": Path(draft)}
     if tokenizer_dir is not None:
         paths["tokenizer"] = tokenizer_dir
@@ -183,8 +185,9 @@ def check_kernel_request(spec: PairSpec | None, device: str, dtype: str | None, 
     from decode.models.kernel_choice import KernelRequest, check_fixed_paths, with_target_quant
 
     dev = resolve_device(device)
-    own = spec is not None and dtype in (None, "auto")
-    dtypes = model_dtypes(dev, spec.target_dtype if own else dtype, spec.draft_dtype if own else dtype)
+    own = spec is not None and dtype in (None, "auto")  # each model's dtype as the pair names it
+    target_dtype, draft_dtype = (spec.target_dtype, spec.draft_dtype) if own and spec is not None else (dtype, dtype)
+    dtypes = model_dtypes(dev, target_dtype, draft_dtype)
     text = request if request is not None else (spec.kernels if spec is not None else "auto")
     parsed = with_target_quant(KernelRequest.parse(text), spec.target_quant if spec is not None else None,
                                request is not None)

@@ -150,14 +150,15 @@ def read_pair_config(path: str | Path) -> PairSpec:
     keys = read_pair_file(path)
     base = next((p.parent for p in path.resolve().parents if p.name == "configs"), path.resolve().parent)
 
-    def located(value: str | None) -> Path | None:
-        if value is None:
-            return None
+    def at_base(value: str) -> Path:
         return Path(value) if Path(value).is_absolute() else base / value
+
+    def located(value: str | None) -> Path | None:
+        return None if value is None else at_base(value)
 
     def model_path(value: str) -> Path:
         name = fetch_name(value)
-        return fetched_model_dir(name) if name is not None else located(value)
+        return fetched_model_dir(name) if name is not None else at_base(value)
 
     fetched = tuple(name for name in (fetch_name(keys.target), fetch_name(keys.draft)) if name is not None)
     prompts = {k: getattr(keys, k) for k in ("train_prompts", "heldout_prompts") if getattr(keys, k) is not None}

@@ -248,7 +248,8 @@ def open_session(pair: PairRequest | LoadedPair, method: str | MethodRequest, ke
     hooks = hooks or Hooks()
     with hooks.step("method"):
         request = _method(method)
-    files = {request.spec.path: deployment} if deployment is not None else {}
+    path = request.spec.path
+    files = {path: deployment} if deployment is not None and path is not None else {}
     return open_sessions(pair, [request], kernels, latency, deployments=files, hooks=hooks, batch=batch)
 
 
@@ -311,8 +312,9 @@ def _check_policies(pair: LoadedPair, requests: Sequence[MethodRequest], deploym
     checked = {}
     for request in requests:
         with hooks.step("policy", request):
+            path = request.spec.path
             checked[request] = load_policy_spec(request.spec, pair, request.verifier,
-                                                deployments.get(request.spec.path))
+                                                None if path is None else deployments.get(path))
     return checked
 
 
@@ -327,7 +329,7 @@ def _other_drafts(pair: LoadedPair, requests: Sequence[MethodRequest], hooks: Ho
     the path the pair's draft took at step ``kernels``."""
     drafts: dict[str | None, CachedLM] = {None: pair.draft}
     for request in requests:
-        if request.draft not in drafts:
+        if request.draft is not None and request.draft not in drafts:  # None: the pair's own
             with hooks.step("drafts", request):
                 drafts[request.draft] = load_other_draft(pair, request.draft)
     return drafts

@@ -30,8 +30,10 @@ from decode.drafting.actions import Action
 if TYPE_CHECKING:  # the interface itself is light: listing policy names must not import torch
     import torch
 
+    from decode.cost.table import LatencyTable
     from decode.drafting.delayed import TrunkNode
     from decode.drafting.sampling import SamplingConfig
+    from decode.policies.features import RootFeatures
 
 
 @dataclass
@@ -51,8 +53,8 @@ class RootState:
     q_root: torch.Tensor
     max_depth: int
     sampling: SamplingConfig
-    features: object | None = None
-    latency: object | None = None
+    features: RootFeatures | None = None
+    latency: LatencyTable | None = None
 
 
 @dataclass

@@ -74,14 +74,17 @@ class SharedBudgetPolicy(Policy):
 
 
 class SharedBudgetSource(PolicySource):
-    """``shared[:max-draft=N]`` on the running machine's latency table; starts a fresh estimate per generation."""
+    """``shared[:max-draft=N]`` on the running machine's latency table; starts a fresh estimate per generation.
+    Without a table (None) it is only checked: it starts nothing (decode.policies.build builds it with one)."""
 
     name = "shared"
 
-    def __init__(self, table: LatencyTable, max_draft: int = DEFAULT_MAX_DRAFT) -> None:
+    def __init__(self, table: LatencyTable | None, max_draft: int = DEFAULT_MAX_DRAFT) -> None:
         self.table, self.max_draft = table, max_draft
 
     def start(self, sampling: SamplingConfig) -> SharedBudgetPolicy:
+        if self.table is None:
+            raise ValueError("the shared budget prices each step on the machine's latency table, and has none")
         return SharedBudgetPolicy(self.table, self.max_draft)
 
     def describe(self, sampling: SamplingConfig) -> str:

@@ -172,23 +172,28 @@ def measured_table(spec: PolicySpec, verifier: str, deployment: Deployment | Non
     return None if entry.measured is None else entry.function("measured")(spec, verifier, deployment)
 
 
-# Each kind's own functions, named by its entry in decode/policies/kinds.py.
+# Each kind's own functions, named by its entry in decode/policies/kinds.py. A spec holds the fields its kind takes
+# (PolicySpec refuses one without them): the asserts below only say so.
 
 def build_static(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
+    assert spec.action is not None
     return StaticPolicy(spec.action)
 
 
 def build_adaptive(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
+    assert spec.max_draft is not None
     return AdaptiveLengthPolicy(initial=min(4, spec.max_draft), maximum=spec.max_draft)
 
 
 def build_entropy(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
+    assert spec.max_draft is not None and spec.entropy_threshold is not None
     return EntropyStopPolicy(max_length=spec.max_draft, threshold=spec.entropy_threshold)
 
 
 def build_shared(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
     from decode.policies.budget import SharedBudgetSource
 
+    assert spec.max_draft is not None
     return SharedBudgetSource(latency, spec.max_draft)  # without a table only checked: build_policy needs one
 
 
@@ -196,6 +201,7 @@ def build_selector(spec: PolicySpec, verifier: str, pair, latency: LatencyTable 
     """The selector file loaded and checked against ``pair``."""
     from decode.policies.selector import SelectorSource  # onnxruntime and numpy: only where a file names one
 
+    assert spec.path is not None
     return SelectorSource.for_pair(spec.path, verifier, pair, latency)
 
 
@@ -203,17 +209,20 @@ def build_expander(spec: PolicySpec, verifier: str, pair, latency: LatencyTable 
     """The expander file loaded and checked against ``pair``."""
     from decode.policies.expander import ExpanderSource  # onnxruntime and numpy: only where a file names one
 
+    assert spec.path is not None
     return ExpanderSource.for_pair(spec.path, verifier, pair, latency)
 
 
 def build_policy_file(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
     """The policy file read and its choices for ``verifier`` built (:func:`deployed_source`)."""
+    assert spec.path is not None
     return deployed_source(deployment_file.load_deployment(spec.path), verifier, pair, latency)
 
 
 def load_policy_file(spec: PolicySpec, pair, verifier: str, deployment: Deployment | None) -> LoadedPolicy:
     """The policy file read once (unless the caller has: ``deployment``), checked whole, then its choices for
     ``verifier`` against the pair."""
+    assert spec.path is not None
     deployment = deployment if deployment is not None else deployment_file.load_deployment(spec.path)
     return LoadedPolicy(spec, verifier, deployed_source(deployment, verifier, pair), deployment)
 

@@ -170,7 +170,7 @@ class DeployedRule:
         if self.refit is not None:
             ratio = self.refit.ratios.get(self.refit.signal)
             gain = "" if ratio is None else f", cross-fitted {ratio:.3f}x it"
-            if not self.runs:
+            if not self.runs or self.node_rule.rule is None:  # a refit that runs has its rule
                 best = max(self.refit.ratios.values(), default=float("nan"))
                 return (f"static {fallback}, refitted on this machine's latency table: no rule beat it by "
                         f"{self.min_gain:.0%} held out (best {best:.3f}x)")
@@ -219,6 +219,8 @@ class HaltingPolicy(Policy):
 
     def __init__(self, node_rule: NodeRule, head: AcceptanceHead | None = None,
                  machine: LatencyTable | None = None) -> None:
+        if node_rule.rule is None:
+            raise ValueError(f"the expander's {node_rule.signal} choice has no halting rule to run")
         self.node_rule, self.rule, self.head, self.machine = node_rule, node_rule.rule, head, machine
         self.name = f"expander:{node_rule.signal}"
         self.needs_root_features = head is not None and head.reads_root
@@ -242,6 +244,8 @@ class HaltingPolicy(Policy):
         """``(cap + 1,)`` step times of the chains (1, d, 0), d = 0..cap: ``table``'s at this context length (per
         16-token bucket, cached), else the fit's."""
         if table is None:
+            if self.node_rule.chain_ms is None:
+                raise ValueError("the marginal signal needs a latency table or the fit's chain_ms")
             return np.asarray(self.node_rule.chain_ms[:self.rule.cap + 1], dtype=np.float64)
         key = (id(table), context_length // 16 * 16)
         if key not in self._chain_cache:
@@ -258,20 +262,25 @@ class HaltingPolicy(Policy):
     def marginal_signal(self, depth: int) -> float:
         """The marginal rule's signal at ``depth`` (< cap) from the step's β̂ so far (decode/policies/halting.py
         ``marginal_gain``, the function the offline fit runs; β̂ past ``depth`` does not enter it)."""
+        chain_ms = self._chain_ms
+        if chain_ms is None:
+            raise ValueError("the marginal signal reads the step's chain times, which choose() keeps")
         betas = np.asarray(self._betas[:depth + 1], dtype=np.float64)
-        padded = np.pad(betas, (0, len(self._chain_ms) - len(betas)), mode="edge")
-        return float(marginal_gain(padded, self._chain_ms)[depth])
+        padded = np.pad(betas, (0, len(chain_ms) - len(betas)), mode="edge")
+        return float(marginal_gain(padded, chain_ms)[depth])
 
     def beta(self, node: TrunkNode) -> float:
         """β̂ at ``node`` from the head."""
+        if self.head is None:
+            raise ValueError(f"the {self.node_rule.signal} signal reads no head")
         if node.hidden is None:
             raise ValueError("the learned expander needs the draft's hidden states (the decoder keeps them when asked)")
         return self.head(node.hidden, law_entropy(node.q), float(node.q.max()), node.depth)
 
     def signal(self, node: TrunkNode) -> float:
         """The rule's signal at ``node``: higher means the draft is surer there."""
-        signal = NODE_SIGNALS[self.node_rule.signal]
-        return self.beta(node) if signal.reads_head else signal.online(node)
+        online = NODE_SIGNALS[self.node_rule.signal].online
+        return self.beta(node) if online is None else online(node)  # no online form: the head reads it
 
     def describe(self, sampling: SamplingConfig) -> str:
         return f"expander ({self.node_rule.signal}: {self.rule.describe()})"

@@ -191,7 +191,7 @@ class SelectorPolicy(Policy):
 
     def __init__(self, source: SelectorSource, guard: Guard) -> None:
         self.source, self.guard, self.actions = source, guard, source.actions
-        self._latency = None
+        self._latency: LatencyTable | None = None
         self._overheads: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
         self.overhead_ms = 0.0
         self._call_seconds: list[float] = []
@@ -231,7 +231,7 @@ class SelectorPolicy(Policy):
             self._latency = root.latency
             value = value / (self.source.step_ms(root.latency, root.context_length) + self.overhead_ms)
         best = int(np.argmax(value))
-        if value[best] > (1.0 + guard.margin) * value[guard.index]:
+        if guard.margin is not None and value[best] > (1.0 + guard.margin) * value[guard.index]:  # None: never
             return self.actions[best]
         return guard.action
 

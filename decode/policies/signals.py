@@ -28,8 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
+
+if TYPE_CHECKING:  # the registry is light: listing signals must not import torch
+    from decode.drafting.delayed import Draw, TrunkNode
 
 __all__ = ["SIGNALS", "NodeSignal", "TrunkArrays", "model_signals", "signal_names"]
 
@@ -73,7 +77,7 @@ class NodeSignal:
 
     name: str
     summary: str
-    online: Callable[[object], float] | None = None
+    online: Callable[[TrunkNode], float] | None = None
     offline: Callable[[TrunkArrays], np.ndarray] | None = None
     reads_draws: bool = False
     marginal_of: str | None = None
@@ -93,25 +97,40 @@ class NodeSignal:
         return self.offline is not None and (arrays.has_draws or not self.reads_draws)
 
 
-def _law_entropy(node) -> float:
+def _law_entropy(node: TrunkNode) -> float:
     from decode.drafting.sampling import law_entropy
 
     return law_entropy(node.q)
 
 
-def _last_draw(node):
+def _last_draw(node: TrunkNode) -> Draw:
     """The last trunk draw before ``node`` (the root's: a certain token)."""
     from decode.drafting.delayed import Draw
 
     return node.draws[-1] if node.draws else Draw(1.0, 0, 1.0)
 
 
+@overload
+def _log(x: float) -> float: ...
+
+
+@overload
+def _log(x: np.ndarray) -> np.ndarray: ...
+
+
 def _log(x: np.ndarray | float) -> np.ndarray | float:
     return np.log(np.maximum(x, 1e-30))
 
 
+def _stored(draws: np.ndarray | None) -> np.ndarray:
+    """A draws array of a collection that stores them (:meth:`NodeSignal.available` asked first)."""
+    if draws is None:
+        raise ValueError("this collection stores no trunk draws (data_gen/schema.py version 3 on)")
+    return draws
+
+
 def _path_logq_offline(arrays: TrunkArrays) -> np.ndarray:
-    return np.cumsum(_log(arrays.draw_q), axis=-1)
+    return np.cumsum(_log(_stored(arrays.draw_q)), axis=-1)
 
 
 SIGNALS: dict[str, NodeSignal] = {
@@ -122,15 +141,15 @@ SIGNALS: dict[str, NodeSignal] = {
         NodeSignal("entropy", "minus the draft's entropy at the node (nats)",
                    lambda node: -_law_entropy(node), lambda a: -a.entropy),
         NodeSignal("draw_q", "q of the last drawn trunk token, under the law it was drawn from",
-                   lambda node: _last_draw(node).q, lambda a: a.draw_q, reads_draws=True),
+                   lambda node: _last_draw(node).q, lambda a: _stored(a.draw_q), reads_draws=True),
         NodeSignal("draw_logq", "log q of the last drawn trunk token",
-                   lambda node: float(_log(_last_draw(node).q)), lambda a: _log(a.draw_q), reads_draws=True),
+                   lambda node: float(_log(_last_draw(node).q)), lambda a: _log(_stored(a.draw_q)), reads_draws=True),
         NodeSignal("draw_rank", "minus the last drawn trunk token's rank under its law (0: the favourite)",
-                   lambda node: -float(_last_draw(node).rank), lambda a: -a.draw_rank.astype(np.float64),
+                   lambda node: -float(_last_draw(node).rank), lambda a: -_stored(a.draw_rank).astype(np.float64),
                    reads_draws=True),
         NodeSignal("draw_ratio", "q of the last drawn trunk token over its law's top probability",
-                   lambda node: _last_draw(node).q / _last_draw(node).top, lambda a: a.draw_q / a.draw_top,
-                   reads_draws=True),
+                   lambda node: _last_draw(node).q / _last_draw(node).top,
+                   lambda a: _stored(a.draw_q) / _stored(a.draw_top), reads_draws=True),
         NodeSignal("path_logq", "the running log-product of q over the trunk's draws (the path's confidence)",
                    lambda node: float(sum(_log(d.q) for d in node.draws)), _path_logq_offline, reads_draws=True),
         NodeSignal("learned", "β̂ of the expander file's ridge head (the node's features and the root's scalars)"),

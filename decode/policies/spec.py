@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from decode.drafting.actions import Action, check_in_grid
 from decode.policies.kinds import (
@@ -178,7 +179,7 @@ def _parse_named(name: str, options: str | None) -> PolicySpec:
         if key in values:
             raise ValueError(f"{name}: {key} is given twice")
         values[key] = value
-    typed = {}
+    typed: dict[str, Any] = {}  # field name -> value, each of its option's type
     for option in (option for option in OPTION_FIELDS if option in allowed):  # max-draft's refusal first
         field_name, kind = OPTION_FIELDS[option]
         typed[field_name] = _number(values.get(option, str(KINDS[name].defaults[option])), option, kind)

@@ -107,7 +107,8 @@ class NodeRule:
         if (self.rule is None) != (self.signal == NO_RULE):
             raise ValueError(f"signal {self.signal!r} {'needs' if self.rule is None else 'takes no'} halting rule")
         Action.parse(self.fallback)
-        if self.reads_chain_ms and (self.chain_ms is None or len(self.chain_ms) < self.rule.cap + 1):
+        if self.reads_chain_ms and self.rule is not None and (self.chain_ms is None
+                                                              or len(self.chain_ms) < self.rule.cap + 1):
             raise ValueError("the marginal signal needs chain_ms, the step times of chains 0..cap")
 
     @property

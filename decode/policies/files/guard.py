@@ -72,7 +72,7 @@ class StaticProfile:
         starts (the plain mean of Ê is then its tokens per step), else trajectory positions (the harmonic mean)."""
         be = np.asarray(be, dtype=np.float64)
         labelled = np.isfinite(be).all(axis=0)
-        mean = block_efficiency(be[:, labelled], per_step)
+        mean = np.asarray(block_efficiency(be[:, labelled], per_step))  # (A,): one per column of a 2-D be
         kept = [a for a, keep in zip(actions, labelled, strict=True) if keep]
         return cls(kept, [float(v) for v in mean], length_quantiles(lengths))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, asdict, fields
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from decode.policies.features import FEATURE_SCHEMA_VERSION, SCALAR_NAMES
 
@@ -24,6 +24,13 @@ class PolicyFileMetadata:
     ERROR: ClassVar[type[ValueError]]
     NOUN: ClassVar[str]
     MADE: ClassVar[str]
+
+    if TYPE_CHECKING:  # what the dataclass it is mixed into holds (declared for the checker only)
+        __dataclass_fields__: ClassVar[dict[str, Any]]
+        verifier: str
+        feature_schema: int
+        scalar_names: list[str]
+        pair_fingerprint: str
 
     def to_props(self) -> dict[str, str]:
         """ONNX ``metadata_props``: every value a string; lists and dicts as JSON."""

@@ -11,7 +11,7 @@ static profile (:meth:`SamplingTable.statics`, :func:`static_on_machine`; decode
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
@@ -20,6 +20,19 @@ from decode.policies.files.guard import StaticProfile
 
 T = TypeVar("T")
 U = TypeVar("U")
+
+
+class Measured(Protocol):
+    """An entry that carries the sampling setting it was measured at."""
+
+    @property
+    def temperature(self) -> float: ...
+
+    @property
+    def top_p(self) -> float: ...
+
+
+M = TypeVar("M", bound=Measured)
 
 
 def static_on_machine(action: str, profile: dict | None, machine: LatencyTable | None,
@@ -48,16 +61,17 @@ class SamplingTable(Generic[T]):
         self.entries = [entry for _, entry in entries]
         self.noun, self.verb, self._static = noun, verb, static
 
-    @classmethod
-    def of(cls, items: Sequence[T], noun: str = "it", verb: str = "was measured at",
-           static: Callable[[T], tuple[str, dict | None]] | None = None) -> SamplingTable[T]:
+    @staticmethod
+    def of(items: Sequence[M], noun: str = "it", verb: str = "was measured at",
+           static: Callable[[M], tuple[str, dict | None]] | None = None) -> SamplingTable[M]:
         """A table of items that carry their own ``temperature`` and ``top_p``."""
-        return cls([(SamplingConfig(item.temperature, item.top_p), item) for item in items], noun, verb, static)
+        return SamplingTable([(SamplingConfig(item.temperature, item.top_p), item) for item in items], noun, verb,
+                             static)
 
-    @classmethod
-    def of_temperatures(cls, temperatures: Sequence[float], noun: str = "it") -> SamplingTable[int]:
+    @staticmethod
+    def of_temperatures(temperatures: Sequence[float], noun: str = "it") -> SamplingTable[int]:
         """Column numbers by temperature (top-p 1): an output column per temperature."""
-        return cls([(SamplingConfig(float(t)), i) for i, t in enumerate(temperatures)], noun)
+        return SamplingTable([(SamplingConfig(float(t)), i) for i, t in enumerate(temperatures)], noun)
 
     def with_entries(self, entries: Sequence[U]) -> SamplingTable[U]:
         """The same settings and names holding ``entries`` (one per setting, in order)."""

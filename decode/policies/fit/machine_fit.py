@@ -159,7 +159,7 @@ def refit(fit_set: FitSet, table: LatencyTable, min_gain: float, signals: tuple[
     names = [name for name in (signals or values) if name in values]
     ratios = cross_fitted_ratios(data, {name: values[name] for name in names}, fit_set.l_max, fit_set.k_max, folds)
     fallback = data.actions[int(np.argmax(static_throughputs(data)))].canonical()
-    best = max(ratios, key=ratios.get, default=None)
+    best = max(ratios, key=lambda name: ratios[name], default=None)
     if best is None or ratios[best] < 1.0 + min_gain:
         return MachineRule("static", None, fallback, ratios)
     index = ActionIndex(data.actions)

@@ -25,11 +25,22 @@ from decode.policies.halting import HaltingRule, halting_depth
 
 
 class Episodes(Protocol):
-    be: np.ndarray
-    step: np.ndarray
-    trunk_pass_ms: np.ndarray
-    actions: list[Action]
-    per_step: bool
+    """What a rule is fitted on (read only: a frozen dataclass serves)."""
+
+    @property
+    def be(self) -> np.ndarray: ...
+
+    @property
+    def step(self) -> np.ndarray: ...
+
+    @property
+    def trunk_pass_ms(self) -> np.ndarray: ...
+
+    @property
+    def actions(self) -> list[Action]: ...
+
+    @property
+    def per_step(self) -> bool: ...
 
 
 class ActionIndex:
@@ -125,6 +136,8 @@ def best_rule(data: Episodes, signal: np.ndarray, rules: list[HaltingRule], inde
         top = int(np.argmax(values))
         if values[top] > best_value:
             best, best_value = group[top][0], float(values[top])
+    if best is None:
+        raise ValueError("no rule of the grid has a finite throughput on these episodes")
     return best
 
 
