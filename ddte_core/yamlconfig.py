@@ -9,13 +9,16 @@ import dataclasses
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from ddte_core.paths import bundled
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")  # a config schema: a dataclass
 
 
 MAX_SEED = 2**63 - 1  # the largest seed torch.Generator takes
@@ -61,7 +64,7 @@ def build_dataclass(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         hint = hints[name]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             kwargs[name] = build_dataclass(hint, value, f"{prefix}{name}.")
         else:
             kwargs[name] = _coerce(value, hint, prefix + name)

@@ -85,6 +85,7 @@ def fingerprint(served: Served) -> str:
 def create_app(served: Served):
     """The FastAPI app. Its lifespan starts the worker thread; at shutdown it fails what is still queued (503),
     cancels the running generations and waits for the thread at most :data:`WORKER_JOIN_SECONDS`."""
+    worker: Worker  # the metrics read its depth: made next, from them
     metrics = ServerMetrics(lambda: worker.depth())
     worker = Worker(served.max_queue, BatchRunner(served, metrics, served.max_batch))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ddte.serve.requests import Choice, CompletionRequest
@@ -46,6 +47,13 @@ class Event:
     prompt_logprobs: list[TokenLogprob] | None = None
     answer: Answer | None = None
     status: int = 500
+
+    @property
+    def answered(self) -> Answer:
+        """A ``done`` event's answer."""
+        if self.answer is None:
+            raise ValueError(f"a {self.kind} event carries no answer")
+        return self.answer
 
 
 class Job:
@@ -109,8 +117,8 @@ class Job:
         self._put(Event("text", text=delta, tokens=self.tokens[lo:release], logprobs=self.logprobs[lo:release],
                         prompt_logprobs=self.prompt_logprobs if first else None))
 
-    def on_step(self, tokens: list[int], logprobs: list[TokenLogprob] = (),
-                prompt_logprobs: list[TokenLogprob] = ()) -> bool:
+    def on_step(self, tokens: list[int], logprobs: Sequence[TokenLogprob] = (),
+                prompt_logprobs: Sequence[TokenLogprob] = ()) -> bool:
         """The step's report for this job (worker thread): its new tokens, their log-probabilities and (its first
         step) its prompt's. Sends what is final; False stops the generation."""
         if self.first_token_at is None:

@@ -96,7 +96,7 @@ async def whole(reply: Reply):
                 reply.count(str(event.status))
                 return JSONResponse(error_body(event.text, event.status), status_code=event.status)
             if event.kind == "done":
-                answers[event.index] = event.answer
+                answers[event.index] = event.answered
     except asyncio.CancelledError:
         reply.cut()
         raise
@@ -150,8 +150,8 @@ async def stream(reply: Reply) -> AsyncIterator[str]:
             if event.kind == "text":
                 chunk = _delta(reply, jobs[event.index], event, told[event.index])
             else:
-                answers[event.index] = event.answer
-                chunk = _finish(reply, event.index, event.answer)
+                answers[event.index] = event.answered
+                chunk = _finish(reply, event.index, event.answered)
             if chunk is not None:
                 yield _sse(chunk)
     except (asyncio.CancelledError, GeneratorExit):

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB (--max-body-kib): a whole context of text or token ids is far less
 DRAIN_SECONDS = 30.0  # how long a stop waits for the running request; the queued ones are answered 503 at once
-ANSWER_SECONDS = 10.0  # after the drain: how long uvicorn waits for the answers to be sent before it cancels them
+ANSWER_SECONDS = 10  # after the drain: how long uvicorn waits for the answers to be sent before it cancels them
 BACKLOG = 2048  # uvicorn's default
 
 
