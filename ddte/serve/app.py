@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from ddte.serve.batching import BatchRunner
 from ddte.serve.body import ClientLeft, decode_json, read_body
 from ddte.serve.errors import RequestError, error_body
-from ddte.serve.job import Event, Job
+from ddte.serve.job import Event, ServedChoice
 from ddte.serve.logprobs import TokenNames
 from ddte.serve.metrics import ServerMetrics
 from ddte.serve.reply import Reply, stream, whole
@@ -166,7 +166,7 @@ async def _answer(request: Request, chat: bool, served: Served, worker: Worker, 
         return refuse("the server failed to read the request", 500)
     events: asyncio.Queue[Event] = asyncio.Queue()
     loop, tokenizer = asyncio.get_running_loop(), served.pair.tokenizer
-    jobs = [Job(parsed, choice, tokenizer, loop, events) for choice in parsed.choices()]
+    jobs = [ServedChoice(parsed, choice, tokenizer, loop, events) for choice in parsed.choices()]
     for queued, job in enumerate(jobs):
         if not worker.submit(job):  # every choice or none: those queued already leave the queue
             for other in jobs[:queued]:

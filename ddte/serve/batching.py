@@ -4,13 +4,13 @@
 Each job (one choice of a request) joins the batch with its own prompt, sampling settings, seed, verifier and
 policy, so it stays exactly the target's law at its own settings whatever else is in the batch
 (tests/decode/exact/test_batch.py). After each step every job hears its tokens (and their log-probabilities, where
-asked) through ``Job.on_step``; a job leaves the batch when it ends (EOS unless it ignores EOS, its budget), when a
-stop string appears, or when its client left (checked before each step).
+asked) through ``ServedChoice.on_step``; a job leaves the batch when it ends (EOS unless it ignores EOS, its
+budget), when a stop string appears, or when its client left (checked before each step).
 """
 
 from __future__ import annotations
 
-from ddte.serve.job import Job
+from ddte.serve.job import ServedChoice
 from ddte.serve.metrics import ServerMetrics
 from ddte.serve.outcome import answer, empty_stats, record
 from ddte.serve.worker import new_seed
@@ -24,18 +24,18 @@ class BatchRunner:
         if size < 1:
             raise ValueError(f"a batch holds at least 1 request, got {size}")
         self.served, self.metrics, self.size = served, metrics, size
-        self._ids: dict[Job, tuple[int, int]] = {}  # job -> (its id in the decoder, its seed)
+        self._ids: dict[ServedChoice, tuple[int, int]] = {}  # job -> (its id in the decoder, its seed)
 
-    def admit(self, job: Job) -> bool:
+    def admit(self, job: ServedChoice) -> bool:
         """Start ``job`` in the batch (its prompt runs in the next step's passes); False when it failed, answered."""
         from decode.drafting.rng import TorchRandom
-        from decode.generation import Job as DecodeJob
+        from decode.generation import Job
 
         request, served = job.request, self.served
         seed = job.choice.seed if job.choice.seed is not None else new_seed()
         self.metrics.started()
         # a prompt scored alone (max_tokens 0) still runs one step: the prompt's pass gives its log-probabilities
-        decode_job = DecodeJob(job.prompt_ids, max(request.max_tokens, 1), served.policy, TorchRandom(seed),
+        decode_job = Job(job.prompt_ids, max(request.max_tokens, 1), served.policy, TorchRandom(seed),
                                request.sampling, served.verifier, logprobs=request.logprobs,
                                prompt_logprobs=request.logprobs if request.echo else None,
                                stop_at_eos=not request.ignore_eos)
@@ -48,7 +48,7 @@ class BatchRunner:
         self._ids[job] = (rid, seed)
         return True
 
-    def step(self) -> list[Job]:
+    def step(self) -> list[ServedChoice]:
         """Jobs whose clients left leave; one step of the rest; the jobs that ended (each answered, or cancelled)."""
         decoder = self.served.decoder
         ended = [self._end(job, decoder.leave(self._ids[job][0])) for job in list(self._ids)
@@ -78,7 +78,7 @@ class BatchRunner:
             record(self.metrics, job, stats)
             job.fail(message)
 
-    def _end(self, job: Job, generation) -> Job:
+    def _end(self, job: ServedChoice, generation) -> ServedChoice:
         _, seed = self._ids.pop(job)
         record(self.metrics, job, generation.stats)
         answer(job, generation, self.served.method, seed)

@@ -1,4 +1,4 @@
-"""One choice of a request on its way through the worker (:class:`Job`), and what it tells the waiting handler
+"""One choice of a request on its way through the worker (:class:`ServedChoice`), and what it tells the waiting handler
 (:class:`Event`).
 
 A job turns the decoding step's reports into text as they come (after each step of the batch): it decodes its
@@ -56,7 +56,7 @@ class Event:
         return self.answer
 
 
-class Job:
+class ServedChoice:
     """One choice on its way through the worker. Its events reach the handler's event loop thread-safely, on
     ``events`` (shared by the choices of one request, each event naming its choice)."""
 

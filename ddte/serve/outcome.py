@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
-from ddte.serve.job import Job
+from ddte.serve.job import ServedChoice
 from ddte.serve.metrics import ServerMetrics
 
 
-def record(metrics: ServerMetrics, job: Job, stats) -> None:
+def record(metrics: ServerMetrics, job: ServedChoice, stats) -> None:
     """One generation ended (whole, stopped, cancelled or failed; ``stats`` a ``decode.stats.GenerationStats``, empty
     for one that never ran): its tokens, TTFT (queueing included) and TPOT (after the first step) into ``metrics``."""
     ttft = job.first_token_at - job.enqueued if job.first_token_at is not None else None
@@ -19,7 +19,7 @@ def record(metrics: ServerMetrics, job: Job, stats) -> None:
     metrics.finished(len(job.prompt_ids), stats, ttft, tpot)
 
 
-def answer(job: Job, generation, method: str, seed: int) -> None:
+def answer(job: ServedChoice, generation, method: str, seed: int) -> None:
     """Send the result of ``generation`` (a ``decode.engine.Generation``) to the client, unless it left."""
     if job.cancelled.is_set() and not job.stop_hit:
         return  # nobody is listening

@@ -18,7 +18,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from ddte.serve.errors import error_body
-from ddte.serve.job import Answer, Event, Job
+from ddte.serve.job import Answer, Event, ServedChoice
 from ddte.serve.logprobs import TokenNames, chat_logprobs, completion_logprobs
 from ddte.serve.requests import CompletionRequest
 
@@ -28,7 +28,7 @@ class Reply:
     """A queued request on its way back: its jobs (one per choice) and their shared event queue, the HTTP request,
     the checked request, the response's id and fingerprint, and how to count its outcome."""
 
-    jobs: list[Job]
+    jobs: list[ServedChoice]
     events: asyncio.Queue[Event]
     http: Request
     parsed: CompletionRequest
@@ -64,7 +64,7 @@ class Reply:
         prompt, completion = self.parsed.prompt_tokens, sum(len(a.tokens) for a in answers.values())
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    def prompt_entries(self, job: Job) -> tuple[list[int], list]:
+    def prompt_entries(self, job: ServedChoice) -> tuple[list[int], list]:
         """The echoed prompt's tokens and their log-probabilities (the first has none)."""
         ids = list(job.prompt_ids)
         entries = [None, *job.prompt_logprobs][: len(ids)]
@@ -106,7 +106,7 @@ async def whole(reply: Reply):
     return JSONResponse(reply.body(choices, usage=reply.usage(answers), **extra))
 
 
-def _whole_choice(reply: Reply, job: Job, answer: Answer) -> dict:
+def _whole_choice(reply: Reply, job: ServedChoice, answer: Answer) -> dict:
     parsed, index = reply.parsed, job.choice.index
     if parsed.chat:
         logprobs = chat_logprobs(answer.logprobs, reply.names) if parsed.logprobs is not None else None
@@ -167,7 +167,7 @@ def _sse(body: dict) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
-def _delta(reply: Reply, job: Job, event: Event, told: _Streamed) -> dict | None:
+def _delta(reply: Reply, job: ServedChoice, event: Event, told: _Streamed) -> dict | None:
     """A text event's chunk (None: nothing to tell): the chat role with a choice's first, ``echo``'s prompt before
     a completion's first delta, each with its tokens' log-probabilities where asked."""
     parsed, first = reply.parsed, told.first

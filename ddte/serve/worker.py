@@ -13,7 +13,7 @@ import secrets
 import threading
 from typing import Protocol
 
-from ddte.serve.job import Job
+from ddte.serve.job import ServedChoice
 
 
 class Batch(Protocol):
@@ -24,9 +24,9 @@ class Batch(Protocol):
 
     size: int
 
-    def admit(self, job: Job) -> bool: ...
+    def admit(self, job: ServedChoice) -> bool: ...
 
-    def step(self) -> list[Job]: ...
+    def step(self) -> list[ServedChoice]: ...
 
     def fail_all(self, message: str) -> None: ...
 
@@ -44,15 +44,15 @@ class Worker:
     def __init__(self, max_queue: int, batch: Batch) -> None:
         self._batch = batch
         self.max_queue = max_queue
-        self._queued: collections.deque[Job] = collections.deque()
+        self._queued: collections.deque[ServedChoice] = collections.deque()
         self._ready = threading.Condition()
-        self.active: list[Job] = []  # the jobs decoding now
+        self.active: list[ServedChoice] = []  # the jobs decoding now
         self._taken = 0  # jobs taken from the queue into the batch and not out of it yet (under the lock)
         self.closing = False
         self.thread = threading.Thread(target=self._loop, name="ddte-serve-worker", daemon=True)
 
     @property
-    def running(self) -> Job | None:
+    def running(self) -> ServedChoice | None:
         """A job decoding now (None: the worker is idle)."""
         active = self.active
         return active[0] if active else None
@@ -60,7 +60,7 @@ class Worker:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, job: Job) -> bool:
+    def submit(self, job: ServedChoice) -> bool:
         """Queue ``job``; False when the queue is full or the server is closing."""
         with self._ready:
             self._drop_left()
@@ -106,7 +106,7 @@ class Worker:
         """Free slots in the batch (under the lock): as many queued jobs join it at its next step."""
         return max(self._batch.size - self._taken, 0)
 
-    def _take(self, wait: bool) -> list[Job] | None:
+    def _take(self, wait: bool) -> list[ServedChoice] | None:
         """As many queued jobs whose clients are still there as the batch has room for, waiting for one when
         ``wait`` (the batch is empty); None once the worker is closing and ``wait``: nothing is left to decode."""
         with self._ready:
