@@ -73,8 +73,7 @@ def measure_latency(
     limit = min(target.context_limit, draft.context_limit)
     lengths = sorted({min(int(x), limit - max(sizes) - 1) for x in lengths})
     vocab = min(target.vocab_size, draft.vocab_size)
-    g = torch.Generator().manual_seed(0)
-    rng = TorchRandom(0)
+    g, rng = torch.Generator().manual_seed(0), TorchRandom(0)
     contexts = [torch.randint(0, vocab, (length,), generator=g).tolist() for length in lengths]
     blocks = [torch.randint(0, vocab, (size,), generator=g).tolist() for size in sizes]
     first = torch.randint(0, vocab, (1,), generator=g).tolist()
@@ -96,8 +95,8 @@ def measure_latency(
                     cold_minus_warm[li].append(cold_ms - warm_ms)
             if tick is not None:
                 tick()
-    target.reset()
-    draft.reset()
+    for model in (target, draft):
+        model.reset()
     grids = {name: [[statistics.median(t) for t in row] for row in times[name]] for name in times}
     extra = [max(0.0, statistics.median(d)) for d in cold_minus_warm]
     return LatencyTable(list(lengths), list(sizes), grids["draft"], grids["target"], str(target.device), extra,
@@ -172,8 +171,7 @@ def measure_batch_cost(target: CachedLM, draft: CachedLM, sequences: Sequence[in
     limit = min(target.context_limit, draft.context_limit)
     lengths = sorted({min(int(x), (limit - max(sizes) - 1)) for x in lengths})
     vocab = min(target.vocab_size, draft.vocab_size)
-    g = torch.Generator().manual_seed(0)
-    rng = TorchRandom(0)
+    g, rng = torch.Generator().manual_seed(0), TorchRandom(0)
     contexts = [torch.randint(0, vocab, (length,), generator=g).tolist() for length in lengths]
     new = torch.randint(0, vocab, (max(sizes),), generator=g).tolist()
     # ratios[name][r][i][j]: one per repeat

@@ -25,6 +25,7 @@ from decode.models.draft_vocab import support_logits
 from decode.models.hooks import ForwardHook, UpProjectionBias
 from decode.models.loading import context_limit, default_dtype
 from decode.models.masks import additive_mask, attention_windows, block_patterns, layer_windows
+from decode.models.rows import kept_rows, select_rows
 from decode.models.slots import SlotForest, SlotLayout, block_parents
 
 __all__ = ["CachedLM", "run_nodes"]
@@ -397,14 +398,3 @@ def run_nodes(lm: CachedLM, nodes: Sequence[int], tokens: Sequence[int], parent_
     slots.update({v: base + i for i, v in enumerate(nodes)})
     return out
 
-
-def kept_rows(last: int | np.ndarray, device: torch.device) -> int | torch.Tensor:
-    """A forward's ``last`` as HF's ``logits_to_keep`` takes it: an int k (the last k rows) as it is, an index
-    array ``(k,)`` as a long tensor on ``device``."""
-    return last if isinstance(last, int) else torch.as_tensor(np.asarray(last), dtype=torch.long, device=device)
-
-
-def select_rows(x: torch.Tensor, last: int | np.ndarray) -> torch.Tensor:
-    """The rows ``last`` names of ``x`` ``(n, ...)``: the last k for an int k, else those of the index array."""
-    return x[-last:] if isinstance(last, int) else x[torch.as_tensor(np.asarray(last), dtype=torch.long,
-                                                                     device=x.device)]

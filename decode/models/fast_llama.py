@@ -32,9 +32,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from decode.models.cached_lm import CachedLM, ForwardOutput, select_rows
+from decode.models.cached_lm import CachedLM, ForwardOutput
 from decode.models.kernels import DEFAULT, kernel_path
 from decode.models.masks import additive_mask, attention_windows, block_patterns, causal_pattern, window_of
+from decode.models.rows import select_rows
 
 _INITIAL_SLOTS = 256
 # model types whose decoder layer the fast forward reproduces (see the module docstring)
