@@ -3,10 +3,9 @@ what a pass costs through a batch's shared cache.
 
 Passes are timed the way the decoding loop runs them (see :func:`measure_latency`): a pass includes turning its
 logits into distributions, and a draft pass the draws from them. c(l) is what the loop pays once per step on top:
-its first draft pass runs right after the target pass has pushed the small draft's weights out of the CPU caches.
-On the shipped pair, one thread: inside the loop a warm one-token draft pass took 0.35–0.43 ms and the cold first one
-0.85 ms; the table's c(l) measures 0.51–0.53 ms. Without c(l), T̂ left that much of every step out, and without the
-sampling work ~0.07 ms of each draft pass; both made the model favour other trees than the loop does.
+its first draft pass runs right after the target pass has pushed the small draft's weights out of the CPU caches,
+so it costs more than a warm one. Without c(l), T̂ left that much of every step out, and without the sampling work
+part of each draft pass; both made the model favour other trees than the loop does.
 
 The running machine's table and batch cost are measured once per machine and cached
 (:mod:`decode.models.machine_cache`): :func:`machine_table`, :func:`machine_batch_cost`; :func:`loop_table` measures
@@ -33,10 +32,10 @@ from decode.models.machine_cache import cached_measurement, machine_identity
 def every_size(max_size: int) -> list[int]:
     """Block sizes 1..max_size: the grid :func:`measure_latency` uses unless told otherwise.
 
-    A CPU pass is not linear in the block size. On the shipped pair at 300 tokens of context the target takes
-    13 ms for 1 token, 18 ms for 2, 20 ms for 3 and 19 ms for 4 (a one-row GEMV against small GEMMs whose kernels
-    favour multiples of 4). Interpolating between 1 and 4 made 2- and 3-token blocks look 3 ms cheaper than they
-    are, and a throughput rule then prefers them wrongly, so every size up to the largest tree is measured.
+    A CPU pass is not linear in the block size (a one-row GEMV against small GEMMs whose kernels favour multiples
+    of 4): a 4-token pass may cost less than a 3-token one. Interpolating between 1 and 4 made 2- and 3-token blocks
+    look cheaper than they are, and a throughput rule then prefers them wrongly, so every size up to the largest tree
+    is measured.
     """
     return list(range(1, max_size + 1))
 
@@ -66,8 +65,8 @@ def measure_latency(
     Repeats are the outer loop, then the lengths (each re-prefilled), then the sizes: a slow phase of the machine
     (another process, a frequency drop) then lands on one repeat of every length and size, which the median drops,
     instead of on every repeat of a few lengths, which bends the table. With the lengths as the outer loop, a phase of
-    a few seconds once read small passes at one length 15-50 % slow, enough to make K-wide trees look 5 % cheaper
-    against chains than the loop found them.
+    a few seconds once read small passes at one length much slower, enough to make K-wide trees look cheaper against
+    chains than the loop found them.
     """
     sizes = sorted(set(every_size(max_size) if sizes is None else (int(n) for n in sizes)))
     limit = min(target.context_limit, draft.context_limit)
@@ -232,9 +231,9 @@ def _timed_shared_pass(cache, seqs: Sequence[int], tokens: list[int], rng: Torch
 def machine_batch_cost(target: CachedLM, draft: CachedLM, fingerprint: str, cache: Path,
                        announce: Callable[[str], None] | None = None,
                        progress: bool = False) -> tuple[BatchCost, Path]:
-    """This pair's :class:`BatchCost` on the running machine: read from ``cache`` or measured once (3 minutes for the
-    Qwen pair's 1.5B target on one thread of the Zen 5, mostly filling 8 requests' caches), as :func:`machine_table`
-    does, in a file of its own beside the table's (a table cached before batch costs existed still serves)."""
+    """This pair's :class:`BatchCost` on the running machine: read from ``cache`` or measured once (minutes for a 1.5B
+    target on one thread, mostly filling 8 requests' caches), as :func:`machine_table` does, in a file of its own
+    beside the table's (a table cached before batch costs existed still serves)."""
     def measure() -> BatchCost:
         from tqdm import tqdm
 

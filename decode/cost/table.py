@@ -109,8 +109,8 @@ class LatencyTable:
     def step_ms_many(self, length: int, actions: Sequence[Action] | DraftPasses) -> np.ndarray:
         """``(A,)`` T̂ of every action at context length ``length``, in one vectorised pass.
 
-        A selector weighs all 324 actions at a root; a Python lookup per draft pass took ~3–5 ms for them, this
-        ~0.15 ms. A caller that asks often passes :func:`draft_passes` of its action list, built once.
+        A selector weighs all 324 actions at a root, where a Python lookup per draft pass costs milliseconds. A caller
+        that asks often passes :func:`draft_passes` of its action list, built once.
         """
         passes = actions if isinstance(actions, DraftPasses) else draft_passes(actions)
         draft = _interpolate_many(self.lengths, self.sizes, self.draft_ms, length + passes.offsets, passes.sizes)
@@ -265,7 +265,7 @@ def draft_passes(actions: Sequence[Action]) -> DraftPasses:
     node with a child, so 1 + L1 passes when L2 > 0 and max(1, L1) when L2 = 0. Then one K-token pass per branch
     level with children: L2 − 1 (the last level is leaves). Eq. 11 counts L1 one-token and L2 K-token passes: the same
     number for trees with branches, with a K-wide pass where the loop runs the trunk's tip alone; for a chain it
-    leaves out the root's pass. On the shipped pair a 2-token draft pass costs 1.5× a one-token one.
+    leaves out the root's pass, which a 2-token draft pass does not price as a one-token one.
     """
     offsets: list[int] = []
     sizes: list[int] = []

@@ -10,12 +10,10 @@ How a root stands for the stream depends on where the collector put it (``datase
   the loop crosses in about stride / Ê steps: TP = N / Σ_i T̂[i, chosen_i] / Ê[i, chosen_i], the inverse of the time
   per token averaged over positions.
 
-How far each reads the loop's tokens per step, on the bench's own 12 held-out prompts at the bench's context (12 and
-14 static rows at T = 0.6 and 1, 128 tokens, prompts that made at least 32 tokens pooled; AMD EPYC Zen 5,
-docs/selector.md): over step roots the plain mean of Ê reads the shipped pair 0.3 % low and the Qwen2.5-Coder pair
-3 % low, the harmonic form 9 % and 20 % low; over position roots the harmonic form reads them 5 % and 22 % low, the
-plain mean 4 % high and 4 % low. The loop starts its steps right after the tokens the target drew, where the next
-token is seldom hard, so a uniform sample of positions is not what it meets.
+Over step roots the plain mean of Ê tracks the loop's tokens per step closely; the harmonic form, and either form over
+position roots, read it lower (results/NOTEBOOK.md, "Where the offline estimator's roots stand"). The loop starts its
+steps right after the tokens the target drew, where the next token is seldom hard, so a uniform sample of positions is
+not what it meets.
 
 Either way TP is a ratio of sums of per-root terms (:func:`stream_terms`: tokens and ms). Over position roots the
 per-root argmax of Ê / T̂ is the stream optimum; over step roots the optimum maximises Σ Ê / Σ T̂, where a root may

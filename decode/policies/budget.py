@@ -14,9 +14,9 @@ the request's own best chain; in a batch it is the best static chain at the batc
 the same for the batch, so a larger batch wants shorter chains), following the batch's acceptance.
 
 Why one length, not one per request: a request's own longer chain adds draft levels that every request of the step
-waits for, and a closed batch lasts as long as its slowest request. Offline (bench/batch_admission.py, Qwen pair on
-the Zen 5, cross-fitted) chains chosen per request at the root read 0.95–0.98x the batch's best static tree at 2–8
-requests, one chain for all 1.00–1.03x; served, the per-request rule read 0.87–0.92x.
+waits for, and a closed batch lasts as long as its slowest request: offline, cross-fitted, chains chosen per request
+lost to the batch's best static tree where one chain for all matched it (bench/batch_admission.py,
+results/batch_admission_qwen_coder_traversal_zen5.json).
 
 **Exactness.** The lengths read only what is known before the step's drafting: each request's earlier outcomes, the
 context lengths, the caps and the table; never this step's draft draws nor the target's outputs. So each step's tree

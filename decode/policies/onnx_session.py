@@ -10,7 +10,7 @@ def policy_session(path: str | Path, what: str, error: type[ValueError] = ValueE
     """An onnxruntime session for a small per-step network: one thread, no memory arena, no pattern planner.
 
     The call runs right after the model passes have flushed the caches: threads only add wake-up latency, and the
-    arena and planner add memory to touch per call (a cold selector call: 110 µs against 128 µs with them on).
+    arena and planner add memory to touch per call.
     ``error`` (a ValueError subclass) names a missing or unreadable file as ``what`` ("selector", "expander").
     """
     import onnxruntime as ort

@@ -223,8 +223,8 @@ class SelectorPolicy(Policy):
             raise ValueError("the selector policy needs root features (the decoder computes them when asked)")
         value = self.scores(root.features)
         # Actions the graph masks score the floor of the output (0 for probabilities, -1e9 for Ê): a plain argmax,
-        # even after dividing by a positive T̂, never picks one, so no mask pass is needed (two numpy passes over
-        # the scores cost ~50 µs in the loop, where caches are cold).
+        # even after dividing by a positive T̂, never picks one, so no mask pass is needed (each numpy pass over the
+        # scores is paid in the loop, where caches are cold).
         if self.source.throughput:
             if root.latency is None:
                 raise ValueError("a 'throughput' selector needs the decoder's latency table")

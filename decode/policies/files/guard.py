@@ -1,13 +1,13 @@
 """The never-lose guard's machine half: what each static tree and each halting rule earns, free of any machine's
 times, so that the running machine's latency table picks the fallback.
 
-A selector, an expander or a policy file is fitted on one machine, but the best static tree depends on the machine:
-on a CPU where a target pass over 8 tokens costs 1.15× one pass, a 4-wide delayed tree wins; on one where it costs 5×,
-drafting nothing does. Ê[τ+1] of an action depends on the pair, the verifier, the sampling and the context, never
-on the machine; only T̂ does (algorithms.md §3.5). A policy file therefore carries, per sampling configuration, a
-:class:`StaticProfile` (mean Ê of every action over its fitting roots and those roots' context lengths) and, for
-a halting rule, a :class:`RuleProfile` (the rule's mean Ê and the trees it drafted there). Under the latency table
-of the machine it runs on, :meth:`StaticProfile.best` names that machine's best static tree and
+A selector, an expander or a policy file is fitted on one machine, but the best static tree depends on the machine: on a
+CPU where a target pass over 8 tokens costs little more than one pass, a wide delayed tree wins; on one where it costs
+several, drafting nothing does. Ê[τ+1] of an action depends on the pair, the verifier, the sampling and the context,
+never on the machine; only T̂ does (algorithms.md §3.5). A policy file therefore carries, per sampling configuration, a
+:class:`StaticProfile` (mean Ê of every action over its fitting roots and those roots' context lengths) and, for a
+halting rule, a :class:`RuleProfile` (the rule's mean Ê and the trees it drafted there). Under the latency table of the
+machine it runs on, :meth:`StaticProfile.best` names that machine's best static tree and
 :meth:`RuleProfile.tokens_per_ms` says whether the rule still beats it.
 
 Throughput of a static action a over the fitting roots: Ē_a / mean over the roots' lengths l of T̂(l, a), where Ē_a is

@@ -5,8 +5,8 @@ latency table.
 Ê[τ+1] of every tree, the draft's signals at every trunk node and the roots' context lengths depend on the pair, the
 verifier, the sampling and the text, never on the machine; the step times do. A rule fitted on one machine's times
 stops the trunk where that machine's next token stops paying: on a CPU whose wide target passes cost little more than
-one-token ones longer trunks pay, and a threshold fitted elsewhere halts too early (the shipped Qwen expanders lost
-8–14 % so on an AMD EPYC without AVX-512). :class:`FitSet` keeps the episodes a file was fitted on; :func:`refit`
+one-token ones longer trunks pay, and a threshold fitted elsewhere halts too early (results/NOTEBOOK.md has a CPU
+where the shipped Qwen expanders lost so). :class:`FitSet` keeps the episodes a file was fitted on; :func:`refit`
 prices them with the running machine's table and repeats the export's procedure there: every signal's best rule,
 cross-fitted by prompt against the best static tree, the best signal kept only where its cross-fitted gain clears
 ``min_gain``, then refitted on every episode. The verdict is held-out on this machine's times: the in-sample
