@@ -153,11 +153,11 @@ class BatchDecoder:
         """A new request whose policy reads root features needs the target's state at the token before its first
         root before it chooses, and a steered draft reads it at its root's pass: such a request's prompt before the
         root runs through the target now (one pass for every such request), and for a steered draft through the
-        draft too (its root's pass then steered, as at every later root). So does a request alone in the batch: no
-        one waits for its pass. Every other prompt runs beside the trees in the step's target pass."""
+        draft too (its root's pass then steered, as at every later root). Every other prompt runs beside the trees in
+        the step's target pass: a pass of its own would cost a whole pass's weight streaming (a lone request's time to
+        its first token), where the prompt's rows add little to a pass that streams the weights anyway."""
         steered = self.draft.lm.hook is not None  # a steered pair holds one request
-        alone = len(live) == 1  # nobody waits for a pass of its own, and its prompt runs causal, without a mask
-        fresh = {rid: r for rid, r in live.items() if (r.features or steered or alone) and len(r.target_pending) > 1}
+        fresh = {rid: r for rid, r in live.items() if (r.features or steered) and len(r.target_pending) > 1}
         if not fresh:
             return
         every_row = any(r.job.prompt_logprobs is not None for r in fresh.values())
