@@ -12,10 +12,7 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
-
-import torch
 
 from tests.ddte.serve_cases import (
     MODEL,
@@ -25,9 +22,9 @@ from tests.ddte.serve_cases import (
     _metric,
     _serving_url,
     client,
-    make_pairs,
     outcomes,
     post,
+    run_cases,
     running,
     served,
     two_token_law,
@@ -199,14 +196,7 @@ def case_cli(pairs: dict, folder: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    folder, names = Path(argv[0]), argv[1:]
-    torch.set_num_threads(1)
-    pairs = make_pairs(folder)
-    for name in names:
-        started = time.perf_counter()
-        globals()[f"case_{name}"](pairs, folder)
-        print(f"ok {name} ({time.perf_counter() - started:.0f} s)", flush=True)
-    return 0
+    return run_cases(globals(), argv)
 
 
 if __name__ == "__main__":

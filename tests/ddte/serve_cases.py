@@ -630,14 +630,21 @@ def _serving_url(proc: subprocess.Popen, seconds: float = 120) -> str:
     raise AssertionError(f"ddte serve exited before it served: {''.join(seen)[-2000:]}")
 
 
-def main(argv: list[str]) -> int:
+def run_cases(cases: dict, argv: list[str]) -> int:
+    """Run the cases ``argv[1:]`` (each ``cases["case_" + name]``) on the pairs made in folder ``argv[0]``; each prints
+    ``ok NAME (seconds)`` when it passes."""
     folder, names = Path(argv[0]), argv[1:]
     torch.set_num_threads(1)
     pairs = make_pairs(folder)
     for name in names:
-        globals()[f"case_{name}"](pairs, folder)
-        print(f"ok {name}", flush=True)
+        started = time.perf_counter()
+        cases[f"case_{name}"](pairs, folder)
+        print(f"ok {name} ({time.perf_counter() - started:.0f} s)", flush=True)
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return run_cases(globals(), argv)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ from tests.ddte.serve_cases import (
     _metric,
     _queue_depth,
     client,
-    make_pairs,
     post,
+    run_cases,
     running,
     served,
     wait_until,
@@ -339,14 +339,7 @@ def two_token_law(pair_yaml: Path, ids: list[int], sampling: SamplingConfig) -> 
 
 
 def main(argv: list[str]) -> int:
-    folder, names = Path(argv[0]), argv[1:]
-    torch.set_num_threads(1)
-    pairs = make_pairs(folder)
-    for name in names:
-        started = time.perf_counter()
-        globals()[f"case_{name}"](pairs, folder)
-        print(f"ok {name} ({time.perf_counter() - started:.0f} s)", flush=True)
-    return 0
+    return run_cases(globals(), argv)
 
 
 if __name__ == "__main__":
