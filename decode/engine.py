@@ -34,10 +34,9 @@ class SpeculativeDecoder:
 
     def __init__(self, target: CachedLM, draft: CachedLM, verifier: Verifier, eos_token_id: int | None = None,
                  allow_padded_vocab: bool = False, latency: LatencyTable | None = None) -> None:
-        self.vocab = check_same_vocab(target.config, draft.config, allow_padded_tail=allow_padded_vocab)
+        check_same_vocab(target.config, draft.config, allow_padded_tail=allow_padded_vocab)  # refused here, not later
         self.target, self.draft, self.verifier = target, draft, verifier
         self.eos_token_id, self.allow_padded_vocab, self.latency = eos_token_id, allow_padded_vocab, latency
-        self.context_limit = min(target.context_limit, draft.context_limit)
 
     def batch(self) -> BatchDecoder:
         """A fresh step over this decoder's models (it takes over their caches)."""
