@@ -147,7 +147,8 @@ class _Runner:
             new, seconds, first = run_hf(self.pair, ids, max_new, sampling, seed, self.assistant,
                                          self.method.on_stock_kernels)
             stats = GenerationStats(new_tokens=new, wall_seconds=seconds)
-            stats.seconds["prefill"] += first  # the prompt's pass and the first token: what TPOT leaves out
+            stats.seconds["prefill"] += first  # the prompt's pass and the first token
+            stats.first_token_seconds = first
             return stats
         return self.decoder.generate(ids, max_new, self.policy, TorchRandom(seed), sampling).stats
 
@@ -206,14 +207,11 @@ def _hf_runner(method: Method, pair: LoadedPair, baseline: BaselineDraft | None)
     return _Runner(method, pair, assistant=draft, notes={"draft_dtype": dtype_name(model_dtype(draft))})
 
 
-def decode_time(method: Method, stats: GenerationStats) -> dict[str, float]:
-    """The decode phase of one generation, prefill excluded: its seconds and the tokens it produced.
-
-    HF rows (``ar``, ``hf-assisted``) leave out the time to the first new token and that token, as vLLM's TPOT
-    does; ddte rows leave out the prompt's passes, after which every token comes out of a decoding step.
-    """
-    tokens = stats.new_tokens - 1 if method.is_hf else stats.new_tokens
-    return {"decode_seconds": stats.wall_seconds - stats.seconds["prefill"], "decode_tokens": max(tokens, 0)}
+def decode_time(stats: GenerationStats) -> dict[str, float]:
+    """The decode phase of one generation: its seconds and tokens after the first one, as vLLM's TPOT counts them,
+    for every row alike (ddte's prompt runs inside its first step, an HF row's in its first forward)."""
+    return {"decode_seconds": stats.wall_seconds - stats.first_token_seconds,
+            "decode_tokens": max(stats.new_tokens - 1, 0)}
 
 
 def bench_methods(runners: list[_Runner], prompts, settings: BenchSettings, sampling) -> list[MethodResult]:
@@ -237,7 +235,7 @@ def bench_methods(runners: list[_Runner], prompts, settings: BenchSettings, samp
             result.stats.merge(stats)
             result.per_prompt.append({"prompt": i, "repeat": r, "new_tokens": stats.new_tokens,
                                       "target_passes": stats.steps, "wall_seconds": stats.wall_seconds,
-                                      "tokens_per_s": stats.tokens_per_second, **decode_time(runner.method, stats)})
+                                      "tokens_per_s": stats.tokens_per_second, **decode_time(stats)})
     for result in results:
         calls = result.stats.network_seconds
         result.selector_call_us = 1e6 * statistics.median(calls) if calls else None

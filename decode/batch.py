@@ -334,6 +334,8 @@ class BatchDecoder:
         kept, hit_eos = cut_at_eos(list(result.emitted), r.budget, eos)
         r.tokens.extend(kept)
         action = _drafted_action(action, drafted) if r.policy.decides_per_node else action
+        if r.stats.steps == 0:  # its first tokens: a TPOT leaves this step out, as it leaves out a prompt
+            r.stats.first_token_seconds = time.perf_counter() - r.started
         r.stats.record_step(str(action), drafted.tree.max_depth, result.accepted, len(kept))
         r.policy.observe(StepOutcome(action, result.accepted, len(result.emitted), context_length, seconds))
         report = StepReport(kept, prompt_logprobs=r.prompt_logprobs)

@@ -26,6 +26,7 @@ class GenerationStats:
     depth_counts: Counter = field(default_factory=Counter)  # steps by drafted depth (per-position acceptance)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     wall_seconds: float = 0.0
+    first_token_seconds: float = 0.0  # from the request's start to its first tokens (the prompt runs in that step)
     network_seconds: list[float] = field(default_factory=list)  # each network call or per-node decision
 
     def record_step(self, action: str, depth: int, accepted: int, emitted: int) -> None:
@@ -62,6 +63,7 @@ class GenerationStats:
         for phase in PHASES:
             self.seconds[phase] += other.seconds[phase]
         self.wall_seconds += other.wall_seconds
+        self.first_token_seconds += other.first_token_seconds
         self.network_seconds.extend(other.network_seconds)
 
     def summary(self) -> str:

@@ -19,17 +19,17 @@ Methods:
   ...+draft=FOLDER        any ddte method above with another draft for the same target (a steered draft and its
                           parent in one interleaved run: traversal@2,0,1 traversal@2,0,1+draft=runs/distill/steered)
 
-Static shapes that draft the same tree ((1,a,b), (K,a+b,0), ...) are benched once, under their canonical name.
-The methods run interleaved, prompt by prompt in a rotating order, so the CPU's drift over minutes reaches every
-method alike; each first runs one warm-up prompt. Tokens/s is total new tokens over total wall time, prefill
-included; ± is the standard deviation over prompts; TPOT is the decode time per token, prefill excluded (HF rows
-also leave out the first token, as vLLM's TPOT does). Prompts default to the pair's held-out prompts (never seen in
+Static shapes that draft the same tree ((1,a,b), (K,a+b,0), ...) are benched once, under their canonical name. The
+methods run interleaved, prompt by prompt in a rotating order, so the CPU's drift over minutes reaches every method
+alike; each first runs one warm-up prompt. Tokens/s is total new tokens over total wall time, prefill included; ± is
+the standard deviation over prompts; TPOT is the time per token after the first one (every row leaves out the time to
+the first token and that token, as vLLM's TPOT does). Prompts default to the pair's held-out prompts (never seen in
 training): stdlib modules for the shipped pair, chat prompts rendered with the chat template for smollm2. Several
---temperature values give one block of rows per temperature. Selector rows also report the median network call
-(µs) and the share of wall time spent in the policy (features + call + decision); expander rows the median per-node
+--temperature values give one block of rows per temperature. Selector rows also report the median network call (µs)
+and the share of wall time spent in the policy (features + call + decision); expander rows the median per-node
 decision (µs: signal, head call, rule) and the same share. Every policy row (selector, expander, policy file,
-adaptive, entropy) is then compared with its verifier's best static row in this run, with a paired
-bootstrap interval that chooses that row again in every resample (bench/compare.py).
+adaptive, entropy) is then compared with its verifier's best static row in this run, with a paired bootstrap interval
+that chooses that row again in every resample (bench/compare.py).
 
 Example:
   ddte bench --num-prompts 20 --max-new-tokens 128 --methods ar hf-assisted traversal@2,2,4 --output bench.json

@@ -130,3 +130,16 @@ def test_what_a_batch_refuses_leaves_it_as_it_was():
     target.prefill([1, 2])  # another decoder on the same model empties the batch's cache: refused, not misread
     with pytest.raises(ValueError, match="outside the batch"):
         decoder.join(job([2, 0, 1], 6, seed=3))
+
+
+def test_a_generations_time_to_its_first_tokens_is_its_first_step_and_tpot_leaves_it_out():
+    """The step records when a request's first tokens came (its prompt ran in that step); a bench's TPOT counts the
+    time and tokens after them, for a ddte row as for an HF one."""
+    from bench.decoding import decode_time
+
+    target, draft = pair()
+    stats = SpeculativeDecoder(target, draft, get_verifier("traversal")).generate(
+        [2, 0, 1], 9, StaticPolicy(Action(1, 1, 0)), TorchRandom(0), SamplingConfig(1.0)).stats
+    assert stats.steps > 1 and 0 < stats.first_token_seconds < stats.wall_seconds
+    assert decode_time(stats) == {"decode_seconds": stats.wall_seconds - stats.first_token_seconds,
+                                  "decode_tokens": stats.new_tokens - 1}
