@@ -23,9 +23,10 @@ with its own p and exactly the q each draft token was drawn from; (7) commit, an
 tokens cut at EOS or its budget, its policy told the outcome). Requests join and leave between steps.
 
 **Layout.** Each model's cache holds every request as a sequence of its own (:mod:`decode.models.shared_cache`):
-one KV store, disjoint trees, a block-diagonal mask, positions per sequence. A request's logits are those of its own
-context alone, up to float rounding (its rows run inside another block shape), so a seeded request gives the same
-tokens alone and in a batch except where a draw falls within rounding of a boundary; its law is the same either way
+one KV store, disjoint trees, a block-diagonal mask, positions per sequence. Each request attends over its own
+slots (decode/models/attention.py, per sequence) and a linear layer's rows are their own from two rows on, so a
+request's logits are the same bits alone and in a batch and a seeded request gives the same tokens (a one-row pass,
+a lone request with an empty tree, runs one-row kernels: last-bit differences there); its law is the same either way
 (tests/decode/exact/test_batch.py, by exact enumeration, with negative controls). A model with a forward hook (a
 steered pair) holds one request at a time.
 

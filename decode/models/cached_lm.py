@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from decode.models.attention import ATTENTION
+from decode.models.attention import ATTENTION, GROUPS, sequence_attention
 from decode.models.draft_vocab import support_logits
 from decode.models.hooks import ForwardHook, UpProjectionBias
 from decode.models.loading import context_limit, default_dtype
-from decode.models.masks import additive_mask, attention_windows, block_patterns, layer_windows
+from decode.models.masks import SequenceColumns, additive_mask, attention_windows, block_patterns, layer_windows
 from decode.models.rows import kept_rows, select_rows
 from decode.models.slots import SlotForest, SlotLayout, block_parents
 
@@ -93,6 +93,8 @@ class CachedLM:
         self.vocab_size: int = int(model.config.get_text_config().vocab_size)
         self.type_windows = attention_windows(self.config)
         self.layer_windows = layer_windows(self.config)
+        # attention per sequence of a shared cache: through decode.models.attention, where no window cuts
+        self.per_sequence = model.config._attn_implementation == ATTENTION and set(self.layer_windows) == {None}
         self.reset()
 
     def use_kernel(self, name: str) -> int:
@@ -151,9 +153,8 @@ class CachedLM:
         return context_limit(self.config)
 
     # --- forward passes -------------------------------------------------------------------------------
-    def prefill(
-        self, ids: Sequence[int], output_hidden: bool = False, last: int | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def prefill(self, ids: Sequence[int], output_hidden: bool = False,
+                last: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Reset the cache, run ``ids`` and commit them.
 
         ``last``: the rows to return, the last ones only (None: all). The output head then runs over those rows
@@ -174,9 +175,8 @@ class CachedLM:
         self.forest.append_committed(len(ids))
         return out
 
-    def extend(
-        self, ids: Sequence[int], commit: bool = False, output_hidden: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def extend(self, ids: Sequence[int], commit: bool = False,
+               output_hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Append a linear run of tokens, ``ids[0]`` a child of the last cached slot ``length - 1``.
 
         Args:
@@ -188,14 +188,11 @@ class CachedLM:
         Returns:
             logits ``(n, V)`` float32, or ``(logits, hidden (n, hidden_size))`` when ``output_hidden``.
         """
-        n = len(ids)
-        if n == 0:
+        if (n := len(ids)) == 0:
             raise ValueError("extend needs at least one token")
+        if commit and self.num_speculative:
+            raise ValueError(f"extend(commit=True) with {self.num_speculative} speculative slots cached; commit first")
         if commit:
-            if self.num_speculative:
-                raise ValueError(
-                    f"extend(commit=True) with {self.num_speculative} speculative slots cached; commit or crop first"
-                )
             out = self._run(ids, None, None, output_hidden, root=self.length + n - 1)  # rooted at the last token
             self.forest.append_committed(n)
             return out
@@ -273,12 +270,13 @@ class CachedLM:
 
     def _forward(self, ids: Sequence[int], allowed: np.ndarray | None, pos: np.ndarray, output_hidden: bool,
                  up_bias: torch.Tensor | None, tap_layers: tuple[int, ...],
-                 last: int | np.ndarray | None = None) -> ForwardOutput:
+                 last: int | np.ndarray | None = None, groups: list[SequenceColumns] | None = None) -> ForwardOutput:
         """Run ``ids`` after the cache. ``allowed (n, length + n)`` bool: which cached/new columns each new token
         sees (None = causal); ``pos (n,)``: position ids; ``up_bias (L, d_ff)``: added to each layer's MLP up
         projection (None: nothing); ``tap_layers``: hidden-state indices to return; ``last``: logits (through HF's
         ``logits_to_keep``) and the final hidden state of those rows only: an int k, the last k; an index array
-        ``(k,)``, those rows in its order (:func:`kept_rows`)."""
+        ``(k,)``, those rows in its order (:func:`kept_rows`); ``groups``: each sequence's columns of a shared cache,
+        attended per sequence where the model runs :mod:`decode.models.attention` and no window cuts."""
         with torch.inference_mode():
             input_ids = torch.as_tensor(ids, dtype=torch.long).view(1, -1).to(self.device)
             kwargs: dict[str, Any] = {}
@@ -290,6 +288,8 @@ class CachedLM:
                 else:  # a hybrid model: its forward picks each layer's mask by the layer's type
                     kwargs["attention_mask"] = {t: masks[w if w in masks else None]
                                                 for t, w in self.type_windows.items()}
+            if groups is not None and self.per_sequence:
+                kwargs[GROUPS] = sequence_attention(groups, self.dtype, self.device)
             kwargs["position_ids"] = torch.from_numpy(pos).view(1, -1).to(self.device)
             if last is not None:
                 kwargs["logits_to_keep"] = kept_rows(last, self.device)

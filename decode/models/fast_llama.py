@@ -32,9 +32,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from decode.models.attention import SequenceAttention, per_sequence, sequence_attention
 from decode.models.cached_lm import CachedLM, ForwardOutput
 from decode.models.kernels import DEFAULT, kernel_path
-from decode.models.masks import additive_mask, attention_windows, block_patterns, causal_pattern, window_of
+from decode.models.masks import (
+    SequenceColumns,
+    additive_mask,
+    attention_windows,
+    block_patterns,
+    causal_pattern,
+    window_of,
+)
 from decode.models.rows import select_rows
 
 _INITIAL_SLOTS = 256
@@ -76,6 +84,7 @@ class FastCachedLM(CachedLM):
         if reason is not None:
             raise ValueError(f"the fast forward does not support this model: {reason}")
         super().__init__(model, device, dtype)
+        self.per_sequence = set(self.layer_windows) == {None}  # its own attention, per sequence where no window cuts
         self._load_weights()
         self.use_kernel(kernel)
 
@@ -175,16 +184,20 @@ class FastCachedLM(CachedLM):
     # --- the forward ----------------------------------------------------------------------------------
     def _forward(self, ids, allowed: np.ndarray | None, pos: np.ndarray, output_hidden: bool,
                  up_bias: torch.Tensor | None, tap_layers: tuple[int, ...],
-                 last: int | np.ndarray | None = None) -> ForwardOutput:
+                 last: int | np.ndarray | None = None, groups: list[SequenceColumns] | None = None) -> ForwardOutput:
         """Logits ``(n, V)`` (and final normed hidden states ``(n, H)``, the tapped layers' inputs) of ``ids`` after
-        the cached slots, as :meth:`CachedLM._forward` (``last``: the rows to keep)."""
+        the cached slots, as :meth:`CachedLM._forward` (``last``: the rows to keep; ``groups``: each sequence's
+        columns, attention per sequence)."""
         n, start = len(ids), self.length
         self._reserve(start + n)
         with torch.inference_mode():
             index = torch.as_tensor(ids, dtype=torch.long, device=self.device)
             positions = torch.from_numpy(pos).to(self.device)
             cos, sin = self.cos[positions].unsqueeze(0), self.sin[positions].unsqueeze(0)  # (1, n, d)
-            masks = self._masks(allowed, pos, n, start)
+            sequences = None
+            if groups is not None and self.per_sequence:
+                sequences = sequence_attention(groups, self.dtype, self.device)
+            masks = None if sequences is not None else self._masks(allowed, pos, n, start)
             x = self.embed[index]  # (n, H)
             inputs = []  # each layer's input (HF's hidden_states[i]), kept only when taps read them
             for i, w in enumerate(self.layers):
@@ -192,7 +205,7 @@ class FastCachedLM(CachedLM):
                     inputs.append(x)
                 mask = None if masks is None else window_of(self.layer_windows, i, masks)
                 x = x + self._attention(i, F.rms_norm(x, x.shape[-1:], w["ln1"], self.eps), w, cos, sin, mask,
-                                        start, n)
+                                        start, n, sequences)
                 h = F.rms_norm(x, x.shape[-1:], w["ln2"], self.eps)
                 gate, up = w["kwgu"](h).chunk(2, dim=-1)
                 if up_bias is not None:  # SD²: the step's bias on the up projection, every token alike
@@ -219,8 +232,10 @@ class FastCachedLM(CachedLM):
             patterns = {None: causal_pattern(n, start)}
         return {w: additive_mask(p, self.dtype, self.device).unsqueeze(0) for w, p in patterns.items()}
 
-    def _attention(self, i: int, h: torch.Tensor, w: dict, cos, sin, mask, start: int, n: int) -> torch.Tensor:
-        """Self-attention of layer i for the block's n tokens over the cached slots and themselves."""
+    def _attention(self, i: int, h: torch.Tensor, w: dict, cos, sin, mask, start: int, n: int,
+                   sequences: list[SequenceAttention] | None) -> torch.Tensor:
+        """Self-attention of layer i for the block's n tokens over the cached slots and themselves (each sequence
+        over its own, given ``sequences``)."""
         d = self.head_dim
         qkv = w["kwqkv"](h)  # (n, (heads + 2 kv_heads) · d)
         q = qkv[:, : self._q_width].view(n, self.n_heads, d)
@@ -233,20 +248,31 @@ class FastCachedLM(CachedLM):
         self._keys[i, :, start : start + n] = k
         self._values[i, :, start : start + n] = v
         keys, values = self._keys[i, :, : start + n], self._values[i, :, : start + n]  # (kv_heads, start + n, d)
+        if sequences is not None:
+            out = per_sequence(self._attend, q, keys, values, sequences)
+        else:
+            out = self._attend(q, keys, values, mask)
+        return w["kwo"](out.transpose(0, 1).reshape(n, self._q_width))
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """``q (heads, n, d)`` over ``keys``/``values (kv_heads, m, d)`` with an additive ``mask (n, m)`` or
+        ``(1, n, m)`` (None: no mask for one row, causal for several); ``(heads, n, d)``."""
+        n = q.shape[1]
+        if mask is not None and mask.dim() == 2:
+            mask = mask[None]
         if n > 1:
             # Batched 4-D inputs reach torch's flash attention for CPU, which pairs each kv head with its heads /
             # kv_heads queries itself (enable_gqa). The 3-D call below falls back to the math kernel, after a copy of
-            # the whole cache per layer, which a batch's cache, holding every request's slots, would pay in every
-            # draft pass from 2 query rows on. One query row stays below: flash runs it slower than the math kernel.
-            out = F.scaled_dot_product_attention(q[None], keys[None], values[None],
-                                                 attn_mask=None if mask is None else mask[None],
-                                                 is_causal=mask is None, enable_gqa=self.n_kv != self.n_heads)[0]
-        else:
-            if self.n_kv != self.n_heads:  # grouped-query attention: each kv head serves heads / kv_heads queries
-                keys = keys.repeat_interleave(self.n_heads // self.n_kv, dim=0)
-                values = values.repeat_interleave(self.n_heads // self.n_kv, dim=0)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        return w["kwo"](out.transpose(0, 1).reshape(n, self._q_width))
+            # the keys per head. One query row stays below: flash runs it slower than the math kernel.
+            return F.scaled_dot_product_attention(q[None], keys[None], values[None],
+                                                  attn_mask=None if mask is None else mask[None],
+                                                  is_causal=mask is None, enable_gqa=self.n_kv != self.n_heads)[0]
+        # one row: each kv head's query heads become its rows (query head j reads kv head j // group, as HF's
+        # repeat_kv pairs them), one math-kernel call with no copy of the keys (4x faster than repeating them)
+        group = self.n_heads // self.n_kv
+        out = F.scaled_dot_product_attention(q.view(self.n_kv, group, -1), keys, values, attn_mask=mask)
+        return out.view(self.n_heads, 1, -1)
 
 
 def _fused_bias(*linears: torch.nn.Linear) -> torch.Tensor | None:

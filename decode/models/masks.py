@@ -15,13 +15,16 @@ HF's ``DynamicSlidingWindowLayer``, which drops old entries and could not be rol
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from transformers import PretrainedConfig
 
 from decode.models.slots import SlotLayout
 
-__all__ = ["additive_mask", "attention_windows", "block_patterns", "causal_pattern", "layer_windows", "window_of"]
+__all__ = ["SequenceColumns", "additive_mask", "attention_windows", "block_patterns", "causal_pattern", "group_mask",
+           "layer_windows", "sequence_columns", "window_of"]
 
 # the layer types of config.layer_types these masks express; any other (chunked, linear or recurrent attention,
 # layers sharing another's cache) needs a mask or a cache this package does not build
@@ -115,3 +118,60 @@ def window_of(windows: list[int | None], layer: int, masks: dict[int | None, tor
     """Layer ``layer``'s entry of a dict keyed like :func:`block_patterns`' (its window, else None)."""
     window = windows[layer]
     return masks[window if window in masks else None]
+
+
+@dataclass(frozen=True)
+class SequenceColumns:
+    """One sequence's part of a pass over a shared cache (decode/models/shared_cache.py): its new tokens' ``rows``
+    (a block's rows are contiguous), the key ``columns (m,)`` it may see, its own cached slots in cache order then
+    its new tokens (None: every column, the cache holding this sequence alone), and its ``pattern (n, m)`` bool over
+    them (None: a plain causal run after its ``start = m - n`` cached slots).
+
+    Attention computed per sequence over these columns sees exactly what the same sequence alone in a cache sees, in
+    the same order and through the same kernel call, so a request's rows are the same bits whoever shares the pass.
+    """
+
+    rows: slice
+    columns: np.ndarray | None
+    pattern: np.ndarray | None
+    start: int
+
+
+def sequence_columns(row_owners: np.ndarray, slot_owners: np.ndarray,
+                     allowed: np.ndarray | None) -> list[SequenceColumns]:
+    """Each sequence's columns of a pass: ``row_owners (n,)`` the sequence of each new token (each sequence's rows
+    contiguous), ``slot_owners (length,)`` of each cached slot (-1 dead), ``allowed (n, length + n)`` as
+    :func:`block_patterns` takes it (None: one sequence's linear run).
+
+    Raises:
+        ValueError: a sequence's rows are not contiguous, or a row sees a column of another sequence.
+    """
+    n, length = len(row_owners), len(slot_owners)
+    cuts = np.flatnonzero(np.diff(row_owners)) + 1
+    bounds = list(zip([0, *cuts.tolist()], [*cuts.tolist(), n], strict=True))
+    if len({int(row_owners[a]) for a, _ in bounds}) != len(bounds):
+        raise ValueError("a sequence's new tokens must be one contiguous block")
+    groups = []
+    for a, b in bounds:
+        cached = np.flatnonzero(slot_owners == row_owners[a])
+        alone = len(cached) == length and b - a == n
+        columns = None if alone else np.concatenate([cached, length + np.arange(a, b)])
+        pattern = None
+        if allowed is not None:
+            pattern = allowed[a:b] if columns is None else allowed[a:b][:, columns]
+            if int(pattern.sum()) != int(allowed[a:b].sum()):
+                raise ValueError(f"rows {a}..{b - 1} see slots of another sequence")
+            if np.array_equal(pattern, causal_pattern(b - a, len(cached))):
+                pattern = None
+        groups.append(SequenceColumns(slice(a, b), columns, pattern, len(cached)))
+    return groups
+
+
+def group_mask(group: SequenceColumns, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """The additive ``(n, m)`` mask a sequence's attention runs with; None for one row that sees all its columns or
+    a causal run from an empty cache (sdpa's own ``is_causal``). A function of the sequence's own columns only."""
+    rows = group.rows.stop - group.rows.start
+    if group.pattern is None and (rows == 1 or group.start == 0):
+        return None
+    pattern = causal_pattern(rows, group.start) if group.pattern is None else group.pattern
+    return additive_mask(pattern, dtype, device)

@@ -8,9 +8,10 @@ runs are appended only when no speculative slot is cached, and a commit moves th
 settled region, as :meth:`~decode.models.cached_lm.CachedLM.commit` does for one sequence.
 
 A new token attends to its own sequence's settled slots and to its speculative ancestors, nothing else: the mask is
-block-diagonal by sequence, so each sequence's logits are those of its own context alone (up to float rounding: the
-products run at another block shape). Positions are the sequence's own, so the rotary embedding never sees where
-in the shared cache a slot sits.
+block-diagonal by sequence, and each sequence's attention runs over its own slots alone
+(:func:`~decode.models.masks.sequence_columns`, decode/models/attention.py), so its logits are the bits its own context
+gives alone (linear layers' rows being their own from two rows on). Positions are the sequence's own, so the rotary
+embedding never sees where in the shared cache a slot sits.
 
 The model's own key/value store and forward run unchanged: :class:`SharedCache` installs its :class:`SharedSlots` as
 the model's ``slots`` (which the forwards read for the cache length and, under sliding windows, the slots' positions)
@@ -30,6 +31,7 @@ import torch
 from decode.models.cached_lm import CachedLM
 from decode.models.draft_vocab import support_logits
 from decode.models.hooks import ForwardHook
+from decode.models.masks import sequence_columns
 
 __all__ = ["Block", "BlockOutput", "SharedCache", "SharedSlots"]
 
@@ -209,6 +211,7 @@ class SharedCache:
     """
 
     layout = SharedSlots  # the slot bookkeeping (a test's negative control swaps in a leaking one)
+    columns = staticmethod(sequence_columns)  # each sequence's columns of a pass (likewise)
 
     def __init__(self, lm: CachedLM) -> None:
         lm.reset()
@@ -264,8 +267,9 @@ class SharedCache:
         hook = self.lm.hook
         bias = None if hook is None else self._hook_bias(hook, blocks[0], base, settle)
         with support_logits(self.lm.model) if on_support else nullcontext():
+            groups = self.columns(np.asarray(owners), self.slots.owner, allowed)
             out = self.lm._forward(tokens, allowed, pos, output_hidden, bias, () if hook is None else hook.tap_layers,
-                                   rows)
+                                   rows, groups)
         if hook is not None and out.tapped is not None:
             hook.tapped(out.tapped)
         self.slots.append(owners, pos, par, settled=settle)

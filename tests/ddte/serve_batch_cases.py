@@ -71,8 +71,8 @@ def ask_all(base: str, bodies: list[dict], clients: int) -> list[tuple[int, dict
 
 def case_same_tokens(pairs: dict, folder: Path) -> None:
     """A seeded request gives the same tokens through --max-batch 4 beside three others as alone through --max-batch
-    1 (on this float32 tiny pair no draw falls within rounding of a boundary; decode/batch.py says why that is not a
-    law in general), greedy and sampled, streamed or not, with top-p; the openai client streams from a batch."""
+    1 (its rows are the same bits: decode/batch.py), greedy and sampled, streamed or not, with top-p; the openai
+    client streams from a batch."""
     bodies = [{"model": MODEL, "prompt": PROMPT + "x" * (seed % 3), "max_tokens": 20, "seed": seed,
                "temperature": (0.0, 0.7, 1.0, 1.3)[seed % 4], "top_p": 0.9 if seed % 5 == 0 else 1.0}
               for seed in range(12)]

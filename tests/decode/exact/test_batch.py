@@ -9,14 +9,16 @@ joint law must be the product of their target laws (each exact, and independent 
 
 Negative controls the same harness must catch: a request's tree verified with another request's q (of a tree of the
 same shape), and a mask that lets a request attend to the other requests' prefixes. A seeded request gives the same
-tokens alone (the single loop, or a batch of one) and in a batch: its floats differ by rounding only (its rows are
-computed inside other block shapes), so its draws agree unless one falls within ~1e-7 of a boundary.
+tokens alone (the single loop, or a batch of one) and in a batch: its rows are the same bits
+(tests/decode/models/test_batch_invariance.py).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from decode.batch import BatchDecoder, Job
@@ -24,6 +26,7 @@ from decode.drafting.actions import Action
 from decode.drafting.rng import TorchRandom
 from decode.drafting.sampling import SamplingConfig
 from decode.engine import SpeculativeDecoder
+from decode.models.masks import SequenceColumns, sequence_columns
 from decode.models.shared_cache import SharedCache, SharedSlots
 from decode.policies.base import EntropyStopPolicy, Policy, StaticPolicy
 from decode.verifiers import get_verifier, verifier_names
@@ -181,8 +184,23 @@ class LeakySlots(SharedSlots):
         return super()._own_settled(seq) | ((self.owner >= 0) & self.settled)
 
 
+def leaky_columns(row_owners, slot_owners, allowed):
+    """Wrong: each sequence's attention also gathers every other sequence's cached slots (LeakySlots' mask lets it
+    see their settled ones)."""
+    if allowed is None:  # a lone sequence's linear run: nothing to leak
+        return sequence_columns(row_owners, slot_owners, allowed)
+    live = np.flatnonzero(slot_owners >= 0)
+    cuts = [0, *(np.flatnonzero(np.diff(row_owners)) + 1).tolist(), len(row_owners)]
+    groups = []
+    for a, b in itertools.pairwise(cuts):
+        columns = np.concatenate([live, len(slot_owners) + np.arange(a, b)])
+        groups.append(SequenceColumns(slice(a, b), columns, allowed[a:b][:, columns], len(live)))
+    return groups
+
+
 class LeakyCache(SharedCache):
     layout = LeakySlots
+    columns = staticmethod(leaky_columns)
 
 
 class Leaky(BatchDecoder):
