@@ -43,6 +43,8 @@ class BenchSettings:
     repeats: int = 1
     seed: int = 0
     top_p: float = 1.0
+    seconds: float | None = None  # a temperature block's time budget: it stops at the last prompt that fits
+    min_prompts: int = 2  # a time budget never stops a block before this many timed prompts (a paired interval)
 
     def sampling(self, temperature: float) -> SamplingConfig:
         """The sampling settings of one temperature's block (top-p is the run's)."""
@@ -221,13 +223,24 @@ def bench_methods(runners: list[_Runner], prompts, settings: BenchSettings, samp
     another's would fold that drift into the comparison; interleaving spreads it over all methods alike, and the
     order of the methods rotates from one prompt to the next so no method always runs right after the same one.
     A first round runs the first prompt as a warm-up (first-call costs, the latency table), not counted.
+
+    ``settings.seconds``: the block ends after the last round whose end, at the mean pace of the timed rounds so
+    far, fits in that budget (never before ``settings.min_prompts`` timed rounds); the progress bar's total and ETA
+    follow that estimate. Every method runs the same rounds, so the rows stay paired.
     """
     results = [MethodResult(runner.method, GenerationStats(), sampling.temperature, notes=runner.notes)
                for runner in runners]
     pairs = list(zip(runners, results, strict=True))
     timed = enumerate(itertools.product(range(len(prompts)), range(settings.repeats)))  # prompt, then repeat
     rounds = [(0, 0, 0, False)] + [(i, r, n % len(pairs), True) for n, (i, r) in timed]  # warm-up, then timed
-    for i, r, shift, counted in tqdm(rounds, desc=f"T={sampling.temperature}", unit="prompt", leave=False):
+    bar = tqdm(total=len(rounds), desc=f"T={sampling.temperature}", unit="prompt", leave=False)
+    started = timed_from = time.perf_counter()
+    done = 0
+    for i, r, shift, counted in rounds:
+        if counted and settings.seconds is not None and done >= settings.min_prompts:
+            pace = (time.perf_counter() - timed_from) / done
+            if time.perf_counter() - started + pace > settings.seconds:
+                break
         for runner, result in pairs[shift:] + pairs[:shift]:
             stats = runner.one(prompts[i], settings.seed + 1000 * r + i, sampling, settings.max_new_tokens)
             if not counted:
@@ -236,6 +249,15 @@ def bench_methods(runners: list[_Runner], prompts, settings: BenchSettings, samp
             result.per_prompt.append({"prompt": i, "repeat": r, "new_tokens": stats.new_tokens,
                                       "target_passes": stats.steps, "wall_seconds": stats.wall_seconds,
                                       "tokens_per_s": stats.tokens_per_second, **decode_time(stats)})
+        done += counted
+        if not counted:
+            timed_from = time.perf_counter()
+        elif settings.seconds is not None:  # the rounds that fit at this pace, for the bar's total and ETA
+            pace = (time.perf_counter() - timed_from) / done
+            fits = done + int(max(settings.seconds - (time.perf_counter() - started), 0.0) // pace)
+            bar.total = 1 + min(len(rounds) - 1, max(fits, settings.min_prompts))
+        bar.update()
+    bar.close()
     for result in results:
         calls = result.stats.network_seconds
         result.selector_call_us = 1e6 * statistics.median(calls) if calls else None

@@ -86,7 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "chat:heldout-unlike or hf:NAME, as in `ddte collect` (default: the pair's held-out "
                              "prompts: builtin:heldout for the shipped pair, chat:heldout for smollm2)")
     parser.add_argument("--field", default=None, help="text field of a --prompts file or hf: set (default: prompt)")
-    parser.add_argument("--num-prompts", type=int, default=10, help="prompts to run")
+    parser.add_argument("--num-prompts", type=int, default=10, help="prompts to run (with --minutes: at most)")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="time budget of the whole bench, split evenly over its temperatures: each block runs "
+                             "the prompts that fit at its measured pace (at least 2), every method on the same ones")
     parser.add_argument("--skip-prompts", type=int, default=0, metavar="N",
                         help="start after the first N prompts (e.g. those a `ddte pipeline` bench chose on)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per prompt (different seeds)")
@@ -108,6 +111,8 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
 
     if args.num_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
         raise UserError("--num-prompts, --repeats and --max-new-tokens must be >= 1")
+    if args.minutes is not None and not 0 < args.minutes < float("inf"):
+        raise UserError(f"--minutes must be a positive number of minutes, got {args.minutes}")
     if args.repeats > MAX_REPEATS or args.num_prompts + args.skip_prompts > MAX_PROMPTS:
         raise UserError(f"--repeats must be at most {MAX_REPEATS} and --num-prompts + --skip-prompts at most "
                         f"{MAX_PROMPTS} (every run is kept in memory)")
@@ -177,9 +182,11 @@ def run(args: argparse.Namespace) -> int:
     prompts, categories = _prompts(args, pair)
     session = _session(args, pair, methods, files)
     with user_errors():
-        settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p)
+        seconds = None if args.minutes is None else 60.0 * args.minutes / len(args.temperature)
+        settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p, seconds)
         rows = run_bench(methods, session, prompts, settings, args.temperature)
-    title, by_category, comparisons = _report(args, pair, rows, len(prompts), categories)
+    timed = len({p["prompt"] for row in rows for p in row.get("per_prompt", [])}) or len(prompts)  # --minutes
+    title, by_category, comparisons = _report(args, pair, rows, timed, categories)
     if output is not None:
         _write(output, args, methods, pair, session.latency_line, rows, by_category, comparisons)
         plot_path = plot_path or output.with_suffix(".png")

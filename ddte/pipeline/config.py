@@ -30,7 +30,8 @@ class TrainStage:
 
 @dataclass
 class BenchStage:
-    num_prompts: int = 16
+    num_prompts: int = 16  # the most held-out prompts; with ``minutes``, as many of them as fit
+    minutes: float | None = None  # the bench's time budget, split evenly over its temperatures (None: every prompt)
     candidates: int = 3  # static trees per verifier and temperature: the training split's best distinct trees
     max_new_tokens: int = 128
     temperatures: list[float] = field(default_factory=lambda: [0.6, 1.0])
@@ -104,6 +105,8 @@ def plan_pipeline(config: PipelineConfig, resume: bool = False) -> PipelinePlan:
     if min(bench.num_prompts, bench.max_new_tokens, bench.repeats, bench.candidates) < 1 or not bench.temperatures:
         raise ValueError("bench: num_prompts, max_new_tokens, repeats and candidates must be >= 1 and temperatures "
                          "non-empty")
+    if bench.minutes is not None and not 0 < bench.minutes < float("inf"):
+        raise ValueError(f"bench.minutes must be null or a positive number of minutes, got {bench.minutes}")
     if any(not t >= 0 for t in bench.temperatures):
         raise ValueError(f"bench.temperatures must be >= 0, got {bench.temperatures}")
     cores = os.cpu_count() or 1

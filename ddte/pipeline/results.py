@@ -39,6 +39,13 @@ def results_markdown(bench: dict, trained: dict, candidates: dict, kept: dict, c
     return "\n".join(lines)
 
 
+def budget(settings: dict) -> str:
+    """How many prompts the bench asked for: a count, or the most that fit a time budget."""
+    if settings.get("minutes") is None:
+        return f"{settings['num_prompts']} "
+    return f"as many of {settings['num_prompts']} as fit in {settings['minutes']:g} minutes: "
+
+
 def _preamble(bench: dict, timings: dict[str, float], data_dir: Path, parent_run: str) -> list[str]:
     """What was run and how to read the decision table, and the table's header."""
     rows = bench["rows"]
@@ -46,7 +53,7 @@ def _preamble(bench: dict, timings: dict[str, float], data_dir: Path, parent_run
     n_runs = len(rows[0]["per_prompt"]) if rows else 0
     return [
         f"Data set: {data_dir} · stage times: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in timings.items()),
-        f"Bench: {settings['num_prompts']} held-out prompts × {settings['repeats']} repeat(s) = {n_runs} runs per "
+        f"Bench: {budget(settings)}held-out prompts × {settings['repeats']} repeat(s) = {n_runs} runs per "
         f"method, {settings['max_new_tokens']} new tokens each, methods interleaved; ± is the std over runs; "
         f"speed-ups are vs AR (HF generate) in the same run. MLflow: parent run {parent_run}, bench run "
         f"{bench.get('mlflow_run_id', '-')}.",

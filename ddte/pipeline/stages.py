@@ -236,11 +236,13 @@ def _bench_rows(stage: BenchStage, collect: CollectConfig, out: Path, candidates
     print(session.kernel_choice.line())
     prompts = encode_prompts(pair, bench_prompts(None, "prompt", stage.num_prompts, tokenizer=pair.tokenizer,
                                                  default=pair.spec.heldout_prompts), stage.max_new_tokens)
-    settings = BenchSettings(stage.max_new_tokens, stage.repeats, stage.seed)
+    seconds = None if stage.minutes is None else 60.0 * stage.minutes / len(stage.temperatures)
+    settings = BenchSettings(stage.max_new_tokens, stage.repeats, stage.seed, seconds=seconds)
     rows = []
     for temperature in stage.temperatures:
         rows += run_bench(methods[temperature], session, prompts, settings, [temperature])
-    title = (f"{len(prompts)} held-out prompts × {stage.repeats}, {stage.max_new_tokens} new tokens, "
+    timed = len({(p["prompt"], p["repeat"]) for row in rows for p in row.get("per_prompt", [])})
+    title = (f"{timed} held-out prompts × {stage.repeats}, {stage.max_new_tokens} new tokens, "
              f"T = {', '.join(f'{t:g}' for t in stage.temperatures)}")
     print(title)
     print(format_table(rows))

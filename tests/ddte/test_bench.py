@@ -58,7 +58,8 @@ def test_bench_writes_rows_and_plot(pair_dirs, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [(["--methods", "bogus@1,2,0"], "unknown verifier"), (["--methods", "block@2,0,2"], "not lossless"),
-     (["--methods", "traversal"], "bad method"), (["--prompts", "/nonexistent.jsonl"], "nonexistent")],
+     (["--methods", "traversal"], "bad method"), (["--prompts", "/nonexistent.jsonl"], "nonexistent"),
+     (["--minutes", "0"], "--minutes must be a positive")],
 )
 def test_bench_bad_input(pair_dirs, extra, message):
     root, prompts = pair_dirs
@@ -99,6 +100,33 @@ def test_methods_run_interleaved_in_a_rotating_order():
     assert {c[3:] for c in calls} == {(0.6, 4)}  # the sampling settings travel with every call
     assert [r.stats.new_tokens for r in results] == [4, 4, 4]  # the warm-up is not counted
     assert [r.selector_call_us for r in results] == [None, pytest.approx(2.0), None]
+
+
+@pytest.mark.parametrize(("seconds", "timed"), [(None, 6), (90.0, 3), (1.0, 2)])
+def test_a_time_budget_ends_a_block_at_the_last_round_that_fits(monkeypatch, seconds, timed):
+    """Each call of a method takes 10 clock seconds (a clock of the test's): a round of two methods 20. With 90 s
+    the warm-up (20) and three timed rounds (80) fit, a fourth would not; a budget too short still runs two timed
+    rounds (a paired interval needs them); no budget runs every prompt. Every method runs the same prompts."""
+    from bench import decoding as bench
+    from bench.method import Method
+    from decode.drafting.sampling import SamplingConfig
+    from decode.stats import GenerationStats
+
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+    class ClockedRunner:
+        def __init__(self, verifier):
+            self.method, self.notes = Method.static(verifier, "1,2,0"), {}
+
+        def one(self, ids, seed, sampling, max_new):
+            clock[0] += 10.0
+            return GenerationStats(new_tokens=1, wall_seconds=10.0)
+
+    settings = bench.BenchSettings(max_new_tokens=4, seconds=seconds)
+    results = bench.bench_methods([ClockedRunner("nss"), ClockedRunner("traversal")], [[i] for i in range(6)],
+                                  settings, SamplingConfig(1.0))
+    assert [[p["prompt"] for p in r.per_prompt] for r in results] == [list(range(timed))] * 2
 
 
 def test_one_decoder_per_verifier_serves_every_method_and_temperature(pair_dirs):
