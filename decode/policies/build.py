@@ -213,6 +213,14 @@ def build_expander(spec: PolicySpec, verifier: str, pair, latency: LatencyTable 
     return ExpanderSource.for_pair(spec.path, verifier, pair, latency)
 
 
+def build_calibrated(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
+    """The expander file loaded and checked against ``pair``, its rules calibrated online."""
+    from decode.policies.expander import ExpanderSource
+
+    assert spec.path is not None
+    return ExpanderSource.for_pair(spec.path, verifier, pair, latency, calibrate=True)
+
+
 def build_policy_file(spec: PolicySpec, verifier: str, pair, latency: LatencyTable | None) -> PolicySource:
     """The policy file read and its choices for ``verifier`` built (:func:`deployed_source`)."""
     assert spec.path is not None

@@ -27,7 +27,8 @@ from decode.cost.table import LatencyTable
 from decode.drafting.actions import Action
 from decode.drafting.delayed import TrunkNode
 from decode.drafting.sampling import SamplingConfig, law_entropy
-from decode.policies.base import Policy, PolicySource, RootState, StaticPolicy
+from decode.policies.base import Policy, PolicySource, RootState, StaticPolicy, StepOutcome
+from decode.policies.calibration import AcceptanceCalibration
 from decode.policies.files.expander_file import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -94,8 +95,10 @@ class ExpanderSource(PolicySource):
     name = "expander"
 
     def __init__(self, path: str | Path, *, verifier: str, draft_hidden: int,
-                 pair_fingerprint: str | None = None, machine: LatencyTable | None = None) -> None:
+                 pair_fingerprint: str | None = None, machine: LatencyTable | None = None,
+                 calibrate: bool = False) -> None:
         self.path = Path(path)
+        self.name = "calibrated" if calibrate else "expander"
         self.machine = machine
         self.session = policy_session(self.path, "expander", ExpanderError)
         props = dict(self.session.get_modelmeta().custom_metadata_map)
@@ -113,15 +116,20 @@ class ExpanderSource(PolicySource):
         self.head = AcceptanceHead(self.session, width, columns, reads_root=reads_root)
         # refitted here, not at the first generation: a bench times that one (about a second per configuration)
         table = self.metadata.rule_table()
-        self.rules: SamplingTable[DeployedRule] = table.with_entries(
-            [deploy_rule(self.metadata, index, machine) for index in range(len(table))])
+        deployed = [deploy_rule(self.metadata, index, machine) for index in range(len(table))]
+        if calibrate:  # one calibration per configuration, shared by every generation it serves
+            deployed = [replace(rule, calibration=calibration_of(self.metadata, index, rule))
+                        for index, rule in enumerate(deployed)]
+        self.rules: SamplingTable[DeployedRule] = table.with_entries(deployed)
 
     @classmethod
-    def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None) -> ExpanderSource:
+    def for_pair(cls, path: str | Path, verifier: str, pair, machine: LatencyTable | None = None,
+                 calibrate: bool = False) -> ExpanderSource:
         """The expander checked against a loaded pair (draft hidden size, fingerprint); ``machine``: the running
-        machine's latency table, which picks the fallback and whether the rule runs (decode/policies/files/guard.py)."""
+        machine's latency table, which picks the fallback and whether the rule runs (decode/policies/files/guard.py);
+        ``calibrate``: each rule's threshold follows the acceptance its steps realize (policies/calibration.py)."""
         return cls(path, verifier=verifier, draft_hidden=int(pair.draft.config.hidden_size),
-                   pair_fingerprint=pair.fingerprint(), machine=machine)
+                   pair_fingerprint=pair.fingerprint(), machine=machine, calibrate=calibrate)
 
     def start(self, sampling: SamplingConfig) -> Policy:
         """The policy of the configuration nearest ``sampling``: its halting rule where it beats the static fallback
@@ -131,14 +139,16 @@ class ExpanderSource(PolicySource):
             return StaticPolicy(deployed.fallback)
         node_rule = deployed.node_rule
         head = self.head.at(node_rule.column) if node_rule.reads_head else None
-        return HaltingPolicy(node_rule, head, self.machine)
+        return HaltingPolicy(node_rule, head, self.machine, deployed.calibration)
 
     def deployed(self, sampling: SamplingConfig) -> DeployedRule:
         """The rule this machine runs at the configuration nearest ``sampling``."""
         return self.rules.nearest(sampling)
 
     def describe(self, sampling: SamplingConfig) -> str:
-        return f"expander {self.path} ({self.deployed(sampling).describe(self.machine)})"
+        deployed = self.deployed(sampling)
+        online = "" if deployed.calibration is None else f"; {deployed.calibration.describe()}"
+        return f"{self.name} {self.path} ({deployed.describe(self.machine)}{online})"
 
     def sampling_note(self, sampling: SamplingConfig) -> str | None:
         return self.rules.note(sampling)
@@ -156,6 +166,8 @@ class DeployedRule:
         min_gain: the held-out gain the refit asked of a rule.
         unrefitted: a machine's table was given but the file carries no fit sets, so the rule is the file's as
             fitted elsewhere: its line says so rather than pass for a choice made here.
+        calibration: the realized acceptance the rule follows online, shared by the generations of this
+            configuration (None: the fitted rule as it is).
     """
 
     node_rule: NodeRule
@@ -164,6 +176,7 @@ class DeployedRule:
     refit: MachineRule | None = None
     min_gain: float = 0.0
     unrefitted: bool = False
+    calibration: AcceptanceCalibration | None = None
 
     def describe(self, machine: LatencyTable | None) -> str:
         fallback = self.fallback.key
@@ -205,6 +218,18 @@ def deploy_rule(metadata: ExpanderMetadata, index: int, machine: LatencyTable | 
     return DeployedRule(refitted, choice.fallback, choice.rule is not None, choice, metadata.min_gain)
 
 
+def calibration_of(metadata: ExpanderMetadata, index: int, deployed: DeployedRule) -> AcceptanceCalibration | None:
+    """The online calibration of a deployed threshold rule, binned on its fit set's signal at the rule's decision
+    depths; None where nothing runs, the rule is the marginal one (its β̂ is the head's) or no fit set is carried."""
+    rule = deployed.node_rule.rule
+    if not deployed.runs or rule is None or deployed.node_rule.reads_chain_ms or not metadata.fit_sets:
+        return None
+    values = FitSet.from_dict(metadata.fit_sets[index]).signals.get(deployed.node_rule.signal)
+    if values is None:
+        return None
+    return AcceptanceCalibration.around(values[..., rule.floor:rule.cap], rule.theta)
+
+
 class HaltingPolicy(Policy):
     """One generation's per-node policy: a halting rule on one signal (``head`` given: a β̂ signal).
 
@@ -218,7 +243,7 @@ class HaltingPolicy(Policy):
     stateful = True  # it keeps the step's root scalars and β̂ between choose and halts
 
     def __init__(self, node_rule: NodeRule, head: AcceptanceHead | None = None,
-                 machine: LatencyTable | None = None) -> None:
+                 machine: LatencyTable | None = None, calibration: AcceptanceCalibration | None = None) -> None:
         if node_rule.rule is None:
             raise ValueError(f"the expander's {node_rule.signal} choice has no halting rule to run")
         self.node_rule, self.rule, self.head, self.machine = node_rule, node_rule.rule, head, machine
@@ -229,6 +254,8 @@ class HaltingPolicy(Policy):
         self._betas: list[float] = []
         self._chain_ms: np.ndarray | None = None
         self._chain_cache: dict[tuple[int, int], np.ndarray] = {}
+        self.calibration = None if self.marginal else calibration
+        self._signals: dict[int, float] = {}  # the step's signal by trunk depth, for the calibration
 
     def choose(self, root: RootState) -> Action:
         if self.head is not None and self.head.reads_root:
@@ -238,6 +265,10 @@ class HaltingPolicy(Policy):
         if self.marginal:
             self._betas = []
             self._chain_ms = self.chain_ms(root.context_length, self.machine or root.latency)
+        if self.calibration is not None:
+            self._signals = {}
+            table = self.machine or root.latency
+            self._chain_ms = None if table is None else self.chain_ms(root.context_length, table)
         return self.rule.widest
 
     def chain_ms(self, context_length: int, table: LatencyTable | None) -> np.ndarray:
@@ -257,7 +288,17 @@ class HaltingPolicy(Policy):
         if self.marginal:  # β̂ at every node: the product runs over the whole trunk
             self._betas.append(self.beta(node))
             return self.rule.halts(node.depth, lambda: self.marginal_signal(node.depth))
-        return self.rule.halts(node.depth, lambda: self.signal(node))  # no signal where the depth decides
+        depth = node.depth
+        if self.calibration is None or not self.rule.floor <= depth < self.rule.cap:
+            return self.rule.halts(depth, lambda: self.signal(node))  # no signal where the depth decides
+        signal = self._signals[depth] = self.signal(node)
+        calibrated = None if self._chain_ms is None else self.calibration.halts(depth, self._signals, self._chain_ms)
+        return self.rule.halts(depth, signal) if calibrated is None else calibrated
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """The step's outcome into the calibration (after every tree of the step was drafted)."""
+        if self.calibration is not None:
+            self.calibration.record(self._signals, outcome.action.l1, outcome.accepted)
 
     def marginal_signal(self, depth: int) -> float:
         """The marginal rule's signal at ``depth`` (< cap) from the step's β̂ so far (decode/policies/halting.py

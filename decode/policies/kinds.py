@@ -113,6 +113,10 @@ KINDS: dict[str, PolicyKind] = {
         PolicyKind("expander", "a fitted expander halts the trunk node by node", f"{BUILD}:build_expander",
                    file=True, root_features=FROM_FILE, draft_hidden=FROM_FILE, latency=PICKS,
                    reads_root=f"{BUILD}:expander_reads_root", measured=f"{BUILD}:expander_measured", choice=True),
+        PolicyKind("calibrated", "an expander file whose threshold follows the acceptance its steps realize "
+                   "(decode/policies/calibration.py)", f"{BUILD}:build_calibrated", file=True, root_features=FROM_FILE,
+                   draft_hidden=FROM_FILE, latency=PICKS, reads_root=f"{BUILD}:expander_reads_root",
+                   measured=f"{BUILD}:expander_measured", noun="the calibrated expander"),
         PolicyKind("policy", "the policy file ddte pipeline writes: a choice per verifier and sampling",
                    f"{BUILD}:build_policy_file", file=True, root_features=FROM_FILE, draft_hidden=FROM_FILE,
                    latency=PICKS, reads_root=f"{BUILD}:policy_file_reads_root", load=f"{BUILD}:load_policy_file",
