@@ -67,10 +67,11 @@ class LoadedPair:
         return pair_fingerprint(self.paths["target"], self.paths["draft"], self.paths.get("tokenizer"))
 
     def use_kernels(self, request: str | None = None, cache: Path | None = None, announce=None,
-                    progress: bool = False):
+                    progress: bool = False, release: bool = False):
         """Move both models to the kernel paths ``request`` names (None: the pair's own, usually ``auto``: this
         machine's fastest, measured once and cached in ``cache``, with a bar on stderr given ``progress``); the
-        :class:`~decode.models.kernel_choice.KernelChoice`.
+        :class:`~decode.models.kernel_choice.KernelChoice`. ``release``: the stock weights given back for good once
+        chosen (decode/models/release.py), for a process that never runs the stock models.
 
         Raises:
             ValueError: a request that does not parse, a path a model cannot run here, or a target path beside the
@@ -82,7 +83,7 @@ class LoadedPair:
         # the user's opt-in to another target model (PairSpec.target_quant)
         parsed = with_target_quant(parsed, self.spec.target_quant, request is not None)
         self.kernel_choice = choose_kernels(self.target, self.draft, parsed, self.fingerprint(), cache, announce,
-                                            progress)
+                                            progress, release)
         return self.kernel_choice
 
 
@@ -207,9 +208,10 @@ def load_draft_model(path: str | Path, device: torch.device, dtype: torch.dtype 
     return model
 
 
-def load_other_draft(pair: LoadedPair, path: str | Path) -> CachedLM:
+def load_other_draft(pair: LoadedPair, path: str | Path, release: bool = False) -> CachedLM:
     """Another draft for ``pair``'s target, loaded as the pair's own draft was (device, dtype, forward, kernel path;
-    its draft vocabulary and steering map, checked against this target).
+    its draft vocabulary and steering map, checked against this target); ``release``: its stock weights given back
+    as its kernels are made (decode/models/release.py).
 
     Raises:
         ValueError: a missing folder, unsafe weights, another vocabulary, or a steering map for another target.
@@ -220,7 +222,7 @@ def load_other_draft(pair: LoadedPair, path: str | Path) -> CachedLM:
     own = pair.draft
     draft = cached_lm(load_draft_model(path, own.device, own.dtype), own.device, own.dtype,
                       fast=own.forward_name == "fast")
-    draft.use_kernel(own.kernel)
+    draft.use_kernel(own.kernel, release=release)
     check_same_vocab(pair.target.config, draft.config)
     attach_draft_steering(draft, pair.target, Path(path), pair.paths["target"])
     return draft

@@ -163,6 +163,9 @@ class Hooks:
             into its own one-line error there; None: exceptions pass unchanged.
         progress: a bar on stderr during a measurement that lasts more than a few seconds.
         cache: where the per-machine measurements are kept (None: ``ddte_core.paths.latency_cache()``).
+        release: the models' stock weights given back as step ``kernels`` (and ``drafts``) makes their kernels' copies
+            (decode/models/release.py): for a caller that never runs the stock models (serve, a bench without HF
+            rows), which then hold their kernels' copies alone.
     """
 
     announce: Callable[[str], None] | None = None
@@ -170,6 +173,7 @@ class Hooks:
     errors: Callable[[str, MethodRequest | None], AbstractContextManager] | None = None
     progress: bool = False
     cache: Path | None = None
+    release: bool = False
 
     def step(self, name: str, method: MethodRequest | None = None) -> AbstractContextManager:
         """The context step ``name`` runs inside."""
@@ -321,7 +325,8 @@ def _check_policies(pair: LoadedPair, requests: Sequence[MethodRequest], deploym
 def _apply_kernels(pair: LoadedPair, kernels: str | None, hooks: Hooks) -> KernelChoice:
     """Step ``kernels``, the one place a pair's kernels are applied: both models moved to the paths ``kernels``
     names, ``auto`` measured once per pair and machine and cached in ``hooks.cache_dir``."""
-    return pair.use_kernels(kernels, hooks.cache_dir, announce=hooks.announce, progress=hooks.progress)
+    return pair.use_kernels(kernels, hooks.cache_dir, announce=hooks.announce, progress=hooks.progress,
+                            release=hooks.release)
 
 
 def _other_drafts(pair: LoadedPair, requests: Sequence[MethodRequest], hooks: Hooks) -> dict[str | None, CachedLM]:
@@ -331,7 +336,7 @@ def _other_drafts(pair: LoadedPair, requests: Sequence[MethodRequest], hooks: Ho
     for request in requests:
         if request.draft is not None and request.draft not in drafts:  # None: the pair's own
             with hooks.step("drafts", request):
-                drafts[request.draft] = load_other_draft(pair, request.draft)
+                drafts[request.draft] = load_other_draft(pair, request.draft, hooks.release)
     return drafts
 
 

@@ -97,16 +97,16 @@ class CachedLM:
         self.per_sequence = model.config._attn_implementation == ATTENTION and set(self.layer_windows) == {None}
         self.reset()
 
-    def use_kernel(self, name: str) -> int:
-        """Run the model's linear layers through kernel path ``name`` (:mod:`decode.models.kernels`); the bytes of
-        the copies it made.
+    def use_kernel(self, name: str, release: bool = False) -> int:
+        """Run the model's linear layers through kernel path ``name`` (:mod:`decode.models.kernels`), ``release``
+        giving the stock weights back for good (:mod:`decode.models.release`); the bytes of the copies made.
 
         Raises:
-            ValueError: an unknown path, or one that cannot run this model's weights here.
+            ValueError: an unknown path, one that cannot run this model's weights here, or weights given back.
         """
         from decode.models.kernels import use_kernel
 
-        nbytes = use_kernel(self.model, name)
+        nbytes = use_kernel(self.model, name, release)
         self.kernel = name
         return nbytes
 

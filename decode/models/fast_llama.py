@@ -28,6 +28,9 @@ Which path pays is the CPU's business: :mod:`decode.models.kernel_choice` measur
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -43,6 +46,7 @@ from decode.models.masks import (
     causal_pattern,
     window_of,
 )
+from decode.models.release import drop_weight, own_mapped, shared_weights
 from decode.models.rows import select_rows
 
 _INITIAL_SLOTS = 256
@@ -77,6 +81,12 @@ class FastCachedLM(CachedLM):
     """
 
     forward_name = "fast"
+    released: bool  # its stock weights were given back (use_kernel's release): it stays on its path
+    head: torch.nn.Module  # the HF module's output head (a ReleasedLinear once given back)
+    _head: Callable[[torch.Tensor], torch.Tensor]  # what the forward runs: the head's kernel, or the head
+    _head_source: tuple[torch.nn.Module, str] | None  # (parent, attribute) of the head in the HF module
+    layers: list[dict[str, Any]]  # per layer: norms, fused biases, and each matrix's kernel under "k" + name
+    _sources: list[dict[str, list[tuple[torch.nn.Module, str]]]]  # per layer: each matrix's HF linear layers
 
     def __init__(self, model, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
                  kernel: str = DEFAULT) -> None:
@@ -88,56 +98,70 @@ class FastCachedLM(CachedLM):
         self._load_weights()
         self.use_kernel(kernel)
 
-    def use_kernel(self, name: str) -> int:
-        """Run every layer matrix (and a plain output head) through kernel path ``name``; the bytes it copied.
+    def use_kernel(self, name: str, release: bool = False) -> int:
+        """Run every layer matrix (and a plain output head) through kernel path ``name``; the bytes it copied. A fused
+        matrix (QKV, gate/up) is built from the HF module's weights as its kernel is prepared and outlives that only
+        where the path reads it (``default``: ``F.linear`` on it). ``release`` (a path that owns its copy): each HF
+        layer the copy came from is given back at once and the rest of the HF module owned (decode/models/release.py):
+        the draft then runs on ``name`` for good, and the HF module no longer runs.
 
         Raises:
-            ValueError: an unknown path, or one that cannot run this model's weights here.
+            ValueError: an unknown path, one that cannot run this model's weights here, or weights given back.
         """
         path = kernel_path(name)
         reason = path.unavailable(self.dtype, self.device)
         if reason is not None:
             raise ValueError(reason)
+        if self.released:
+            raise ValueError("this draft's stock weights were given back: it stays on the kernel path it runs")
+        release = release and path.owns_copy
+        keep = shared_weights(self.model) if release else set()
         nbytes = 0
-        for w in self.layers:
-            for matrix in _MATRICES:
-                w["k" + matrix] = path.prepare(w[matrix], w["b" + matrix[1:]])
-                nbytes += w["k" + matrix].nbytes
         self._head = self.head
-        if isinstance(self.head, torch.nn.Linear):
+        if isinstance(self.head, torch.nn.Linear):  # the largest matrix first (decode/models/kernels.py use_kernel)
             self._head = path.prepare(self.head.weight, self.head.bias)
             nbytes += self._head.nbytes
+            if release and self._head_source is not None:
+                drop_weight(*self._head_source, keep)
+                self.head = getattr(*self._head_source)
+        for w, sources in zip(self.layers, self._sources, strict=True):
+            for matrix in _MATRICES:
+                w["k" + matrix] = path.prepare(_fused_weight(sources[matrix]), w["b" + matrix[1:]])
+                nbytes += w["k" + matrix].nbytes
+                for parent, attribute in sources[matrix] if release else ():
+                    drop_weight(parent, attribute, keep)
+        if release:
+            own_mapped(self.model)
+            self._bind()  # the views of the norms, now of their copies (the embedding stays in the file)
+            self.released = True
         self.kernel = name
         return nbytes
 
     # --- weights --------------------------------------------------------------------------------------
     def _load_weights(self) -> None:
+        """Which HF layers each matrix comes from (``self._sources``), the fused biases, and the views of the
+        embedding, the norms and the head (:meth:`_bind`); the matrices themselves are read by :meth:`use_kernel`."""
         cfg, inner = self.config, self.model.model
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = self._head_dim_of_config()
         self.eps = cfg.rms_norm_eps
+        self.released = False
+        self.layers, self._sources = [], []
         with torch.no_grad():
-            self.embed = inner.embed_tokens.weight.detach()
-            self.layers = []
             for layer in inner.layers:
                 att, mlp = layer.self_attn, layer.mlp
+                self._sources.append({"wqkv": [(att, "q_proj"), (att, "k_proj"), (att, "v_proj")],
+                                      "wo": [(att, "o_proj")], "wgu": [(mlp, "gate_proj"), (mlp, "up_proj")],
+                                      "wd": [(mlp, "down_proj")]})
                 self.layers.append({
-                    "ln1": layer.input_layernorm.weight.detach(),
-                    "wqkv": torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).detach(),
                     "bqkv": _fused_bias(att.q_proj, att.k_proj, att.v_proj),  # Qwen2: QKV biases; Llama: none
-                    "wo": att.o_proj.weight.detach(),
                     "bo": _fused_bias(att.o_proj),
-                    # Qwen3: RMSNorm over each head's query and key, before the rotation
-                    "qn": att.q_norm.weight.detach() if hasattr(att, "q_norm") else None,
-                    "kn": att.k_norm.weight.detach() if hasattr(att, "k_norm") else None,
-                    "ln2": layer.post_attention_layernorm.weight.detach(),
-                    "wgu": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
                     "bgu": _fused_bias(mlp.gate_proj, mlp.up_proj),
-                    "wd": mlp.down_proj.weight.detach(),
                     "bd": _fused_bias(mlp.down_proj),
                 })
-            self.final_norm = inner.norm.weight.detach()
             self.head = self.model.get_output_embeddings()  # nn.Linear, or a draft vocabulary's SubsetHead
+            self._head_source = next(((self.model, n) for n, m in self.model.named_children() if m is self.head), None)
+            self._bind()
             theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 1e4))
             inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
             positions = torch.arange(2 * self.context_limit + 1, dtype=torch.float32)  # tree depths stay below
@@ -146,6 +170,20 @@ class FastCachedLM(CachedLM):
             self.cos = emb.cos().to(self.device, self.dtype)
             self.sin = emb.sin().to(self.device, self.dtype)
         self._q_width, self._kv_width = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+
+    def _bind(self) -> None:
+        """Views of the HF module's embedding ``(V, H)``, final norm ``(H,)`` and each layer's norms (``ln1``, ``ln2``
+        ``(H,)``; Qwen3's per-head ``qn``, ``kn`` ``(head_dim,)``, which RMS-normalize each head's query and key
+        before the rotation): read again once :func:`~decode.models.release.own_mapped` copied the norms."""
+        inner = self.model.model
+        self.embed = inner.embed_tokens.weight.detach()
+        self.final_norm = inner.norm.weight.detach()
+        for w, layer in zip(self.layers, inner.layers, strict=True):
+            att = layer.self_attn
+            w["ln1"] = layer.input_layernorm.weight.detach()
+            w["ln2"] = layer.post_attention_layernorm.weight.detach()
+            w["qn"] = att.q_norm.weight.detach() if hasattr(att, "q_norm") else None
+            w["kn"] = att.k_norm.weight.detach() if hasattr(att, "k_norm") else None
 
     # --- the key/value store --------------------------------------------------------------------------
     def _new_cache(self) -> None:
@@ -273,6 +311,13 @@ class FastCachedLM(CachedLM):
         group = self.n_heads // self.n_kv
         out = F.scaled_dot_product_attention(q.view(self.n_kv, group, -1), keys, values, attn_mask=mask)
         return out.view(self.n_heads, 1, -1)
+
+
+def _fused_weight(sources: list[tuple[torch.nn.Module, str]]) -> torch.Tensor:
+    """The weights ``(N_i, K)`` of the linear layers ``parent.attribute`` stacked as one matrix ``(sum N_i, K)``: a new
+    tensor for several, the layer's own weight for one."""
+    weights = [getattr(parent, attribute).weight.detach() for parent, attribute in sources]
+    return weights[0] if len(weights) == 1 else torch.cat(weights)
 
 
 def _fused_bias(*linears: torch.nn.Linear) -> torch.Tensor | None:

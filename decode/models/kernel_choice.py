@@ -240,11 +240,13 @@ def check_fixed_paths(request: KernelRequest, dtypes: dict[str, torch.dtype], de
 
 def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fingerprint: str,
                    cache: Path | None, announce: Callable[[str], None] | None = None,
-                   progress: bool = False) -> KernelChoice:
+                   progress: bool = False, release: bool = False) -> KernelChoice:
     """Each role's path under ``request``, measured here for the roles it says ``auto`` (read from ``cache`` when this
     pair and machine were measured before; else measured under the cache's lock and written there whole), then
     applied to both models. A role given a fixed path is not measured. ``progress`` shows a bar on stderr for a
-    measurement that lasts more than a few seconds.
+    measurement that lasts more than a few seconds. ``release``: each model's stock weights given back as its chosen
+    path's copies are made (decode/models/release.py), once nothing will measure another path: the models then run
+    on their chosen paths for good.
 
     Raises:
         ValueError: a fixed path one of the models cannot run here (one line naming why).
@@ -266,9 +268,13 @@ def choose_kernels(target: CachedLM, draft: CachedLM, request: KernelRequest, fi
     choice = KernelChoice(target_path, draft_path,
                           times={r: t for r, t in measured.times.items() if r in wanted}, machine=identity,
                           pair=fingerprint, skipped={r: s for r, s in measured.skipped.items() if r in wanted})
-    for role in ROLES:
-        if models[role].kernel != getattr(choice, role):  # a measurement leaves a model on its last path
-            models[role].use_kernel(getattr(choice, role))
+    # a release goes draft first: its preparation's temporaries (int8's float copies of a head) come while the
+    # target still holds little; the target's copies then grow as its stock weights go, one matrix beyond them
+    for role in ("draft", "target") if release else ROLES:
+        path = getattr(choice, role)
+        # a measurement leaves a model on its last path; a release prepares the chosen one again, giving back as it goes
+        if models[role].kernel != path or (release and KERNEL_PATHS[path].owns_copy):
+            models[role].use_kernel(path, release=release)
     return choice
 
 

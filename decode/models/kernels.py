@@ -32,7 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["KERNEL_PATHS", "KernelLinear", "KernelPath", "PreparedLinear", "kernel_path", "release_stock_weights",
+from decode.models.release import ReleasedLinear, drop_weight, own_mapped, shared_weights
+
+__all__ = ["KERNEL_PATHS", "KernelLinear", "KernelPath", "PreparedLinear", "kernel_path", "linear_modules",
            "stock_kernels", "use_kernel"]
 
 DEFAULT = "default"
@@ -95,10 +97,19 @@ class KernelPath:
         return None if failure is None else f"{self.name} cannot run {str(dtype).removeprefix('torch.')} on this " \
             f"CPU ({failure})"
 
+    @property
+    def owns_copy(self) -> bool:
+        """Its prepared copy is all it reads: the stock weight may be given back (decode/models/release.py)."""
+        return self.name != DEFAULT and not self.reads_weight
+
     def prepare(self, weight: torch.Tensor, bias: torch.Tensor | None) -> PreparedLinear:
-        """``weight (N, K)`` and ``bias (N,)`` (or None) ready for this path. The caller checks :meth:`unavailable`."""
+        """``weight (N, K)`` and ``bias (N,)`` (or None) ready for this path. The caller checks :meth:`unavailable`.
+        A path that owns its copy holds a copy of the bias too, never a view: its stock tensors may then be given
+        back whole (decode/models/release.py)."""
         with torch.no_grad():
-            run, nbytes = self.prepare_fn(weight.detach(), None if bias is None else bias.detach())
+            if bias is not None:
+                bias = bias.detach().clone() if self.owns_copy else bias.detach()
+            run, nbytes = self.prepare_fn(weight.detach(), bias)
         return PreparedLinear(self.name, run, weight.shape[0], nbytes, self.reads_weight)
 
 
@@ -250,7 +261,7 @@ class KernelLinear(nn.Module):
     """An ``nn.Linear`` of an HF model, run through a :class:`PreparedLinear`.
 
     The module keeps the layer's ``weight`` and ``bias`` (tied weights, ``model.dtype`` and HF's generation utilities
-    read them) unless :func:`release_stock_weights` drops them. :func:`stock_kernels` routes it back through
+    read them) unless they were given back (decode/models/release.py). :func:`stock_kernels` routes it back through
     ``F.linear`` for a baseline on the stock model.
     """
 
@@ -264,7 +275,7 @@ class KernelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stock:
             if self.weight.shape[-1] != self.in_features:
-                raise ValueError("this layer's stock weights were released (release_stock_weights)")
+                raise ValueError("this layer's stock weights were released (decode/models/release.py)")
             return F.linear(x, self.weight, self.bias)
         return self.prepared(x)
 
@@ -272,7 +283,7 @@ class KernelLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, path={self.prepared.path}"
 
 
-def _linear_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear | KernelLinear]]:
+def linear_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear | KernelLinear]]:
     """``(parent, attribute, module)`` of every ``nn.Linear`` (or :class:`KernelLinear`) in ``model``."""
     found: list[tuple[nn.Module, str, nn.Linear | KernelLinear]] = []
     for parent in model.modules():
@@ -282,16 +293,30 @@ def _linear_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear | 
     return found
 
 
-def use_kernel(model: nn.Module, name: str) -> int:
+def use_kernel(model: nn.Module, name: str, release: bool = False) -> int:
     """Run every linear layer of ``model`` through path ``name`` (in place; ``default`` restores plain ``nn.Linear``
     layers). Returns the bytes of the copies the path made.
 
+    ``release`` (a path that :attr:`~KernelPath.owns_copy` only): each layer's stock weight is given back as soon as
+    its copy is made, then every other tensor viewing the loaded file is copied (decode/models/release.py); the
+    model then runs on ``name`` for good, never stock.
+
     Raises:
-        ValueError: an unknown path, or one that cannot run this model's weights here.
+        ValueError: an unknown path, one that cannot run this model's weights here, or a model whose stock weights
+            were given back.
     """
     path = kernel_path(name)
+    modules = linear_modules(model)
+    if any(module.weight.numel() == 0 for _, _, module in modules) or any(isinstance(module, ReleasedLinear)
+                                                                         for module in model.modules()):
+        raise ValueError("this model's stock weights were given back: it stays on the kernel path it runs")
+    release = release and path.owns_copy
+    if release:
+        keep = shared_weights(model)
+        # the largest first (an output head): its source and its copy are held together while little else is
+        modules.sort(key=lambda found: -found[2].weight.numel())
     nbytes = 0
-    for parent, attribute, module in _linear_modules(model):
+    for parent, attribute, module in modules:
         weight, bias = module.weight, module.bias
         reason = path.unavailable(weight.dtype, weight.device)
         if reason is not None:
@@ -307,6 +332,10 @@ def use_kernel(model: nn.Module, name: str) -> int:
         # still remove them
         replacement._forward_hooks, replacement._forward_pre_hooks = module._forward_hooks, module._forward_pre_hooks
         setattr(parent, attribute, replacement)
+        if release:
+            drop_weight(parent, attribute, keep)
+    if release:
+        own_mapped(model)
     return nbytes
 
 
@@ -317,30 +346,12 @@ def _as_linear(module: nn.Linear | KernelLinear) -> nn.Linear:
     return linear
 
 
-def release_stock_weights(model: nn.Module) -> int:
-    """Drop the stock weight of every :class:`KernelLinear` whose path runs on its own copy and that no other module
-    shares (a tied embedding stays); the bytes freed. The prepacked copy then is the layer's only one: for a process
-    that will never run the stock model (a collection worker; two hold a 1.5B fp32 target in 24 GiB only so)."""
-    modules = [m for _, _, m in _linear_modules(model) if isinstance(m, KernelLinear)]
-    kept = {id(p) for m in model.modules() if not isinstance(m, KernelLinear) for p in m.parameters(recurse=False)}
-    freed = 0
-    for module in modules:
-        weight = module.weight
-        if module.prepared.nbytes == 0 or module.prepared.reads_weight or id(weight) in kept or weight.numel() == 0:
-            continue
-        if sum(other.weight is weight for other in modules) > 1:
-            continue
-        freed += weight.numel() * weight.element_size()
-        module.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
-    return freed
-
-
 class stock_kernels:  # noqa: N801 - a context manager named as what it gives
     """Inside ``with stock_kernels(model):`` every :class:`KernelLinear` of ``model`` runs ``F.linear`` on its own
     weights: the stock model, for baselines such as HF ``generate`` (what users have)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self._modules = [m for _, _, m in _linear_modules(model) if isinstance(m, KernelLinear)]
+        self._modules = [m for _, _, m in linear_modules(model) if isinstance(m, KernelLinear)]
 
     def __enter__(self) -> stock_kernels:
         for module in self._modules:

@@ -107,7 +107,7 @@ def test_kernels_reaches_use_kernels(tiny_pair, tmp_path, monkeypatch, given, fo
 
     asked = []
 
-    def use_kernels(self, request=None, cache=None, announce=None, progress=False):
+    def use_kernels(self, request=None, cache=None, announce=None, progress=False, release=False):
         asked.append(request)
         raise ValueError("stop here")
 
