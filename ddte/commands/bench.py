@@ -186,9 +186,10 @@ def run(args: argparse.Namespace) -> int:
         settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p, seconds)
         rows = run_bench(methods, session, prompts, settings, args.temperature)
     timed = len({p["prompt"] for row in rows for p in row.get("per_prompt", [])}) or len(prompts)  # --minutes
-    title, by_category, comparisons = _report(args, pair, rows, timed, categories)
+    memory = memory_note(methods)
+    title, by_category, comparisons = _report(args, pair, rows, timed, categories, memory)
     if output is not None:
-        _write(output, args, methods, pair, session.latency_line, rows, by_category, comparisons)
+        _write(output, args, methods, pair, session.latency_line, rows, by_category, comparisons, memory)
         plot_path = plot_path or output.with_suffix(".png")
     if plot_path is not None:
         from bench.display import plot
@@ -227,15 +228,34 @@ def _session(args: argparse.Namespace, pair, methods, files):
     def prefix(step: str, request) -> str:
         return f"bad method '{by_request[request]}': " if step == "policy" else ""
 
-    return open_bench(pair, methods, args.kernels, args.latency, files, shell_hooks(args, prefix))
+    return open_bench(pair, methods, args.kernels, args.latency, files,
+                      shell_hooks(args, prefix, release=not stock_readers(methods)))
 
 
-def _report(args: argparse.Namespace, pair, rows: list[dict], count: int, categories):
+def stock_readers(methods) -> list[str]:
+    """The HF rows that read the pair's stock weights or its draft's HF module: every HF kind but ``ar-kernels``,
+    whose target runs on its kernels' copies. With none, the stock weights go as the kernels' copies are made
+    (decode/models/release.py); with one, the pair keeps them and holds its weights twice."""
+    return [method.key for method in methods if method.is_hf and method.hf != "ar-kernels"]
+
+
+def memory_note(methods) -> dict:
+    """What bench.json and the report say of the memory: the peak resident set of the run (the pair, its kernels
+    and every row) and whether the stock weights were kept, and for which rows."""
+    from ddte_core.memory import peak_rss_bytes
+
+    readers = stock_readers(methods)
+    weights = f"kept: {', '.join(readers)} read them" if readers else "given back: no row runs the stock models"
+    return {"peak_rss_bytes": peak_rss_bytes(), "stock_weights": weights}
+
+
+def _report(args: argparse.Namespace, pair, rows: list[dict], count: int, categories, memory: dict):
     """Print the tables; returns (the title, the per-category rows, the policy comparisons)."""
     from bench.compare import format_comparisons, policy_comparisons
     from bench.decoding import category_rows
     from bench.display import format_category_table, format_table
     from bench.stock_draft import draft_dtypes_note
+    from ddte_core.memory import gigabytes
 
     temps = ", ".join(f"{t:g}" for t in args.temperature)
     skipped = f" (after the first {args.skip_prompts})" if args.skip_prompts else ""
@@ -248,6 +268,8 @@ def _report(args: argparse.Namespace, pair, rows: list[dict], count: int, catego
     print(f"{pair.kernel_choice.line()}; ar, hf-assisted and hf-assisted-own run the stock models (F.linear)"
           + (f"; {drafts}" if drafts else ""))
     print(format_table(rows))
+    print(f"peak RSS {gigabytes(memory['peak_rss_bytes'])} (the pair, its kernels and every row; stock weights "
+          f"{memory['stock_weights']})")
     by_category = category_rows(rows, categories) if categories and len(set(categories)) > 1 else []
     if by_category:
         print("\nPer prompt category:")
@@ -261,13 +283,15 @@ def _report(args: argparse.Namespace, pair, rows: list[dict], count: int, catego
     return title, by_category, comparisons
 
 
-def _write(output, args: argparse.Namespace, methods, pair, which, rows, by_category, comparisons) -> None:
-    """bench.json: the settings, the environment, the rows, the categories and the comparisons."""
+def _write(output, args: argparse.Namespace, methods, pair, which, rows, by_category, comparisons,
+           memory: dict) -> None:
+    """bench.json: the settings, the environment (its memory: :func:`memory_note`), the rows, the categories and the
+    comparisons."""
     from bench.decoding import environment
 
     settings_out = {k: v for k, v in vars(args).items() if not k.startswith("_")} | {
         "methods": [m.key for m in methods]}
-    env = environment(pair.target.device) | {"latency": which, "kernels": pair.kernel_choice.line()}
+    env = environment(pair.target.device) | {"latency": which, "kernels": pair.kernel_choice.line()} | memory
     payload = {"settings": settings_out, "environment": env, "rows": rows, "categories": by_category,
                "comparisons": comparisons}
     with staged_file(output) as tmp, tmp.open("w") as f:

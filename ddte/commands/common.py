@@ -182,11 +182,12 @@ def to_stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def shell_hooks(args: argparse.Namespace, prefix: Callable[[str, object], str] | None = None):
+def shell_hooks(args: argparse.Namespace, prefix: Callable[[str, object], str] | None = None, release: bool = False):
     """The session builder's :class:`decode.session.Hooks` for a command shell: each measurement announced and each
     result line printed on stderr as they come, a bar during a measurement, and each step's library error as one
     line: --kernels' and --latency's as such, the others after ``prefix(step, method)`` (the flag or method they
-    came from; none by default)."""
+    came from; none by default). ``release``: the command never runs the stock models, whose weights then go as the
+    kernels' copies are made (decode/models/release.py)."""
     from decode.session import Hooks
 
     def errors(step: str, method) -> contextlib.AbstractContextManager:
@@ -196,7 +197,7 @@ def shell_hooks(args: argparse.Namespace, prefix: Callable[[str, object], str] |
             return user_errors(OSError, ValueError, prefix=f"--latency {getattr(args, 'latency', 'machine')}: ")
         return user_errors(prefix=prefix(step, method) if prefix is not None else "")
 
-    return Hooks(announce=to_stderr, report=to_stderr, errors=errors, progress=True)
+    return Hooks(announce=to_stderr, report=to_stderr, errors=errors, progress=True, release=release)
 
 
 def open_machine_pair(pair, args: argparse.Namespace):

@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     flag = "--method: " if args.method is not None else \
         {"policy": "--policy-file: ", "selector": "--selector: ", "expander": "--expander: "}.get(spec.kind, "")
     session = open_session(pair, method, args.kernels, args.latency, deployment=deployment,
-                           hooks=shell_hooks(args, lambda step, _: flag))
+                           hooks=shell_hooks(args, lambda step, _: flag, release=True))  # never runs stock
     ids = _prompt_ids(args, pair) if ids is None else ids
     note = session.policy.sampling_note(sampling)
     if note:

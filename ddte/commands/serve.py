@@ -4,12 +4,12 @@ Endpoints: POST /v1/chat/completions (messages through the pair's chat template:
 qwen-coder; the shipped pair has none) and /v1/completions, with temperature, top_p, top_k, min_p, max_tokens, seed,
 stop, ignore_eos, n, logprobs (and a completion's echo) and stream (server-sent events in OpenAI's chunk format);
 GET /v1/models, /v1/models/ID, /health, and /metrics (Prometheus text: requests by outcome, tokens, draft and
-accepted tokens, mean acceptance length, TTFT and TPOT histograms, policy decisions by action, queue depth). Every
-response's usage comes with a "ddte" object: steps, mean acceptance length, the actions the policy chose. Sampling
-settings are per request; each request is exactly the target's law at its own settings, and a request with a seed
-gives what `ddte generate --seed` gives. Fields that would change that law and that ddte does not implement
-(penalties, logit_bias, min_tokens, constrained decoding) are refused with the reason; other unknown fields are
-ignored. --cors-origin lets browser pages at that origin call the server.
+accepted tokens, mean acceptance length, TTFT and TPOT histograms, policy decisions by action, queue depth, the
+process's resident memory and its peak). Every response's usage comes with a "ddte" object: steps, mean acceptance
+length, the actions the policy chose. Sampling settings are per request; each request is exactly the target's law at
+its own settings, and a request with a seed gives what `ddte generate --seed` gives. Fields that would change that
+law and that ddte does not implement (penalties, logit_bias, min_tokens, constrained decoding) are refused with the
+reason; other unknown fields are ignored. --cors-origin lets browser pages at that origin call the server.
 
 One pair is loaded. Every request runs on the one decoding step: by default one at a time, in arrival order
 (--max-batch 1); with --max-batch N up to N decode together (continuous batching: a request joins the running batch
@@ -133,6 +133,7 @@ def check_arguments(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from ddte.serve.app import Served, create_app
     from ddte.serve.server import serve
+    from ddte_core.memory import gigabytes, peak_rss_bytes
     from decode.session import MethodRequest, open_session
     from decode.verifiers import get_verifier
 
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("the pair has no tokenizer: pass --tokenizer DIR")
     # the policy checked against the pair before any timing, then this machine's kernels and latency table
     session = open_session(pair, MethodRequest(verifier, spec), args.kernels, args.latency, deployment=deployment,
-                           hooks=shell_hooks(args), batch=args.max_batch)
+                           hooks=shell_hooks(args, release=True), batch=args.max_batch)  # never runs stock
     policy, decoder = session.policy, session.decoder
     method = f"{verifier}@{spec.text}"
     served = Served(args.model_name, pair, decoder, policy, method, args.max_queue, args.default_max_tokens,
@@ -152,8 +153,8 @@ def run(args: argparse.Namespace) -> int:
         sock = listen_socket(args.host, args.port)
     app = create_app(served)
     batching = f", batches of up to {args.max_batch}" if args.max_batch > 1 else ""
-    print(f"serving {method} as model {args.model_name!r}{batching} on {url_of(sock)} (Ctrl-C stops)",
-          file=sys.stderr, flush=True)
+    print(f"serving {method} as model {args.model_name!r}{batching} on {url_of(sock)} (peak RSS "
+          f"{gigabytes(peak_rss_bytes())}; Ctrl-C stops)", file=sys.stderr, flush=True)
     serve(app, sock, app.state.worker)
     return 0
 

@@ -1,6 +1,7 @@
 """The server's counters and histograms, rendered in Prometheus' text format (``GET /metrics``).
 
-Names follow vLLM's where one exists (draft and accepted tokens, mean acceptance length), under the ``ddte_``
+Names follow vLLM's where one exists (draft and accepted tokens, mean acceptance length), and Prometheus' process
+collector's for the resident memory (with its peak beside it, what the host must keep free), under the ``ddte_``
 prefix. Every update takes one lock: the worker thread records a finished generation while the event loop renders.
 """
 
@@ -105,6 +106,7 @@ class ServerMetrics:
             lines += [f'ddte_policy_decisions_total{{action="{a}"}} {n}' for a, n in sorted(self.actions.items())]
             lines += ["# TYPE ddte_queue_depth gauge", f"ddte_queue_depth {self._queue_depth()}",
                       "# TYPE ddte_requests_running gauge", f"ddte_requests_running {self.running}",
+                      *_memory_lines(),
                       "# TYPE ddte_time_to_first_token_seconds histogram",
                       *self.ttft.lines("ddte_time_to_first_token_seconds"),
                       "# TYPE ddte_time_per_output_token_seconds histogram",
@@ -130,3 +132,18 @@ class ServerMetrics:
                   "# TYPE ddte_spec_decode_acceptance_rate_per_pos gauge"]
         return lines + [f'ddte_spec_decode_acceptance_rate_per_pos{{position="{i}"}} {self.accepted_at[i] / n:.6f}'
                         for i, n in drafted]
+
+
+def _memory_lines() -> list[str]:
+    """The process's resident memory now and its peak (the pair loaded, its kernels prepared, every request so far),
+    in bytes; a gauge the platform cannot read is left out."""
+    from ddte_core.memory import peak_rss_bytes, rss_bytes
+
+    lines = []
+    for name, value, help_text in (
+            ("ddte_process_resident_memory_bytes", rss_bytes(), "resident memory of the server process now"),
+            ("ddte_process_peak_resident_memory_bytes", peak_rss_bytes(),
+             "peak resident memory of the server process (the pair loading and its kernels included)")):
+        if value is not None:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"]
+    return lines

@@ -574,6 +574,8 @@ def case_signal(pairs: dict, folder: Path) -> None:
         base = _serving_url(proc)
         assert base.startswith("http://127.0.0.1:") and not base.endswith(":0"), base
         wait_until(lambda: _answers(base), "ddte serve did not answer at the URL it printed", 60)
+        resident = _metric(base, "ddte_process_resident_memory_bytes")  # then the peak, which is never below it
+        assert 0 < resident <= _metric(base, "ddte_process_peak_resident_memory_bytes")
         preflight = urllib.request.Request(base + "/v1/completions", method="OPTIONS", headers={
             "Origin": "http://ui.test", "Access-Control-Request-Method": "POST"})
         with urllib.request.urlopen(preflight, timeout=10) as response:
@@ -610,8 +612,8 @@ def case_signal(pairs: dict, folder: Path) -> None:
 
 
 def _serving_url(proc: subprocess.Popen, seconds: float = 120) -> str:
-    """The URL on ddte serve's "serving ... on URL (Ctrl-C stops)" line of stderr (read by a thread, which goes on
-    reading so that the server never blocks on a full pipe)."""
+    """The URL on ddte serve's "serving ... on URL (peak RSS ...; Ctrl-C stops)" line of stderr (read by a thread,
+    which goes on reading so that the server never blocks on a full pipe)."""
     import queue
 
     lines: queue.Queue[str | None] = queue.Queue()
@@ -625,6 +627,7 @@ def _serving_url(proc: subprocess.Popen, seconds: float = 120) -> str:
     deadline, seen = time.time() + seconds, []
     while (line := lines.get(timeout=max(deadline - time.time(), 0.01))) is not None:
         if line.startswith("serving "):
+            assert " GB; Ctrl-C stops)" in line and "(peak RSS " in line, line
             return line.split(" on ")[-1].split()[0]
         seen.append(line)
     raise AssertionError(f"ddte serve exited before it served: {''.join(seen)[-2000:]}")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from ddte.cli import main
 from decode.pair import DEFAULT_TOKENIZER
@@ -51,8 +52,30 @@ def test_bench_writes_rows_and_plot(pair_dirs, tmp_path, capsys):
     assert all(r["tokens_per_s"] > 0 and r["new_tokens"] > 0 for r in rows.values())
     assert rows["traversal@2,1,2"]["mean_acceptance_length"] >= 1.0
     assert payload["environment"]["torch"] and (tmp_path / "bench.png").stat().st_size > 1000
+    assert payload["environment"]["peak_rss_bytes"] > 0  # the stock rows keep the stock weights, and say so
+    assert payload["environment"]["stock_weights"] == "kept: ar, hf-assisted read them"
     printed = capsys.readouterr().out
     assert "| traversal@2,1,2 |" in printed and "best static tree in this run" in printed
+    assert "peak RSS " in printed and "stock weights kept: ar, hf-assisted read them" in printed
+
+
+def test_a_bench_without_stock_rows_gives_the_stock_weights_back(pair_dirs, tmp_path, capsys):
+    """Only ar-kernels beside ddte's rows: no row runs the stock models, so the pair holds its kernels' copies
+    alone (decode/models/release.py), and AR on the target's kernels still runs."""
+    from decode.models.kernels import KERNEL_PATHS
+
+    if KERNEL_PATHS["onednn"].unavailable(torch.float32, torch.device("cpu")):
+        pytest.skip("no oneDNN fp32 on this torch build")
+    root, prompts = pair_dirs
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--target", str(root / "target"), "--draft", str(root / "draft"), "--tokenizer",
+                 str(DEFAULT_TOKENIZER), "--prompts", str(prompts), "--field", "text", "--num-prompts", "1",
+                 "--max-new-tokens", "4", "--methods", "ar-kernels", "traversal@2,1,2", "--kernels", "onednn",
+                 "--output", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["environment"]["stock_weights"] == "given back: no row runs the stock models"
+    assert all(row["new_tokens"] > 0 for row in payload["rows"])
+    assert "stock weights given back" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
