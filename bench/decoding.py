@@ -166,16 +166,24 @@ def open_bench(pair: LoadedPair, methods: list[Method], kernels: str | None = No
     return open_sessions(pair, requests, kernels, latency, deployments=files, hooks=hooks)
 
 
-def make_runners(methods: list[Method], session: Session) -> list[_Runner]:
+def make_runners(methods: list[Method], session: Session, llama_cpp=None) -> list:
     """A ready runner per method on ``session``'s pair (:func:`open_bench`), each ddte method on the decoder and
-    policy the session opened for it (the methods of one verifier and draft share one decoder).
+    policy the session opened for it (the methods of one verifier and draft share one decoder); the ``llama-cpp`` row
+    on ``llama_cpp``, a started bench/llama_cpp.py server.
 
     Raises:
-        ValueError: a ddte method the session did not open.
+        ValueError: a ddte method the session did not open, or a ``llama-cpp`` row without a server.
     """
     pair, runners = session.pair, []
     baseline = _baseline_draft(methods, pair)
     for method in methods:
+        if method.kind == "llama-cpp":
+            from bench.llama_cpp import LlamaCppRunner
+
+            if llama_cpp is None:
+                raise ValueError("the llama-cpp row needs a llama-server: name it with --llama-cpp PATH")
+            runners.append(LlamaCppRunner(method, llama_cpp))
+            continue
         if method.is_hf:
             runners.append(_hf_runner(method, pair, baseline))
             continue
@@ -265,10 +273,10 @@ def bench_methods(runners: list[_Runner], prompts, settings: BenchSettings, samp
 
 
 def run_bench(methods: list[Method], session: Session, prompts: list[list[int]], settings: BenchSettings,
-              temperatures: list[float]) -> list[dict]:
+              temperatures: list[float], llama_cpp=None) -> list[dict]:
     """Every method at every temperature (one interleaved block per temperature) on what ``session`` opened
-    (:func:`open_bench`); the rows of all of them."""
-    runners = make_runners(methods, session)
+    (:func:`open_bench`); the rows of all of them (``llama_cpp``: the server of a ``llama-cpp`` row)."""
+    runners = make_runners(methods, session, llama_cpp)
     rows = []
     for temperature in temperatures:
         sampling = settings.sampling(temperature)

@@ -29,6 +29,8 @@ from decode.session import MethodRequest
 
 STOCK_KINDS = ("ar", "hf-assisted", "hf-assisted-own")  # HF rows on the stock models
 HF_KINDS = (*STOCK_KINDS, "ar-kernels", "hf-assisted-kernels")
+ENGINE_KINDS = ("llama-cpp",)  # another engine's row (bench/llama_cpp.py), run only where the user names it
+BASELINE_KINDS = (*HF_KINDS, *ENGINE_KINDS)  # rows without a ddte decoder
 DRAFT_SUFFIX = "+draft="  # a ddte method run with another draft folder
 
 
@@ -44,22 +46,22 @@ class Method:
 
     def __post_init__(self) -> None:
         ddte = self.hf is None and self.verifier is not None and self.policy is not None
-        hf = self.hf in HF_KINDS and self.verifier is None and self.policy is None and self.draft is None
+        hf = self.hf in BASELINE_KINDS and self.verifier is None and self.policy is None and self.draft is None
         if not (ddte or hf):
-            raise ValueError(f"not a method: {self!r} (one of {', '.join(HF_KINDS)}, or a verifier and a policy "
+            raise ValueError(f"not a method: {self!r} (one of {', '.join(BASELINE_KINDS)}, or a verifier and a policy "
                              "spec, a draft for ddte methods only)")
 
     @classmethod
     def parse(cls, text: str) -> Method:
         """From its text form. ValueError with one line for a bad form or a shape the verifier is not lossless on;
         KeyError naming the known verifiers for an unknown one. Files are not opened here."""
-        if text in HF_KINDS:
+        if text in BASELINE_KINDS:
             return cls(text)
         text, plus, draft = text.partition(DRAFT_SUFFIX)
         if plus and not draft:
             raise ValueError(f"bad method '{text}{plus}': name the draft folder after {DRAFT_SUFFIX}")
         if "@" not in text:
-            raise ValueError(f"bad method '{text}': use {', '.join(HF_KINDS)} or VERIFIER@SPEC (e.g. "
+            raise ValueError(f"bad method '{text}': use {', '.join(BASELINE_KINDS)} or VERIFIER@SPEC (e.g. "
                              "traversal@2,2,4, traversal@adaptive)")
         try:
             verifier, spec = parse_verifier_spec(text)  # KeyError names the known verifiers
@@ -116,7 +118,8 @@ class Method:
 
     @property
     def is_hf(self) -> bool:
-        """HF ``generate`` runs it (``ar``, ``hf-assisted``, ...): no ddte decoder, no policy."""
+        """A baseline row: HF ``generate`` runs it (``ar``, ``hf-assisted``, ...) or another engine (``llama-cpp``);
+        no ddte decoder, no policy."""
         return self.policy is None
 
     @property

@@ -99,6 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed_argument, default=0, help="base seed of every prompt's run")
     add_threads_argument(parser)
     add_latency_argument(parser)
+    parser.add_argument("--llama-cpp", default=None, metavar="PATH",
+                        help="add a llama-cpp row: the llama-server binary at PATH (or in the folder PATH) decoding "
+                             "the pair's target GGUF on --threads threads, interleaved with the other rows (never "
+                             "fetched: docs/results.md says how to build it)")
     parser.add_argument("--output", default=None, help="write rows + settings + environment as JSON here")
     parser.add_argument("--plot", default=None, help="figure PNG (default: beside --output)")
 
@@ -143,6 +147,14 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
         if method.draft is not None and not os.path.isdir(method.draft):
             raise UserError(f"bad method '{method}': draft folder {method.draft!r} does not exist")
     files = _read_policy_files(methods)
+    if args.llama_cpp is not None:
+        from bench.llama_cpp import server_binary
+
+        with user_errors():
+            args.llama_cpp = str(server_binary(args.llama_cpp))
+        methods += [m for m in [Method("llama-cpp")] if m not in methods]
+    elif any(m.kind == "llama-cpp" for m in methods):
+        raise UserError("the llama-cpp row needs a llama-server: name it with --llama-cpp PATH")
     if args.policy_file:
         from decode.policies.files.deployment import load_deployment
 
@@ -156,6 +168,19 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
         print(f"note: {', '.join(dropped)} draft the same trees as a method already listed; benched once",
               file=sys.stderr)
     return methods, files
+
+
+def _llama_cpp(args: argparse.Namespace, pair, prompts: list[list[int]]):
+    """The llama-server of a ``--llama-cpp`` row, on the pair's target GGUF with the bench's threads and a context
+    that holds the longest prompt and its new tokens (a started server as a context manager); else a null context."""
+    import contextlib
+
+    if args.llama_cpp is None:
+        return contextlib.nullcontext()
+    from bench.llama_cpp import LlamaCppServer, target_gguf
+
+    context = -(-(max(map(len, prompts)) + args.max_new_tokens + 16) // 256) * 256
+    return LlamaCppServer(Path(args.llama_cpp), target_gguf(pair.paths), args.threads or 1, context)
 
 
 def _read_policy_files(methods: list[Method]) -> dict[str, Deployment]:
@@ -181,10 +206,10 @@ def run(args: argparse.Namespace) -> int:
     pair = load_pair_from_args(args)
     prompts, categories = _prompts(args, pair)
     session = _session(args, pair, methods, files)
-    with user_errors():
+    with user_errors(), _llama_cpp(args, pair, prompts) as llama_cpp:
         seconds = None if args.minutes is None else 60.0 * args.minutes / len(args.temperature)
         settings = BenchSettings(args.max_new_tokens, args.repeats, args.seed, args.top_p, seconds)
-        rows = run_bench(methods, session, prompts, settings, args.temperature)
+        rows = run_bench(methods, session, prompts, settings, args.temperature, llama_cpp)
     timed = len({p["prompt"] for row in rows for p in row.get("per_prompt", [])}) or len(prompts)  # --minutes
     memory = memory_note(methods)
     title, by_category, comparisons = _report(args, pair, rows, timed, categories, memory)

@@ -82,7 +82,8 @@ def test_a_bench_without_stock_rows_gives_the_stock_weights_back(pair_dirs, tmp_
     ("extra", "message"),
     [(["--methods", "bogus@1,2,0"], "unknown verifier"), (["--methods", "block@2,0,2"], "not lossless"),
      (["--methods", "traversal"], "bad method"), (["--prompts", "/nonexistent.jsonl"], "nonexistent"),
-     (["--minutes", "0"], "--minutes must be a positive")],
+     (["--minutes", "0"], "--minutes must be a positive"), (["--llama-cpp", "/nonexistent"], "no llama-server"),
+     (["--methods", "llama-cpp"], "needs a llama-server")],
 )
 def test_bench_bad_input(pair_dirs, extra, message):
     root, prompts = pair_dirs
