@@ -331,7 +331,7 @@ def load_collect_pair(config: CollectConfig) -> LoadedPair:
     Raises:
         ValueError: the pair cannot be loaded, or it has no tokenizer (prompts are text).
     """
-    from decode.models.release import release_stock_weights
+    from decode.models.kernels import release_stock_weights
     from decode.session import PairRequest, open_pair
 
     try:

@@ -2,8 +2,7 @@
 
 Glossary (algorithms.md has the rules):
 
-- **law**: a distribution over the vocabulary ``(V,)`` after the request's sampling transform (temperature, top-p):
-  ``p`` the target's, ``q`` the draft's.
+- **law**: a distribution ``(V,)`` after the request's sampling transform: ``p`` the target's, ``q`` the draft's.
 - **root**: the last committed token of a request; each step drafts a tree of its continuations and one target pass
   gives the target's law at the root and at every tree node.
 - **trunk** and **branch**: a (K, L1, L2)-delayed tree is a single path of L1 tokens (the trunk), then K branches of
@@ -12,23 +11,21 @@ Glossary (algorithms.md has the rules):
   token (the target), or the extra token after an accepted leaf the draft never ran (the draft).
 - **commit**: keep a request's root and accepted path in a model's cache, drop the rest of its tree.
 
-A step, for every request at once: (1) for a request whose policy reads root features and that has just joined, its
-prompt before the root through the target (the target's state at the token before the root); (2) **one draft pass**
-over every request's pending tokens, which gives q at each root; (3) each policy's action at its root (the requests
-whose policy shares the budget decided together, decode/policies/budget.py); (4) each tree drafted by the single
-rule :func:`~decode.drafting.delayed.delayed_tree_steps` from the request's own random source, the draft calls of
-all growing trees run as **one draft pass per level**, a per-node policy asked at each trunk node as it grows;
-(5) **one target pass** over every request's pending tokens and tree; (6) each request's verifier on its own tree,
-with its own p and exactly the q each draft token was drawn from; (7) commit, and each request's step closed (its
-tokens cut at EOS or its budget, its policy told the outcome). Requests join and leave between steps.
+A step, for every request at once: (1) a request that has just joined and whose policy reads root features: its prompt
+before the root through the target; (2) **one draft pass** over every request's pending tokens, which gives q at each
+root; (3) each policy's action at its root (the requests whose policy shares the budget decided together,
+decode/policies/budget.py); (4) each tree drafted by the single rule :func:`~decode.drafting.delayed.delayed_tree_steps`
+from the request's own random source, the draft calls of all growing trees run as **one draft pass per level**, a
+per-node policy asked at each trunk node as it grows; (5) **one target pass** over every request's pending tokens and
+tree; (6) each request's verifier on its own tree, with its own p and exactly the q each draft token was drawn from; (7)
+commit, and each request's step closed (its tokens cut at EOS or its budget, its policy told the outcome). Requests join
+and leave between steps.
 
 **Layout.** Each model's cache holds every request as a sequence of its own (:mod:`decode.models.shared_cache`):
-one KV store, disjoint trees, a block-diagonal mask, positions per sequence. Each request attends over its own
-slots (decode/models/attention.py, per sequence) and a linear layer's rows are their own from two rows on, so a
-request's logits are the same bits alone and in a batch and a seeded request gives the same tokens (a one-row pass,
-a lone request with an empty tree, runs one-row kernels: last-bit differences there); its law is the same either way
-(tests/decode/exact/test_batch.py, by exact enumeration, with negative controls). A model with a forward hook (a
-steered pair) holds one request at a time.
+one KV store, disjoint trees, positions per sequence, each request attending over its own slots alone
+(decode/models/attention.py): its logits are the same bits alone and in a batch, so a seeded request gives the same
+tokens (but for a lone one-row pass, on one-row kernels); its law is the same either way (tests/decode/exact/
+test_batch.py, with negative controls). A model with a forward hook (a steered pair) holds one request at a time.
 
 **What a policy may read.** Its request's root (context length, q at the root, room, sampling, root features built
 from states of earlier passes, the latency table), the draft's own state at each trunk node while drafting, and the

@@ -147,14 +147,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
         if method.draft is not None and not os.path.isdir(method.draft):
             raise UserError(f"bad method '{method}': draft folder {method.draft!r} does not exist")
     files = _read_policy_files(methods)
-    if args.llama_cpp is not None:
-        from bench.llama_cpp import server_binary
-
-        with user_errors():
-            args.llama_cpp = str(server_binary(args.llama_cpp))
-        methods += [m for m in [Method("llama-cpp")] if m not in methods]
-    elif any(m.kind == "llama-cpp" for m in methods):
-        raise UserError("the llama-cpp row needs a llama-server: name it with --llama-cpp PATH")
+    methods = _with_llama_cpp(args, methods)
     if args.policy_file:
         from decode.policies.files.deployment import load_deployment
 
@@ -168,6 +161,21 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[Method], dict[str, D
         print(f"note: {', '.join(dropped)} draft the same trees as a method already listed; benched once",
               file=sys.stderr)
     return methods, files
+
+
+def _with_llama_cpp(args: argparse.Namespace, methods: list[Method]) -> list[Method]:
+    """``methods`` with the ``llama-cpp`` row where ``--llama-cpp`` names a llama-server (checked now)."""
+    from bench.method import Method
+
+    if args.llama_cpp is None:
+        if any(m.kind == "llama-cpp" for m in methods):
+            raise UserError("the llama-cpp row needs a llama-server: name it with --llama-cpp PATH")
+        return methods
+    from bench.llama_cpp import server_binary
+
+    with user_errors():
+        args.llama_cpp = str(server_binary(args.llama_cpp))
+    return methods + [m for m in [Method("llama-cpp")] if m not in methods]
 
 
 def _llama_cpp(args: argparse.Namespace, pair, prompts: list[list[int]]):

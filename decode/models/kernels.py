@@ -361,3 +361,18 @@ class stock_kernels:  # noqa: N801 - a context manager named as what it gives
     def __exit__(self, *exc) -> None:
         for module in self._modules:
             module.stock = False
+
+
+def release_stock_weights(model: nn.Module) -> int:
+    """Drop the stock weight of every :class:`KernelLinear` whose path runs on its own copy (decode/models/release.py
+    :func:`drop_weight`; a weight :func:`shared_weights` keeps stays), then, where one went, own every other
+    mapped tensor (:func:`own_mapped`); the bytes of stock weights freed. For a model already on its final path
+    (a collection worker never runs the stock target; two hold a 1.5B fp32 target in 24 GiB only so)."""
+    keep = shared_weights(model)
+    freed = 0
+    for parent, attribute, module in linear_modules(model):
+        if isinstance(module, KernelLinear) and module.prepared.nbytes > 0 and not module.prepared.reads_weight:
+            freed += drop_weight(parent, attribute, keep)
+    if freed:
+        own_mapped(model)
+    return freed

@@ -32,8 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["ReleasedLinear", "drop_weight", "give_back", "mapped_ranges", "own_mapped", "release_stock_weights",
-           "shared_weights"]
+__all__ = ["ReleasedLinear", "drop_weight", "give_back", "mapped_ranges", "own_mapped", "shared_weights"]
 
 SLICE_BYTES = 64 << 20  # an owned copy is made this much at a time: its source's pages go back as it grows
 _PAGE = mmap.PAGESIZE
@@ -174,16 +173,24 @@ class ReleasedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, released"
 
 
+def _on_kernel(module: nn.Module) -> bool:
+    """A :class:`~decode.models.kernels.KernelLinear` (it carries its prepared product; named by what it holds, so
+    that this module, which kernels.py calls, does not import it back)."""
+    return hasattr(module, "prepared") and hasattr(module, "weight")
+
+
+def _linear(module: nn.Module) -> bool:
+    """A linear layer: HF's ``nn.Linear`` or a kernel layer in its place."""
+    return isinstance(module, nn.Linear) or _on_kernel(module)
+
+
 def shared_weights(model: nn.Module) -> set[int]:
     """Ids of the linear weights of ``model`` that must stay: those a module other than a linear layer holds (a tied
     embedding) or that several linear layers share."""
-    from decode.models.kernels import KernelLinear
-
-    linear = (nn.Linear, KernelLinear)
-    kept = {id(p) for m in model.modules() if not isinstance(m, linear) for p in m.parameters(recurse=False)}
+    kept = {id(p) for m in model.modules() if not _linear(m) for p in m.parameters(recurse=False)}
     seen: set[int] = set()
     for module in model.modules():
-        if isinstance(module, linear):
+        if _linear(module):
             kept |= {id(module.weight)} & seen
             seen.add(id(module.weight))
     return kept
@@ -193,34 +200,15 @@ def drop_weight(parent: nn.Module, attribute: str, keep: set[int]) -> int:
     """Give back the stock weight of linear layer ``parent.attribute`` unless ``keep`` (:func:`shared_weights`) holds
     it; the bytes freed. A :class:`~decode.models.kernels.KernelLinear` keeps running its prepared copy (its stock
     mode then raises); an ``nn.Linear`` whose product runs elsewhere becomes a :class:`ReleasedLinear`."""
-    from decode.models.kernels import KernelLinear
-
     module = getattr(parent, attribute)
     weight = getattr(module, "weight", None)
-    if not isinstance(module, nn.Linear | KernelLinear) or weight is None or id(weight) in keep or weight.numel() == 0:
+    if not _linear(module) or weight is None or id(weight) in keep or weight.numel() == 0:
         return 0
     give_back(weight.detach())
-    if isinstance(module, KernelLinear):
+    if _on_kernel(module):
         module.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
     else:
         released = ReleasedLinear(module)
         released._forward_hooks, released._forward_pre_hooks = module._forward_hooks, module._forward_pre_hooks
         setattr(parent, attribute, released)
     return weight.numel() * weight.element_size()
-
-
-def release_stock_weights(model: nn.Module) -> int:
-    """Drop the stock weight of every :class:`~decode.models.kernels.KernelLinear` whose path runs on its own copy
-    (:func:`drop_weight`; a weight :func:`shared_weights` keeps stays), then, where one went, own every other mapped
-    tensor (:func:`own_mapped`); the bytes of stock weights freed. For a model already on its final path (a collection
-    worker never runs the stock target; two hold a 1.5B fp32 target in 24 GiB only so)."""
-    from decode.models.kernels import KernelLinear, linear_modules
-
-    keep = shared_weights(model)
-    freed = 0
-    for parent, attribute, module in linear_modules(model):
-        if isinstance(module, KernelLinear) and module.prepared.nbytes > 0 and not module.prepared.reads_weight:
-            freed += drop_weight(parent, attribute, keep)
-    if freed:
-        own_mapped(model)
-    return freed

@@ -20,9 +20,8 @@ from decode.models import kernel_choice
 from decode.models.cached_lm import CachedLM
 from decode.models.fast_llama import cached_lm
 from decode.models.kernel_choice import KernelRequest, PathTimes, choose_kernels, choose_path
-from decode.models.kernels import KERNEL_PATHS, trial_failure
+from decode.models.kernels import KERNEL_PATHS, release_stock_weights, trial_failure
 from decode.models.machine_cache import measurement_lock
-from decode.models.release import release_stock_weights
 from tests.decode.architectures import arch_model
 from tests.decode.models.test_architectures import V
 

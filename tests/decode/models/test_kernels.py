@@ -21,9 +21,8 @@ from decode.models import kernel_choice
 from decode.models.cached_lm import CachedLM
 from decode.models.fast_llama import FastCachedLM, cached_lm
 from decode.models.kernel_choice import KernelChoice, KernelRequest, PathTimes, choose_kernels, choose_path
-from decode.models.kernels import KERNEL_PATHS, KernelLinear, stock_kernels, use_kernel
+from decode.models.kernels import KERNEL_PATHS, KernelLinear, release_stock_weights, stock_kernels, use_kernel
 from decode.models.machine_cache import cache_file
-from decode.models.release import release_stock_weights
 from decode.policies.base import StaticPolicy
 from decode.verifiers import get_verifier
 from tests.decode.architectures import arch_model
