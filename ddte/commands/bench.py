@@ -267,9 +267,11 @@ def _session(args: argparse.Namespace, pair, methods, files):
 
 def stock_readers(methods) -> list[str]:
     """The HF rows that read the pair's stock weights or its draft's HF module: every HF kind but ``ar-kernels``,
-    whose target runs on its kernels' copies. With none, the stock weights go as the kernels' copies are made
-    (decode/models/release.py); with one, the pair keeps them and holds its weights twice."""
-    return [method.key for method in methods if method.is_hf and method.hf != "ar-kernels"]
+    whose target runs on its kernels' copies (the llama-cpp row reads its own GGUF). With none, the stock weights go
+    as the kernels' copies are made (decode/models/release.py); with one, the pair keeps them twice."""
+    from bench.method import HF_KINDS
+
+    return [method.key for method in methods if method.hf in HF_KINDS and method.hf != "ar-kernels"]
 
 
 def memory_note(methods) -> dict:

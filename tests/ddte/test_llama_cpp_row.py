@@ -90,3 +90,11 @@ def test_a_server_that_exits_is_one_error(tmp_path):
     binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
     with pytest.raises(ChildProcessError, match="exited with 3: bad model file"):
         LlamaCppServer(binary, tmp_path / "m.gguf", 1, 256).start()
+
+
+def test_a_llama_cpp_row_lets_the_bench_give_the_stock_weights_back():
+    """The row reads its own GGUF, not the pair's stock weights: beside ddte rows alone, they are given back."""
+    from ddte.commands.bench import stock_readers
+
+    assert stock_readers([Method("llama-cpp"), Method.static("traversal", "1,3,0")]) == []
+    assert stock_readers([Method("llama-cpp"), Method("ar"), Method("ar-kernels")]) == ["ar"]
