@@ -9,7 +9,7 @@ configuration of one verifier), each trunk token whose acceptance the step revea
 the signal at the node that drew it (bins: deciles of the fit set's signal), that is the realized conditional
 acceptance β̃(bin), shrunk toward the pooled rate. At a node whose signal lies within ``reach`` bins of θ's, once
 its bin has ``min_count`` tested tokens, the node grows the trunk where the marginal rule on β̃ and the machine's
-chain times says growing pays (decode/policies/halting.py ``survival_gain``, the rule's own signal above 1), and
+chain times says growing pays (decode/policies/halting.py ``marginal_gain``, the marginal rule's signal above 1), and
 halts otherwise; anywhere else the fitted rule decides. So the calibrated rule moves θ by at most ``reach`` bins of
 the signal's fitted distribution either way (the bound), and with too little evidence it is the fitted rule, except
 that a trunk the fitted rule halts in a band bin still short of evidence grows one token more on every
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from decode.policies.halting import survival_gain
+from decode.policies.halting import marginal_gain
 
 __all__ = ["AcceptanceCalibration"]
 
@@ -114,8 +114,7 @@ class AcceptanceCalibration:
             return None
         # β̃ at depths 0..depth, and one more entry so that the gain at ``depth`` reads T_{depth+1} - T_depth
         beta = np.array([self.rate(signals[d]) if d in signals else self.pooled for d in range(depth + 1)] + [0.0])
-        survival = np.concatenate([[1.0], np.cumprod(beta)[:-1]])
-        gain = survival_gain(survival, beta, np.asarray(chain_ms[:depth + 2], dtype=np.float64))
+        gain = marginal_gain(beta, np.asarray(chain_ms[:depth + 2], dtype=np.float64))
         return bool(gain[depth] < 1.0)
 
     def record(self, signals: Mapping[int, float], trunk: int, accepted: int) -> None:
