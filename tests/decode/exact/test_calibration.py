@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from decode.batch import BatchDecoder
 from decode.cost.table import LatencyTable
 from decode.drafting.rng import TorchRandom
-from decode.drafting.sampling import SamplingConfig, distributions
+from decode.drafting.sampling import SamplingConfig
 from decode.engine import SpeculativeDecoder
 from decode.policies.calibration import AcceptanceCalibration
 from decode.policies.expander import HaltingPolicy
@@ -39,6 +38,7 @@ from tests.decode.exact.test_expander_loop import (
     law_error,
     pair,
     target_law,
+    target_likes_at_least,
 )
 
 # a draft pass costs half a one-token target pass: growing the chain pays where β̃ is above about one half
@@ -121,9 +121,7 @@ class CountsFirstStep(BatchDecoder):
             token, policy = _first_trunk_token(drafted[rid]), r.policy
             if token is None or not isinstance(policy, Calibrated):
                 continue
-            with torch.inference_mode():
-                logits = self.target.lm.model(torch.tensor([[*r.job.prompt_ids, *r.tokens]])).logits[0, -1]
-            accepted = int(distributions(logits.float(), r.job.sampling)[token] >= q_roots[rid][token])
+            accepted = int(target_likes_at_least(self, r, token, q_roots[rid]))
             signals = {0: float(q_roots[rid].max())}
             for _ in range(4):
                 policy.calibration.record(signals, 1, accepted)

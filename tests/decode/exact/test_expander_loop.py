@@ -205,6 +205,14 @@ def test_a_loop_that_peeks_at_the_trunk_draw_is_caught(name):
     assert law_error(got, target_law(target)) > 100 * TOL
 
 
+def target_likes_at_least(step: BatchDecoder, r, token: int, q_root) -> bool:
+    """Whether the target's law at request ``r``'s root (a plain recompute of its context: what a peeking step reads)
+    gives ``token`` at least the draft's probability ``q_root[token]``."""
+    with torch.inference_mode():
+        logits = step.target.lm.model(torch.tensor([[*r.job.prompt_ids, *r.tokens]])).logits[0, -1]
+    return bool(distributions(logits.float(), r.job.sampling)[token] >= q_root[token])
+
+
 class TargetPeekingStep(BatchDecoder):
     """Wrong: drops the step's tree when the target likes the trunk's first draw less than the draft does
     (p(x) < q(x)), p read from the target at the root: a halting decision that reads the current step's target law
@@ -216,9 +224,7 @@ class TargetPeekingStep(BatchDecoder):
             token = _first_trunk_token(drafted[rid])
             if token is None:
                 continue
-            with torch.inference_mode():
-                logits = self.target.lm.model(torch.tensor([[*r.job.prompt_ids, *r.tokens]])).logits[0, -1]
-            if distributions(logits.float(), r.job.sampling)[token] < q_roots[rid][token]:
+            if not target_likes_at_least(self, r, token, q_roots[rid]):
                 drafted[rid] = _root_only(drafted[rid])
         return drafted
 
